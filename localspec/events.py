@@ -1,0 +1,141 @@
+"""What a generation yields, token by token: the one stream that CLI, bench and TUI consume.
+
+A generation is a sequence of :class:`TokenEvent` (text as it becomes printable, whether the token
+came from an accepted draft) interleaved with :class:`CycleEvent` (one per target verification
+step, with running statistics) and closed by one :class:`DoneEvent`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Running statistics of one generation; ``snapshot()`` copies it for an event."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    cycles: int = 0           # target verification steps (plain decoding: one per token)
+    drafted: int = 0          # draft tokens sent to verification
+    accepted: int = 0         # draft tokens the target accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    spec: bool = False
+    # time split of the generation phase (seconds)
+    target_seconds: float = 0.0
+    drafter_seconds: float = 0.0
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.generated_tokens / self.cycles if self.cycles else 0.0
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Generation time spent outside llama.cpp calls (Python, sampling, bookkeeping)."""
+        return max(0.0, self.generation_seconds - self.target_seconds - self.drafter_seconds)
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record_cycle(self, drafted: int, accepted: int) -> None:
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.drafted_per_position) < drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+            if i < accepted:
+                self.accepted_per_position[i] += 1
+
+    def snapshot(self) -> "GenerationStats":
+        copy = GenerationStats(**{k: v for k, v in self.__dict__.items()})
+        copy.accepted_per_position = list(self.accepted_per_position)
+        copy.drafted_per_position = list(self.drafted_per_position)
+        return copy
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_per_second": round(self.prompt_tokens_per_second, 2),
+            "n_tokens": self.generated_tokens,
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "generation_seconds": round(self.generation_seconds, 4),
+            "spec": self.spec,
+            "cycles": self.cycles,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_cycle": round(self.tokens_per_cycle, 4),
+            "position_acceptance": [round(x, 4) for x in self.position_acceptance],
+            "time_split": {
+                "target_seconds": round(self.target_seconds, 4),
+                "drafter_seconds": round(self.drafter_seconds, 4),
+                "python_seconds": round(self.overhead_seconds, 4),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text of one emitted token (may be empty while a multi-byte character or stop string is pending)."""
+
+    text: str
+    token: int
+    from_draft: bool
+
+
+@dataclass(frozen=True)
+class CycleEvent:
+    """One target verification step: how many tokens were drafted, accepted and emitted."""
+
+    drafted: int
+    accepted: int
+    emitted: int
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """The end of a generation. ``finish_reason``: stop, length, context or cancelled."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats
+
+
+Event = TokenEvent | CycleEvent | DoneEvent
+
+
+class Clock:
+    """Accumulates wall time into named buckets of a GenerationStats."""
+
+    __slots__ = ("t0",)
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt = now - self.t0
+        self.t0 = now
+        return dt

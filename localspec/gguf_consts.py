@@ -1,0 +1,75 @@
+"""Names that localspec reads and writes in GGUF files, in one place.
+
+The ``gguf`` package (0.19) has no EAGLE-3 constants, so the drafter architecture's keys and
+tensor names are spelled here, as llama.cpp's ``src/llama-arch.cpp`` (vendored in
+llama-cpp-python 0.3.36) defines them. Keys under ``localspec.`` are our own: stock llama.cpp
+ignores unknown metadata, so a drafter we write still loads there.
+"""
+
+EAGLE3_ARCH = "eagle3"
+
+# llama.cpp's eagle3 metadata ("%s" is the architecture name)
+KEY_TARGET_LAYERS = "{arch}.target_layers"
+KEY_TARGET_HIDDEN_SIZE = "{arch}.target_hidden_size"
+KEY_NORM_BEFORE_RESIDUAL = "{arch}.norm_before_residual"
+KEY_NORM_BEFORE_FC = "{arch}.norm_before_fc"
+
+# generic llama-style keys used for checks
+KEY_ARCH = "general.architecture"
+KEY_NAME = "general.name"
+KEY_FILE_TYPE = "general.file_type"
+KEY_EMBEDDING_LENGTH = "{arch}.embedding_length"
+KEY_BLOCK_COUNT = "{arch}.block_count"
+KEY_CONTEXT_LENGTH = "{arch}.context_length"
+KEY_FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
+KEY_HEAD_COUNT = "{arch}.attention.head_count"
+KEY_HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
+KEY_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
+KEY_VOCAB_SIZE = "{arch}.vocab_size"
+KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
+KEY_TOKENIZER_TOKENS = "tokenizer.ggml.tokens"
+KEY_TOKENIZER_PREFIX = "tokenizer."
+
+# localspec's own drafter metadata
+KEY_LS_VARIANT = "localspec.eagle.variant"            # "eagle3" | "eagle3.1"
+KEY_LS_FC_NORM = "localspec.eagle.fc_norm"             # bool: runtime applies per-layer RMS scaling
+KEY_LS_FC_NORM_EPS = "localspec.eagle.fc_norm_eps"     # float32
+KEY_LS_NORM_OUTPUT = "localspec.eagle.norm_output"     # bool: feed back the post-norm state
+KEY_LS_SOURCE_LAYOUT = "localspec.eagle.source_layout" # str: checkpoint layout converted from
+KEY_LS_SOURCE = "localspec.eagle.source"               # str: checkpoint path or repo id
+KEY_LS_TARGET_TOKENIZER_SHA = "localspec.eagle.target_tokenizer_sha256"
+
+VARIANT_EAGLE3 = "eagle3"
+VARIANT_EAGLE31 = "eagle3.1"
+
+# eagle3 tensors
+T_FC = "fc.weight"
+T_ENC_NORM = "enc.output_norm.weight"
+T_D2T = "d2t"
+T_TOKEN_EMBD = "token_embd.weight"
+T_OUTPUT = "output.weight"
+T_OUTPUT_NORM = "output_norm.weight"
+T_ATTN_NORM = "blk.0.attn_norm.weight"
+T_HIDDEN_NORM = "blk.0.attn_norm_2.weight"
+T_Q = "blk.0.attn_q.weight"
+T_K = "blk.0.attn_k.weight"
+T_V = "blk.0.attn_v.weight"
+T_O = "blk.0.attn_output.weight"
+T_FFN_NORM = "blk.0.ffn_norm.weight"
+T_FFN_GATE = "blk.0.ffn_gate.weight"
+T_FFN_UP = "blk.0.ffn_up.weight"
+T_FFN_DOWN = "blk.0.ffn_down.weight"
+T_ROPE_FREQS = "rope_freqs.weight"
+
+# Target architectures whose llama.cpp graph records every layer's input (``t_layer_inp``), which
+# the EAGLE-3 feature extraction reads. Taken from src/models/*.cpp of the vendored llama.cpp: a
+# target outside this set aborts the process on the first decode, so it is refused before loading.
+FEATURE_ARCHS = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4",
+    "gpt-oss", "deepseek4", "lfm2", "minimax-01", "minimax-m2", "mimo2", "nemotron_h",
+    "nanbeige", "hunyuan-vl", "bailingmoe3", "muse-glimmer",
+})
+
+
+def key(template: str, arch: str) -> str:
+    return template.format(arch=arch)

@@ -1,0 +1,117 @@
+"""Bindings for the llama.cpp functions that llama-cpp-python does not expose.
+
+llama.cpp declares its EAGLE-3 plumbing (layer-input extraction, the drafter's pre-norm state, the
+drafter's target layer ids) in the C++ staging header ``src/llama-ext.h``, so ``libllama`` exports
+them under Itanium-mangled names (Linux, macOS). This module binds exactly those, by both their C and
+mangled names, and nothing else. A library without them (another llama-cpp-python release) gives a
+:class:`~localspec.errors.LocalspecError` naming what is missing, at first use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import llama_cpp
+
+from .errors import LocalspecError
+
+_ctx_p = llama_cpp.llama_context_p_ctypes
+_model_p = llama_cpp.llama_model_p_ctypes
+_float_p = ctypes.POINTER(ctypes.c_float)
+_int32_p = ctypes.POINTER(ctypes.c_int32)
+
+# name -> (mangled name, argtypes, restype)
+_SIGNATURES: dict[str, tuple[str, list[Any], Any]] = {
+    "llama_set_embeddings_layer_inp": (
+        "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+        [_ctx_p, ctypes.c_uint32, ctypes.c_bool],
+        None,
+    ),
+    "llama_get_embeddings_layer_inp": (
+        "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+        [_ctx_p, ctypes.c_uint32],
+        _float_p,
+    ),
+    "llama_set_embeddings_nextn": (
+        "_Z26llama_set_embeddings_nextnP13llama_contextbb",
+        [_ctx_p, ctypes.c_bool, ctypes.c_bool],
+        None,
+    ),
+    "llama_get_embeddings_nextn": (
+        "_Z26llama_get_embeddings_nextnP13llama_context",
+        [_ctx_p],
+        _float_p,
+    ),
+    "llama_get_embeddings_nextn_ith": (
+        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
+        [_ctx_p, ctypes.c_int32],
+        _float_p,
+    ),
+    "llama_model_target_layer_ids": (
+        "_Z28llama_model_target_layer_idsPK11llama_model",
+        [_model_p],
+        _int32_p,
+    ),
+    "llama_model_target_layer_ids_n": (
+        "_Z30llama_model_target_layer_ids_nPK11llama_model",
+        [_model_p],
+        ctypes.c_uint32,
+    ),
+}
+
+_bound: dict[str, Any] = {}
+
+
+def _function(name: str) -> Any:
+    fn = _bound.get(name)
+    if fn is not None:
+        return fn
+    mangled, argtypes, restype = _SIGNATURES[name]
+    lib = llama_cpp.llama_cpp._lib
+    for symbol in (name, mangled):
+        fn = getattr(lib, symbol, None)
+        if fn is not None:
+            break
+    else:
+        raise LocalspecError(
+            f"the installed llama.cpp lacks {name} (needed for EAGLE-3); "
+            f"install llama-cpp-python==0.3.36 (found {llama_cpp.__version__})"
+        )
+    fn.argtypes = argtypes
+    fn.restype = restype
+    _bound[name] = fn
+    return fn
+
+
+def check_available() -> None:
+    """Raise LocalspecError unless every binding resolves."""
+    for name in _SIGNATURES:
+        _function(name)
+
+
+def set_embeddings_layer_inp(ctx: Any, layer: int, value: bool) -> None:
+    _function("llama_set_embeddings_layer_inp")(ctx, layer, value)
+
+
+def get_embeddings_layer_inp(ctx: Any, layer: int) -> Any:
+    """Pointer to ``n_tokens x n_embd`` floats: the input of ``layer`` for every token of the last batch."""
+    return _function("llama_get_embeddings_layer_inp")(ctx, layer)
+
+
+def set_embeddings_nextn(ctx: Any, value: bool, masked: bool) -> None:
+    _function("llama_set_embeddings_nextn")(ctx, value, masked)
+
+
+def get_embeddings_nextn(ctx: Any) -> Any:
+    return _function("llama_get_embeddings_nextn")(ctx)
+
+
+def get_embeddings_nextn_ith(ctx: Any, i: int) -> Any:
+    return _function("llama_get_embeddings_nextn_ith")(ctx, i)
+
+
+def model_target_layer_ids(model: Any) -> list[int]:
+    n = _function("llama_model_target_layer_ids_n")(model)
+    ptr = _function("llama_model_target_layer_ids")(model)
+    return [int(ptr[i]) for i in range(n)] if n and ptr else []

@@ -1,0 +1,230 @@
+"""Thin wrappers over llama-cpp-python's ctypes layer: one model, one context, one token batch.
+
+Only what the engine needs, with llama.cpp's failures turned into LocalspecError. llama.cpp's own
+log lines are silent unless :func:`set_verbose` is on; the last error lines it printed are kept and
+added to our error messages.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from .errors import LocalspecError
+
+_verbose = False
+_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
+_backend_ready = False
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", "replace")
+    if level == 3:  # GGML_LOG_LEVEL_ERROR
+        if message.strip():
+            _recent_errors.append(message.strip())
+    if _verbose:
+        sys.stderr.write(message)
+
+
+def set_verbose(verbose: bool) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+def _init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log through our (quiet) callback.
+
+    The callback object is a module global: ctypes callbacks that get collected crash the process
+    at the next log line.
+    """
+    global _backend_ready
+    if _backend_ready:
+        return
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _backend_ready = True
+
+
+def _llama_failure(what: str) -> LocalspecError:
+    detail = f": {_recent_errors[-1]}" if _recent_errors else ""
+    _recent_errors.clear()
+    return LocalspecError(f"{what}{detail}")
+
+
+def default_threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        n = os.cpu_count() or 1
+    return max(1, n)
+
+
+def gpu_offload_supported() -> bool:
+    _init_backend()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0) -> None:
+        _init_backend()
+        self.path = Path(path)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise _llama_failure(f"llama.cpp could not load {self.path.name}")
+        self.ptr = self._model
+        self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.size_bytes = int(llama_cpp.llama_model_size(self._model))
+        self._pieces: dict[int, bytes] = {}
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for tok in range(self.n_vocab):
+            if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
+                self._eog[tok] = True
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            raise LocalspecError("could not tokenize the prompt")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token as text (special tokens rendered as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = buf.raw[: max(n, 0)]
+            self._pieces[token] = cached
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def close(self) -> None:
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context:
+    """A llama.cpp context (KV cache + compute buffers) over one model, decoding sequence 0."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        ctx_other: "Context | None" = None,
+        n_seq_max: int = 1,
+    ) -> None:
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        if ctx_other is not None:
+            params.ctx_other = ctx_other.ptr
+        self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self._ctx:
+            raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
+        self.ptr = self._ctx
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = n_batch
+        self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        n_seq[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+
+    def decode(self, tokens: Sequence[int], start_pos: int, *, all_logits: bool) -> None:
+        """Decode ``tokens`` at positions ``start_pos..``; logits for every row or only the last."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
+        self._tok[:n] = tokens
+        self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self._out[:n] = 1 if all_logits else 0
+        self._out[n - 1] = 1
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise _llama_failure(f"llama_decode failed (code {rc})")
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of output row ``i`` of the last batch (-1: the last), a view valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise _llama_failure("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
+            raise LocalspecError("internal: could not trim the KV cache")
+
+    def pos_max(self, seq: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

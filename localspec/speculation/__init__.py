@@ -1,0 +1,1 @@
+"""Draft sources for speculative decoding (the EAGLE drafter; more sources plug in here)."""

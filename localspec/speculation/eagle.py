@@ -1,0 +1,155 @@
+"""The EAGLE-3 / EAGLE-3.1 drafter as a second llama.cpp context beside the target.
+
+Convention (as in llama.cpp's ``common/speculative.cpp``): the drafter's KV cache holds at position
+``P`` the pair (token at ``P+1``, ``g`` at ``P``), where ``g`` is the fc projection of the target's
+three layer features at ``P`` for committed positions, or the drafter's own fed-back hidden state
+for drafted ones. The output at ``P`` predicts the token at ``P+2``.
+
+EAGLE-3.1 drafters, run exactly without patching llama.cpp:
+- ``fc_norm`` (an RMSNorm with its own weight on each of the three target features): the weights
+  were folded into ``fc.weight`` at conversion; here each feature block is divided by its RMS.
+- ``norm_output`` (feed back the post-norm state): ``output_norm`` is applied to the pre-norm state
+  that llama.cpp returns before it is fed to the next step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import llama_cpp
+import numpy as np
+
+from .. import gguf_consts as K
+from .. import llama_ext
+from ..errors import LocalspecError
+from ..gguf_info import GGUFInfo, read_tensor
+from ..llama_model import Context, Model, _llama_failure
+
+
+def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True) + eps)
+
+
+class EagleDrafter:
+    """Owns the drafter model/context and turns target features into draft tokens."""
+
+    def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int,
+                 n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
+        llama_ext.check_available()
+        self.info = info
+        self.target = target
+        self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target)
+        self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
+        if tuple(self.layers) != tuple(info.target_layers or ()):
+            raise LocalspecError(f"{info.path.name}: llama.cpp reads target layers {self.layers}, metadata says {info.target_layers}")
+        for lid in self.layers:
+            llama_ext.set_embeddings_layer_inp(target.ptr, lid, True)
+        llama_ext.set_embeddings_nextn(self.ctx.ptr, True, True)
+        self.n_embd = self.model.n_embd
+        self.n_embd_tgt = target.model.n_embd
+        rms_eps = float(info.metadata.get(K.key(K.KEY_RMS_EPS, K.EAGLE3_ARCH), 1e-6))
+        self.fc_norm_eps = float(info.fc_norm_eps) if info.fc_norm_eps is not None else rms_eps
+        self.out_norm_eps = rms_eps
+        self.out_norm = read_tensor(info, K.T_OUTPUT_NORM).astype(np.float32) if info.norm_output else None
+        self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
+        self._pos = ctypes.c_int32(0)
+        self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
+
+    # -- target side -------------------------------------------------------------------------
+    def features(self, n_rows: int) -> np.ndarray:
+        """The three target layer inputs of the first ``n_rows`` rows of the target's last batch."""
+        out = np.empty((n_rows, 3 * self.n_embd_tgt), dtype=np.float32)
+        for k, lid in enumerate(self.layers):
+            ptr = llama_ext.get_embeddings_layer_inp(self.target.ptr, lid)
+            if not ptr:
+                raise LocalspecError(f"llama.cpp extracted no features for target layer {lid}")
+            rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_tgt))
+            block = out[:, k * self.n_embd_tgt:(k + 1) * self.n_embd_tgt]
+            block[:] = rows
+            if self.info.fc_norm:
+                block[:] = _rms_normalize(block, self.fc_norm_eps)
+        return out
+
+    # -- drafter graphs ------------------------------------------------------------------------
+    def _process(self, kind: int) -> None:
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
+        self.seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise _llama_failure(f"the drafter failed (llama_process code {rc})")
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """fc over target features: one ``g`` row per feature row."""
+        n = features.shape[0]
+        out = np.empty((n, self.n_embd), dtype=np.float32)
+        step = self.ctx.n_batch
+        for start in range(0, n, step):
+            chunk = np.ascontiguousarray(features[start:start + step])
+            m = chunk.shape[0]
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            base = self.ctx.pos_max() + 1
+            for j in range(m):
+                row = chunk[j]
+                embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
+                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, 0, embd)
+                if idx < 0:
+                    raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
+                self._pos.value = base + j
+                llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+                llama_cpp.llama_batch_ext_set_output_embd(self._batch, idx, True)
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE)
+            ptr = llama_ext.get_embeddings_nextn(self.ctx.ptr)
+            if not ptr:
+                raise LocalspecError("the drafter encoder produced no output")
+            out[start:start + m] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
+        return out
+
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i; return the last row's
+        logits (over the target vocabulary) and the state to feed back to the next step."""
+        n = len(tokens)
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        idx = -1
+        for i in range(n):
+            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tokens[i])
+            if idx < 0:
+                raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
+            row = g[i]
+            embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+            llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
+            self._pos.value = start_pos + i
+            llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+            llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, i == n - 1)
+        self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        logits = self.ctx.logits(idx)
+        ptr = llama_ext.get_embeddings_nextn_ith(self.ctx.ptr, idx)
+        if not ptr:
+            raise LocalspecError("the drafter returned no hidden state")
+        state = np.array(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)))
+        if self.out_norm is not None:
+            state = _rms_normalize(state, self.out_norm_eps) * self.out_norm
+        return logits, state
+
+    # -- cycle-level API used by the engine ----------------------------------------------------
+    def commit(self, tokens_next: list[int], n_rows: int, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """After the target decoded ``n_rows`` committed positions starting at ``start_pos``:
+        drop the drafter's speculative entries, write the committed pairs, and return the logits
+        and fed-back state for the first draft. ``tokens_next[i]`` is the token at start_pos+i+1."""
+        feats = self.features(n_rows)
+        g = self.encode(feats)
+        self.ctx.seq_rm(start_pos)
+        return self.decode(tokens_next, g, start_pos)
+
+    def reset(self, keep: int) -> None:
+        """Forget drafter pairs at positions >= keep."""
+        self.ctx.seq_rm(keep)
+
+    def close(self) -> None:
+        if self._batch:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+        self.ctx.close()
+        self.model.close()
