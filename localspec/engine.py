@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from .chat_format import ChatFormatter, Message
 from .errors import LocalspecError
 from .events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
@@ -40,6 +42,7 @@ class GenerationConfig:
     stop: Sequence[str] = ()
     spec: bool = True                      # use the drafter when one is loaded
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    record_margins: bool = False           # keep each token's top-1 minus top-2 logit (bench)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -48,6 +51,12 @@ class GenerationConfig:
             raise LocalspecError(f"unknown policy '{self.policy.name}' (auto or fixed)")
         if not 1 <= self.policy.draft_max <= 32:
             raise LocalspecError("draft-max must be between 1 and 32")
+
+
+def _margin(logits) -> float:
+    """Top-1 minus top-2 logit: how close a greedy choice was to a tie."""
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
 
 
 class _TextStream:
@@ -180,11 +189,13 @@ class Engine:
         # --- prompt: reuse the cached prefix, decode the rest ---
         t_start = time.perf_counter()
         first, d_logits, d_state = self._prefill(prompt, sampler, drafter)
+        prefill_margin = _margin(ctx.logits(-1)) if config.record_margins else 0.0
         stats.prompt_seconds = time.perf_counter() - t_start
 
         t_gen = time.perf_counter()
         drafter_t0 = drafter.seconds if drafter else 0.0
         out: list[int] = []
+        margins: list[float] | None = [prefill_margin] if config.record_margins else None
         finish = None
         pending = [(first, False)]          # tokens chosen but not yet emitted
         last = first                        # at position n_past, not yet in the target KV
@@ -252,6 +263,9 @@ class Engine:
             if correction < 0:
                 correction = sampler.choose(ctx.logits(len(drafts) if drafts else -1))
             pending.append((correction, False))
+            if margins is not None:
+                rows = range(accepted + 1) if drafts else [-1]
+                margins.extend(_margin(ctx.logits(i)) for i in rows)
 
             if accepted < len(drafts):
                 ctx.seq_rm(n_past + accepted + 1)
@@ -274,7 +288,8 @@ class Engine:
         if tail:
             yield TokenEvent(tail, -1, False)
         stats.generation_seconds = time.perf_counter() - t_gen
-        yield DoneEvent(stream.text, out, finish, stats.snapshot())
+        yield DoneEvent(stream.text, out, finish, stats.snapshot(),
+                        margins[: len(out)] if margins is not None else None)
 
     def _prefill(self, prompt: list[int], sampler: Sampler, drafter: EagleDrafter | None):
         """Bring the KV caches to the prompt; return the first token and the drafter's first

@@ -121,6 +121,7 @@ class DoneEvent:
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats
+    margins: list[float] | None = None  # per token, when GenerationConfig.record_margins
 
 
 Event = TokenEvent | CycleEvent | DoneEvent

@@ -1,0 +1,47 @@
+"""The ``localspec`` command line: one module per subcommand, errors turned into one line here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import LocalspecError
+
+app = typer.Typer(
+    name="localspec",
+    help="EAGLE-3 speculative decoding for local models on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Imported for their @app.command side effect, in the order `--help` lists them.
+    from . import generate, bench  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except LocalspecError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("Aborted.", file=sys.stderr)
+        return 1
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0

@@ -1,0 +1,27 @@
+"""Options shared by the subcommands that run a model, and engine construction from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..engine import Engine
+from ..models import ModelSpec, resolve
+
+ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
+TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False)
+DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False)
+CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
+ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
+GpuLayersOpt = typer.Option(0, "--gpu-layers", help="Target layers to offload to the GPU (-1: all).")
+VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's log.")
+
+
+def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
+                threads: Optional[int], gpu_layers: int, verbose: bool) -> tuple[ModelSpec, Engine]:
+    spec = resolve(model, target=target, draft=draft)
+    engine = Engine(spec.target, spec.drafter, n_ctx=ctx, n_threads=threads,
+                    n_gpu_layers=gpu_layers, drafter_gpu_layers=-1 if gpu_layers else 0, verbose=verbose)
+    return spec, engine

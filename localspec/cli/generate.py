@@ -1,0 +1,107 @@
+"""``localspec generate``: one prompt, streamed to stdout, statistics to stderr (or one JSON object)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..chat_format import Message
+from ..engine import GenerationConfig
+from ..events import DoneEvent, TokenEvent
+from ..sampling import SamplingParams
+from ..speculation.policy import PolicyConfig
+from . import app
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
+
+
+class Policy(str, Enum):
+    auto = "auto"
+    fixed = "fixed"
+
+
+def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
+                 seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
+                 draft_max: int) -> GenerationConfig:
+    return GenerationConfig(
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        stop=tuple(stop),
+        spec=not no_spec,
+        policy=PolicyConfig(name=policy.value, draft_max=draft_max),
+    )
+
+
+def format_stats(stats) -> str:
+    line = (f"prompt {stats.prompt_tokens} tok @ {stats.prompt_tokens_per_second:.1f} tok/s | "
+            f"generated {stats.generated_tokens} tok @ {stats.tokens_per_second:.1f} tok/s")
+    if stats.spec:
+        line += (f" | drafted {stats.drafted}, accepted {stats.accepted} "
+                 f"({stats.acceptance_rate:.0%}) | {stats.tokens_per_cycle:.2f} tok/cycle")
+    return line
+
+
+@app.command()
+def generate(
+    model: Optional[str] = ModelArg,
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
+    target: Optional[Path] = TargetOpt,
+    draft: Optional[Path] = DraftOpt,
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding, no drafter."),
+    policy: Policy = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max."),
+    draft_max: int = typer.Option(4, "--draft-max", help="Most tokens drafted per cycle."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (reproducible output)."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as raw text, without the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    ctx: int = CtxOpt,
+    threads: Optional[int] = ThreadsOpt,
+    gpu_layers: int = GpuLayersOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Generate a reply to one prompt."""
+    config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max)
+    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    with engine:
+        if raw:
+            request = prompt
+        else:
+            system = system if system is not None else spec.system
+            request = ([Message("system", system)] if system else []) + [Message("user", prompt)]
+        if not as_json and engine.drafter is None and not no_spec:
+            print(f"note: no drafter for {spec.name}: plain decoding", file=sys.stderr)
+        done = None
+        for event in engine.generate(request, config):
+            if isinstance(event, TokenEvent) and not as_json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            elif isinstance(event, DoneEvent):
+                done = event
+        assert done is not None
+        stats = done.stats
+        if as_json:
+            result = {
+                "text": done.text,
+                "finish_reason": done.finish_reason,
+                "model": spec.name,
+                "target": str(spec.target),
+                "drafter": str(spec.drafter) if spec.drafter and engine.drafter else None,
+                **stats.to_dict(),
+            }
+            print(json.dumps(result, ensure_ascii=False))
+        else:
+            sys.stdout.write("\n")
+            print(format_stats(stats), file=sys.stderr)
+            if done.finish_reason == "context":
+                print("note: stopped at the end of the context window (raise --ctx)", file=sys.stderr)

