@@ -97,6 +97,7 @@ class GGUFHeader:
         try:
             self.kv: dict[str, Any] = {}
             self.string_arrays: dict[str, list[str]] = {}
+            self.types: dict[str, tuple[int, int | None]] = {}  # key -> (gguf_type, array item type)
             for i in range(lib.gguf_get_n_kv(ctx)):
                 key = lib.gguf_get_key(ctx, i).decode("utf-8", "replace")
                 self.kv[key] = self._value(lib, ctx, i, key)
@@ -119,6 +120,7 @@ class GGUFHeader:
 
     def _value(self, lib: Any, ctx: int, i: int, key: str) -> Any:
         kind = lib.gguf_get_kv_type(ctx, i)
+        self.types[key] = (kind, lib.gguf_get_arr_type(ctx, i) if kind == ARRAY else None)
         if kind == STRING:
             return _c_str(lib.gguf_get_val_str(ctx, i))
         if kind in _SCALAR:

@@ -27,6 +27,10 @@ from ..gguf_info import GGUFInfo, read_tensor
 from ..llama_model import Context, Model, _llama_failure
 
 
+# Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
+ALL_OUTPUT_ROWS = 16
+
+
 def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True) + eps)
 
@@ -106,15 +110,11 @@ class EagleDrafter:
             out[start:start + m] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
         return out
 
-    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Write pairs (tokens[i], g[i]) at positions start_pos+i; return the last row's
-        logits (over the target vocabulary) and the state to feed back to the next step."""
-        n = len(tokens)
-        g = np.ascontiguousarray(g, dtype=np.float32)
+    def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool) -> int:
         llama_cpp.llama_batch_ext_clear(self._batch)
         idx = -1
-        for i in range(n):
-            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tokens[i])
+        for i, tok in enumerate(tokens):
+            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tok)
             if idx < 0:
                 raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
             row = g[i]
@@ -122,8 +122,25 @@ class EagleDrafter:
             llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
             self._pos.value = start_pos + i
             llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-            llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, i == n - 1)
+            llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
         self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        return idx
+
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i; return the last row's
+        logits (over the target vocabulary) and the state to feed back to the next step.
+
+        llama.cpp's eagle3 DECODE graph does not select output rows: with only the last row
+        marked, it hands back row 0's logits and state. So short batches mark every row (a few
+        extra rows of logits), and long ones (prompt chunks) write all but the last row without
+        outputs, then the last row alone, as llama.cpp's own loop does.
+        """
+        n = len(tokens)
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        if n > ALL_OUTPUT_ROWS:
+            self._decode_rows(tokens[:-1], g[:-1], start_pos, output=False)
+            tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
+        idx = self._decode_rows(tokens, g, start_pos, output=True)
         logits = self.ctx.logits(idx)
         ptr = llama_ext.get_embeddings_nextn_ith(self.ctx.ptr, idx)
         if not ptr:

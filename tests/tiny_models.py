@@ -1,0 +1,144 @@
+"""Tiny GGUF models built in tests: a llama-architecture target and EAGLE-3 drafters.
+
+They carry the real SmolLM2 tokenizer (copied from the embedded target) so prompts, chat templates
+and d2t mappings are realistic, with 64-wide random weights so they load and run in milliseconds.
+
+Targets:
+- ``repeat``: every layer's output projection is zero and embeddings are unit rows, so the residual
+  stream stays the token embedding and the target greedily repeats its last token.
+- ``noisy``: like ``repeat`` plus random layer outputs: mostly repeats, sometimes does not.
+- ``random``: ordinary random weights.
+
+Drafters:
+- ``repeat``: fc picks the first feature block and the layer adds nothing, so it predicts "the
+  same token again": always right on a ``repeat`` target, partly right on ``noisy``.
+- ``random``: random weights (low acceptance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from localspec import gguf_consts as K
+from localspec.converters.canonical import DrafterConfig, DrafterWeights
+from localspec.converters.gguf_writer import write_drafter_gguf
+from localspec.gguf_native import ARRAY, GGUFHeader
+from localspec.paths import embedded_target
+
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+HEAD_DIM = N_EMBD // N_HEAD
+N_FF = 128
+N_LAYER = 4
+
+
+def _copy_tokenizer(writer, source: Path) -> int:
+    import gguf
+
+    header = GGUFHeader(source)
+    for key, value in header.kv.items():
+        if key.startswith("tokenizer."):
+            kind, sub = header.types[key]
+            if kind == ARRAY:
+                items = value.tolist() if isinstance(value, np.ndarray) else list(value)
+                writer.add_key_value(key, items, gguf.GGUFValueType(kind), sub_type=gguf.GGUFValueType(sub))
+            else:
+                writer.add_key_value(key, value, gguf.GGUFValueType(kind))
+    return len(header.kv["tokenizer.ggml.tokens"])
+
+
+def unit_embeddings(n_vocab: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)
+    return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed: int = 0,
+                 n_layer: int = N_LAYER, noise: float = 0.35) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed + 1)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{kind}")
+    n_vocab = _copy_tokenizer(writer, embedded_target())
+    writer.add_context_length(4096)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", unit_embeddings(n_vocab, seed).astype(np.float16))
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
+    for i in range(n_layer):
+        out_scale = {"repeat": 0.0, "noisy": noise, "random": 0.2}[kind]
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", rnd(N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", rnd(N_EMBD, N_EMBD, scale=out_scale))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", rnd(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF, scale=out_scale))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def drafter_weights(kind: str = "repeat", *, variant: str = K.VARIANT_EAGLE3, d2t: np.ndarray | None = None,
+                    seed: int = 0, layers: tuple[int, int, int] = (0, 1, N_LAYER - 1),
+                    target_hidden: int = N_EMBD, n_vocab: int = 49152) -> DrafterWeights:
+    rng = np.random.default_rng(seed + 7)
+
+    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    eagle31 = variant == K.VARIANT_EAGLE31
+    config = DrafterConfig(
+        hidden_size=N_EMBD, intermediate_size=N_FF, num_heads=N_HEAD, num_kv_heads=N_HEAD_KV, head_dim=HEAD_DIM,
+        rms_eps=1e-5, rope_theta=10000.0, max_position=4096, target_hidden_size=target_hidden,
+        target_layers=layers, vocab_size=n_vocab, variant=variant, fc_norm=eagle31, fc_norm_eps=1e-5 if eagle31 else None,
+        norm_output=eagle31, source_layout="test", source=f"tiny-{kind}",
+    )
+    t: dict[str, np.ndarray] = {}
+    if kind == "repeat":
+        fc = np.zeros((N_EMBD, 3 * target_hidden), np.float32)
+        fc[:, :N_EMBD] = np.eye(N_EMBD, dtype=np.float32)
+        t[K.T_FC] = fc
+        t[K.T_O] = np.zeros((N_EMBD, N_EMBD), np.float32)
+        t[K.T_FFN_DOWN] = np.zeros((N_EMBD, N_FF), np.float32)
+    else:
+        t[K.T_FC] = rnd(N_EMBD, 3 * target_hidden, scale=0.05)
+        t[K.T_O] = rnd(N_EMBD, N_EMBD)
+        t[K.T_FFN_DOWN] = rnd(N_EMBD, N_FF)
+    t[K.T_ATTN_NORM] = np.ones(N_EMBD, np.float32)
+    t[K.T_HIDDEN_NORM] = np.ones(N_EMBD, np.float32)
+    t[K.T_Q] = rnd(N_HEAD * HEAD_DIM, 2 * N_EMBD)
+    t[K.T_K] = rnd(N_HEAD_KV * HEAD_DIM, 2 * N_EMBD)
+    t[K.T_V] = rnd(N_HEAD_KV * HEAD_DIM, 2 * N_EMBD)
+    t[K.T_FFN_NORM] = np.ones(N_EMBD, np.float32)
+    t[K.T_FFN_GATE] = rnd(N_FF, N_EMBD)
+    t[K.T_FFN_UP] = rnd(N_FF, N_EMBD)
+    t[K.T_OUTPUT_NORM] = np.ones(N_EMBD, np.float32)
+    if d2t is not None:
+        # the draft lm_head: the target's (tied) embedding rows of the draft vocabulary
+        t[K.T_OUTPUT] = unit_embeddings(n_vocab, seed)[d2t]
+    return DrafterWeights(config, t, d2t.astype(np.int64) if d2t is not None else None)
+
+
+def build_drafter(path: Path, target: Path, kind: str = "repeat", **kwargs) -> Path:
+    return write_drafter_gguf(drafter_weights(kind, **kwargs), target, path, outtype="f32")
