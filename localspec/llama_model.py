@@ -155,6 +155,7 @@ class Context:
         n_threads: int | None = None,
         ctx_other: "Context | None" = None,
         n_seq_max: int = 1,
+        precise_attention: bool = False,
     ) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -166,6 +167,9 @@ class Context:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
+        if precise_attention:  # F32 KV, no flash attention (it rounds Q to F16 on CPU)
+            params.type_k = params.type_v = 0  # GGML_TYPE_F32
+            params.flash_attn_type = 0
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
         self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)

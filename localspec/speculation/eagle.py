@@ -44,7 +44,10 @@ class EagleDrafter:
         self.info = info
         self.target = target
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target)
+        # One layer of attention: exact arithmetic costs little and keeps the drafter within
+        # 1e-6 of its torch reference (flash attention on CPU rounds Q to F16: 1e-4 off).
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
+                           precise_attention=True)
         self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
         if tuple(self.layers) != tuple(info.target_layers or ()):
             raise LocalspecError(f"{info.path.name}: llama.cpp reads target layers {self.layers}, metadata says {info.target_layers}")
