@@ -1,0 +1,102 @@
+"""``localspec chat``: the terminal chat (Textual). ``--list`` prints the saved conversations."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import LocalspecError
+from . import app
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt
+
+
+def _parse_resume(value: str, store) -> int:
+    if value == "last":
+        latest = store.latest_id()
+        if latest is None:
+            raise LocalspecError("there is no saved conversation to resume")
+        return latest
+    try:
+        conversation_id = int(value.lstrip("#"))
+    except ValueError:
+        raise LocalspecError(f"--resume takes a conversation id or 'last', not '{value}'") from None
+    if not store.exists(conversation_id):
+        raise LocalspecError(f"no conversation with id {conversation_id} (localspec chat --list shows them)")
+    return conversation_id
+
+
+def _print_list(store) -> None:
+    items = store.list(limit=1000)
+    if not items:
+        print(f"No saved conversations ({store.path}).")
+        return
+    print(f"{'ID':>5}  {'UPDATED':<16}  {'MSGS':>4}  {'MODEL':<16}  TITLE")
+    for c in items:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
+        print(f"{c.id:>5}  {when:<16}  {c.n_messages:>4}  {c.model[:16]:<16}  {c.title}")
+
+
+def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: int = 0,
+                   verbose: bool = False):
+    """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
+    from ..engine import Engine
+
+    def build() -> Engine:
+        return Engine(spec.target, spec.drafter, n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers,
+                      drafter_gpu_layers=-1 if gpu_layers else 0, verbose=verbose)
+
+    return build
+
+
+@app.command()
+def chat(
+    model: Optional[str] = ModelArg,
+    target: Optional[Path] = TargetOpt,
+    draft: Optional[Path] = DraftOpt,
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt (editable in the app, F2).",
+                                         show_default=False),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Resume a saved conversation: its id, or 'last'.",
+                                         show_default=False),
+    list_: bool = typer.Option(False, "--list", help="List the saved conversations and exit."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens per reply."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Start with speculation off (Ctrl+T toggles it)."),
+    ctx: int = CtxOpt,
+    threads: Optional[int] = ThreadsOpt,
+    gpu_layers: int = GpuLayersOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Chat in the terminal. Conversations are saved as they happen; --list shows them."""
+    from ..conversations import ConversationStore
+
+    store = ConversationStore()
+    try:
+        if list_:
+            _print_list(store)
+            return
+        resume_id = _parse_resume(resume, store) if resume is not None else None
+        from ..models import resolve
+
+        spec = resolve(model, target=target, draft=draft)
+        for label, path in (("target", spec.target), ("drafter", spec.drafter)):
+            if path is not None and not Path(path).is_file():
+                raise LocalspecError(f"the {label} file {path} does not exist")
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise LocalspecError("chat needs an interactive terminal (use `localspec generate` in scripts)")
+
+        from ..tui.app import ChatApp, ChatSettings
+
+        settings = ChatSettings(system=system if system is not None else (spec.system or ""),
+                                max_tokens=max_tokens, temperature=temperature)
+        settings.config(True)  # validate before the UI starts
+
+        factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        chat_app = ChatApp(factory, model_name=spec.name, store=store, settings=settings, resume=resume_id)
+        chat_app.spec_enabled = not no_spec
+        chat_app.run()
+    finally:
+        store.close()
