@@ -1,8 +1,10 @@
-"""Which files a model name means: the embedded default, a GGUF path, or (see registry) a named pair."""
+"""Which files a model name means: a created or pulled model, a catalog entry, the embedded
+default, or a GGUF path (in that order; see :mod:`localspec.registry`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from .errors import LocalspecError
@@ -20,6 +22,10 @@ class ModelSpec:
     drafter: Path | None = None
     parameters: dict = field(default_factory=dict)   # generation defaults (Modelfile PARAMETERs)
     system: str | None = None
+    template: str | None = None                      # Modelfile TEMPLATE (None: the GGUF's own)
+    messages: list = field(default_factory=list)     # Modelfile MESSAGEs: [(role, content), ...]
+    license: list = field(default_factory=list)
+    draft_params: dict = field(default_factory=dict)  # draft_max, draft_policy, draft_tree, draft_p_min
 
 
 def default_model() -> ModelSpec:
@@ -27,17 +33,82 @@ def default_model() -> ModelSpec:
     return ModelSpec(DEFAULT_MODEL, embedded_target(), drafter if drafter.is_file() else None)
 
 
+def _from_record(record) -> ModelSpec:
+    from .modelfile import SPEC_PARAMETERS
+
+    params = dict(record.parameters)
+    draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
+    return ModelSpec(record.name, Path(record.target), Path(record.drafter) if record.drafter else None,
+                     parameters=params, system=record.system, template=record.template,
+                     messages=[tuple(m) for m in record.messages], license=list(record.license),
+                     draft_params=draft_params)
+
+
+def _from_catalog(name: str, entry) -> ModelSpec:
+    from .modelfile import SPEC_PARAMETERS
+
+    if not entry.embedded:
+        raise LocalspecError(f"model '{name}' is in the catalog but not downloaded: run `localspec pull {name}`")
+    spec = default_model()
+    spec.name = name
+    params = dict(entry.parameters)
+    spec.draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
+    spec.parameters = params
+    spec.system, spec.template = entry.system, entry.template
+    return spec
+
+
 def resolve(name: str | None = None, *, target: str | Path | None = None,
             draft: str | Path | None = None) -> ModelSpec:
-    """The model to run from a MODEL argument and --target/--draft overrides."""
+    """The model to run from a MODEL argument and --target/--draft overrides.
+
+    A name is looked up in the user's models (``create``/``pull``), then the catalog
+    (``models.toml``), then taken as the embedded default or a GGUF path.
+    """
+    from . import registry
+
     if target is not None:
         spec = ModelSpec(Path(target).name, Path(target).expanduser())
-    elif name is None or name == DEFAULT_MODEL:
+    elif name is None:
+        spec = default_model()
+    elif (record := registry.load(name)) is not None:
+        spec = _from_record(record)
+    elif registry.NAME_RE.match(name) and (entry := registry.catalog_entry(name)) is not None:
+        spec = _from_catalog(name, entry)
+    elif name == DEFAULT_MODEL:
         spec = default_model()
     elif name.endswith(".gguf") or Path(name).expanduser().is_file():
         spec = ModelSpec(Path(name).name, Path(name).expanduser())
     else:
-        raise LocalspecError(f"unknown model '{name}' (give a .gguf path, or omit it for {DEFAULT_MODEL})")
+        raise LocalspecError(f"unknown model '{name}' (see `localspec list`; give a .gguf path, "
+                             f"or omit it for {DEFAULT_MODEL})")
     if draft is not None:
         spec.drafter = Path(draft).expanduser()
     return spec
+
+
+# Modelfile PARAMETER -> the `generate` option it is a default for.
+OPTION_FOR_PARAMETER = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+    "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx",
+    "draft_max": "draft_max", "draft_policy": "policy",
+}
+
+
+def apply_model_defaults(spec: ModelSpec, options: dict, is_default) -> dict:
+    """``options`` (CLI values by option name) with the model's PARAMETERs filled in wherever
+    ``is_default(option_name)`` says the user did not give the option. Keeps the dict's order."""
+    out = dict(options)
+    for param, value in {**spec.parameters, **spec.draft_params}.items():
+        opt = OPTION_FOR_PARAMETER.get(param)
+        if opt is None or opt not in out or not is_default(opt):
+            continue
+        if param == "num_predict" and value < 1:
+            continue   # Ollama's -1/-2 (no limit): keep localspec's default
+        current = out[opt]
+        if param == "stop":
+            value = list(value)
+        elif isinstance(current, Enum):
+            value = type(current)(value)       # e.g. the CLI's Policy enum
+        out[opt] = value
+    return out

@@ -13,6 +13,7 @@ import typer
 from ..chat_format import Message
 from ..engine import GenerationConfig
 from ..events import DoneEvent, TokenEvent
+from ..models import apply_model_defaults, resolve
 from ..sampling import SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
@@ -47,6 +48,7 @@ def format_stats(stats) -> str:
 
 @app.command()
 def generate(
+    cli: typer.Context,
     model: Optional[str] = ModelArg,
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
     target: Optional[Path] = TargetOpt,
@@ -70,6 +72,11 @@ def generate(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Generate a reply to one prompt."""
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, policy, draft_max) = apply_model_defaults(
+        resolve(model, target=target, draft=draft),
+        dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+             stop=stop, ctx=ctx, policy=policy, draft_max=draft_max),
+        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max)
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
@@ -78,7 +85,8 @@ def generate(
             request = prompt
         else:
             system = system if system is not None else spec.system
-            request = ([Message("system", system)] if system else []) + [Message("user", prompt)]
+            request = (([Message("system", system)] if system else [])
+                       + [Message(role, content) for role, content in spec.messages] + [Message("user", prompt)])
         if not as_json and engine.drafter is None and not no_spec:
             print(f"note: no drafter for {spec.name}: plain decoding", file=sys.stderr)
         done = None

@@ -1,0 +1,138 @@
+"""``localspec create / list / show / rm / pull``: named target/drafter pairs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import modelfile as mfmod
+from .. import registry
+from ..errors import LocalspecError
+from . import app
+
+
+@app.command()
+def create(
+    name: str = typer.Argument(..., help="Name for the model."),
+    file: Path = typer.Option(Path("Modelfile"), "--file", "-f", help="The Modelfile (default: ./Modelfile)."),
+) -> None:
+    """Create a model from a Modelfile (FROM target, DRAFT drafter, PARAMETERs, ...)."""
+    registry.check_name(name)
+    mf = mfmod.load(file)
+    record = registry.create(name, mf)
+    drafter = f" + {Path(record.drafter).name}" if record.drafter else " (no drafter)"
+    print(f"created {name}: {Path(record.target).name}{drafter}")
+
+
+def _size(*paths: str | None) -> str:
+    total = 0
+    for p in paths:
+        if p:
+            try:
+                total += Path(p).stat().st_size
+            except OSError:
+                pass
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if total < 1000 or unit == "TB":
+            return f"{total:.0f} {unit}" if unit == "B" else f"{total:.1f} {unit}"
+        total /= 1000
+    return "?"
+
+
+@app.command("list")
+def list_(
+    catalog: bool = typer.Option(False, "--catalog", help="List the pairs `pull` can download instead."),
+) -> None:
+    """List your models (created or pulled)."""
+    console = Console()
+    if catalog:
+        mine = {m.name for m in registry.list_models()}
+        table = Table("NAME", "TARGET", "DRAFTER", "", "DESCRIPTION")
+        for name, entry in registry.load_catalog().items():
+            target = "(embedded)" if entry.embedded else f"{entry.target.repo}"  # type: ignore[union-attr]
+            draft = f"{entry.draft.repo} ({entry.draft.variant})" if entry.draft else "-"
+            table.add_row(name, target, draft, "pulled" if name in mine else "", entry.description)
+        console.print(table)
+        return
+    models = registry.list_models()
+    if not models:
+        print("no models yet: `localspec create NAME -f Modelfile` or `localspec pull NAME` "
+              "(`localspec list --catalog` shows what can be pulled)", file=sys.stderr)
+        return
+    table = Table("NAME", "TARGET", "DRAFTER", "SIZE", "CREATED")
+    for m in models:
+        table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
+                      _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
+    console.print(table)
+
+
+@app.command()
+def show(
+    name: str = typer.Argument(..., help="A model name."),
+    modelfile: bool = typer.Option(False, "--modelfile", help="Print a Modelfile that recreates it."),
+) -> None:
+    """Show a model's files and settings."""
+    from ..models import resolve
+
+    record = registry.load(name)
+    if record is not None:
+        mf = record.to_modelfile()
+    else:
+        spec = resolve(name)
+        mf = mfmod.Modelfile(from_=str(spec.target), draft=str(spec.drafter) if spec.drafter else None,
+                             parameters={**spec.parameters, **spec.draft_params}, template=spec.template,
+                             system=spec.system, messages=list(spec.messages), license=list(spec.license))
+    if modelfile:
+        sys.stdout.write(mfmod.dumps(mf, header=f"Modelfile for {name}, written by `localspec show --modelfile`\n"
+                                                "To make a copy: localspec create NEWNAME -f <this file>"))
+        return
+    console = Console()
+    table = Table(show_header=False, box=None)
+    table.add_row("name", name)
+    table.add_row("target", mf.from_)
+    table.add_row("drafter", mf.draft or "-")
+    if record is not None:
+        for key, value in record.origin.items():
+            table.add_row(f"origin.{key}", value)
+        table.add_row("created", record.created)
+    for key, value in mf.parameters.items():
+        table.add_row(f"parameter {key}", ", ".join(map(repr, value)) if isinstance(value, list) else str(value))
+    if mf.system is not None:
+        table.add_row("system", mf.system)
+    if mf.template is not None:
+        table.add_row("template", mf.template)
+    for role, content in mf.messages:
+        table.add_row(f"message {role}", content)
+    for text in mf.license:
+        table.add_row("license", text.splitlines()[0] if text else "")
+    console.print(table)
+
+
+@app.command()
+def rm(name: str = typer.Argument(..., help="The model to remove.")) -> None:
+    """Remove a model (its record and any drafter localspec converted for it)."""
+    registry.remove(name)
+    print(f"deleted {name}")
+
+
+@app.command()
+def pull(name: str = typer.Argument(..., help="A catalog name (see `localspec list --catalog`).")) -> None:
+    """Download a curated target/drafter pair from the Hugging Face Hub and register it."""
+    record = registry_pull(name)
+    if record is None:
+        print(f"{name} ships with localspec: nothing to download")
+        return
+    drafter = f" + {Path(record.drafter).name}" if record.drafter else ""
+    print(f"pulled {name}: {Path(record.target).name}{drafter}")
+
+
+def registry_pull(name: str):
+    from .. import hub
+
+    if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
+        raise LocalspecError(f"invalid model name '{name}'")
+    return hub.pull(name)

@@ -1,0 +1,220 @@
+"""Downloads from the Hugging Face Hub (through ``huggingface_hub``), drafter conversion, ``pull``.
+
+Files go to huggingface_hub's own cache (``HF_HOME`` / ``HF_HUB_CACHE``), so models already
+downloaded by other tools are reused; ``HF_ENDPOINT`` picks the server and ``HF_HUB_OFFLINE=1``
+allows only what the cache has. These variables are read when a download starts (not when
+huggingface_hub was imported). Progress bars are huggingface_hub's; an interrupted transfer is
+resumed by huggingface_hub with an HTTP range request. Every file with a known SHA-256 is verified
+after download; a file that does not match is removed from the cache and reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import LocalspecError
+
+_TRUE = {"1", "on", "yes", "true", "y"}
+CHECKPOINT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class HFRef:
+    repo: str
+    path: str | None = None         # a file (or subfolder) inside the repository
+    revision: str | None = None
+
+
+_REF_RE = re.compile(
+    r"^(?:hf://|hf\.co/|huggingface\.co/|https?://(?:www\.)?(?:hf\.co|huggingface\.co)/)"
+    r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+    r"(?:/(?:resolve|blob|tree)/(?P<urlrev>[^/]+))?"
+    r"(?:/(?P<path>[^@]+?))?/?"
+    r"(?:@(?P<rev>[\w./-]+))?$"
+)
+
+
+def parse_hf_ref(value: str) -> HFRef | None:
+    """``hf.co/OWNER/REPO[/PATH][@REVISION]`` (also ``hf://``, ``huggingface.co/`` and page URLs)."""
+    m = _REF_RE.match(value.strip())
+    if m is None:
+        return None
+    return HFRef(m.group("repo"), m.group("path") or None, m.group("rev") or m.group("urlrev"))
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def _settings() -> dict:
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    cache = os.environ.get("HF_HUB_CACHE")
+    if not cache and os.environ.get("HF_HOME"):
+        cache = os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    return {"endpoint": endpoint.rstrip("/") if endpoint else None, "cache_dir": cache or None,
+            "local_files_only": offline()}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _drop_from_cache(path: Path) -> None:
+    """Remove a cached file: the snapshot link and the blob it points to."""
+    blob = Path(os.path.realpath(path))
+    for p in (path, blob):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def download(repo: str, filename: str, *, revision: str | None = None, sha256: str | None = None) -> Path:
+    """One file of ``repo`` in the HF cache (downloaded unless cached), verified when ``sha256`` is known."""
+    try:
+        import huggingface_hub as hf
+        from huggingface_hub import errors as hf_errors
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise LocalspecError("downloading models needs the 'huggingface_hub' package") from None
+
+    where = f"{repo}/{filename}" + (f"@{revision}" if revision else "")
+    settings = _settings()
+    try:
+        path = Path(hf.hf_hub_download(repo, filename, revision=revision, **settings))
+    except hf_errors.LocalEntryNotFoundError:
+        if settings["local_files_only"]:
+            raise LocalspecError(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+                                 "(unset it to download)") from None
+        raise LocalspecError(f"{where}: cannot reach the Hugging Face Hub "
+                             f"({settings['endpoint'] or 'huggingface.co'}) and the file is not cached") from None
+    except hf_errors.GatedRepoError:
+        raise LocalspecError(f"{where}: the repository is gated; accept its terms on huggingface.co "
+                             "and log in with `hf auth login`") from None
+    except hf_errors.RepositoryNotFoundError:
+        raise LocalspecError(f"{where}: repository '{repo}' not found (or private)") from None
+    except hf_errors.RevisionNotFoundError:
+        raise LocalspecError(f"{where}: revision '{revision}' not found in {repo}") from None
+    except hf_errors.RemoteEntryNotFoundError:
+        raise LocalspecError(f"{where}: no file '{filename}' in {repo}") from None
+    except hf_errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        raise LocalspecError(f"{where}: download failed (HTTP {status})") from None
+    except ValueError as exc:      # e.g. a malformed repo id
+        raise LocalspecError(f"{where}: {exc}") from None
+    except OSError as exc:         # size mismatch after retries, disk full, connection lost for good
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise LocalspecError(f"{where}: download failed ({msg})") from None
+    except Exception as exc:       # network errors of huggingface_hub's HTTP client
+        raise LocalspecError(f"{where}: download failed ({type(exc).__name__}: {exc})") from None
+
+    if sha256 is not None:
+        got = sha256_file(path)
+        if got != sha256.lower():
+            _drop_from_cache(path)
+            raise LocalspecError(f"{where}: checksum mismatch (expected sha256 {sha256}, got {got}); "
+                                 "the file was removed from the cache, try again")
+    return path
+
+
+def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: str | None = None,
+                        files: list[str] | None = None, digests: dict[str, str] | None = None) -> Path:
+    """A drafter checkpoint's files in the HF cache; returns the directory that holds them.
+
+    Without ``files``: ``config.json`` and the first of model.safetensors / pytorch_model.bin found.
+    """
+    def name(f: str) -> str:
+        return f"{subfolder.strip('/')}/{f}" if subfolder else f
+
+    digests = digests or {}
+    if files:
+        paths = [download(repo, name(f), revision=revision, sha256=digests.get(f)) for f in files]
+    else:
+        paths = [download(repo, name("config.json"), revision=revision)]
+        last: LocalspecError | None = None
+        for weights in CHECKPOINT_WEIGHTS:
+            try:
+                paths.append(download(repo, name(weights), revision=revision))
+                break
+            except LocalspecError as exc:
+                last = exc
+        else:
+            raise LocalspecError(f"{repo}: no {' or '.join(CHECKPOINT_WEIGHTS)} found ({last})")
+    return paths[0].parent
+
+
+def convert_drafter(src: Path, target: Path, out: Path) -> Path:
+    """Convert a drafter checkpoint directory to ``out`` (GGUF) for ``target``; atomic."""
+    try:
+        from .converters.convert import convert_checkpoint
+    except ImportError:
+        raise LocalspecError("converting drafter checkpoints needs the converter (not available)") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        convert_checkpoint(src, target, tmp, outtype="f16", force=True)
+        os.replace(tmp, out)
+    except LocalspecError:
+        raise
+    except Exception as exc:  # a converter bug must not leave a traceback or a half-written file
+        raise LocalspecError(f"converting {src} failed ({type(exc).__name__}: {exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def pull(name: str):
+    """Download a catalog pair, convert its drafter if needed, verify it and register it as ``name``."""
+    from . import registry
+    from .gguf_info import check_pair, check_target, read_gguf
+
+    entry = registry.catalog_entry(name)
+    if entry is None:
+        known = ", ".join(sorted(registry.load_catalog()))
+        raise LocalspecError(f"'{name}' is not in the catalog (known: {known})")
+    if entry.embedded:
+        return None   # ships with localspec: nothing to download
+    assert entry.target is not None
+    t = entry.target
+    target = download(t.repo, t.file, revision=t.revision, sha256=t.sha256)
+    for part in t.parts:   # llama.cpp finds the other parts of a split GGUF next to the first
+        download(t.repo, part, revision=t.revision)
+    t_info = read_gguf(target)
+    check_target(t_info)
+
+    drafter: Path | None = None
+    owned: list[str] = []
+    d = entry.draft
+    if d is not None:
+        if d.file is not None:
+            drafter = download(d.repo, d.file, revision=d.revision, sha256=d.digest(d.file))
+        else:
+            digests = d.sha256 if isinstance(d.sha256, dict) else {}
+            src = download_checkpoint(d.repo, revision=d.revision, files=d.files, digests=digests)
+            drafter = convert_drafter(src, target, registry.drafters_dir() / f"{name}.gguf")
+            owned.append(str(drafter))
+        try:
+            check_pair(t_info, read_gguf(drafter))
+        except LocalspecError:
+            for f in owned:
+                Path(f).unlink(missing_ok=True)
+            raise
+
+    params = dict(entry.parameters)
+    record = registry.UserModel(
+        name=name, target=str(target), drafter=str(drafter) if drafter else None, parameters=params,
+        template=entry.template, system=entry.system, license=[entry.license] if entry.license else [],
+        origin={"catalog": name, "from": f"hf.co/{t.repo}/{t.file}" + (f"@{t.revision}" if t.revision else ""),
+                **({"draft": f"hf.co/{d.repo}" + (f"/{d.file}" if d.file else "")
+                    + (f"@{d.revision}" if d.revision else "")} if d else {})},
+        owned=owned,
+    )
+    registry.save(record)
+    return record

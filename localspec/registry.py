@@ -1,0 +1,471 @@
+"""Named models: the curated catalog (``models.toml``) and the user's own (``create`` / ``pull``).
+
+Catalog
+    The canonical catalog ships inside the package as ``localspec/data/models.toml`` (found with
+    :mod:`importlib.resources`, so it works from a wheel); ``models.toml`` at the repository root is
+    a documentation copy that a test keeps byte-identical. A user may add or override entries in
+    ``<user dir>/models.toml`` (same schema). The schema is validated with pydantic; a bad entry is
+    one error naming the file and the key.
+
+User models
+    ``localspec create`` and ``localspec pull`` store one JSON record per model in
+    ``<user dir>/models/NAME.json``, written atomically (temporary file + ``os.replace``). A record
+    holds absolute paths (the target GGUF, the drafter GGUF), the Modelfile settings, and where the
+    files came from. Drafters that localspec converted live in ``<user dir>/drafters/`` and are
+    removed with the model; files in the Hugging Face cache are left to ``hf cache``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import LocalspecError
+from .modelfile import Modelfile, check_parameter
+from .paths import user_dir
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+CATALOG_FILE = "models.toml"
+RECORD_FORMAT = 1
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name) or name.lower().endswith(".gguf"):
+        raise LocalspecError(
+            f"invalid model name '{name}' (letters, digits, '.', '_' and '-', starting with a letter "
+            "or digit, at most 100 characters, not ending in .gguf)"
+        )
+    return name
+
+
+def _check_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "stop":
+            values = value if isinstance(value, list) else [value]
+            out[key] = [check_parameter(key, v) for v in values]
+        else:
+            out[key.lower()] = check_parameter(key, value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# catalog schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HubFile(_Strict):
+    """One GGUF file in a Hugging Face repository."""
+
+    repo: str
+    file: str
+    revision: Optional[str] = None       # commit hash (preferred), tag or branch; default: main
+    sha256: Optional[str] = None         # of the file; verified after download when given
+    size: Optional[int] = Field(default=None, gt=0)
+    parts: list[str] = Field(default_factory=list)   # further parts of a split GGUF (same folder)
+
+    @field_validator("parts")
+    @classmethod
+    def _parts(cls, v: list[str]) -> list[str]:
+        for part in v:
+            cls._gguf(part)
+        return v
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not REPO_RE.match(v):
+            raise ValueError(f"'{v}' is not a repository id (expected OWNER/NAME)")
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not SHA256_RE.match(v):
+            raise ValueError("expected 64 lower-case hex digits")
+        return v
+
+    @field_validator("file")
+    @classmethod
+    def _gguf(cls, v: str) -> str:
+        if not v.endswith(".gguf"):
+            raise ValueError(f"'{v}' is not a .gguf file")
+        return v
+
+
+class DraftSource(_Strict):
+    """The drafter: a GGUF file (``file``) or a checkpoint to convert (``files``)."""
+
+    repo: str
+    file: Optional[str] = None
+    files: Optional[list[str]] = None
+    revision: Optional[str] = None
+    sha256: Optional[str | dict[str, str]] = None     # one digest for ``file``, a table for ``files``
+    variant: Literal["eagle3", "eagle3.1"] = "eagle3"
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return HubFile._repo(v)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "DraftSource":
+        if (self.file is None) == (self.files is None):
+            raise ValueError("give either file (a drafter .gguf) or files (a checkpoint to convert)")
+        if self.file is not None:
+            if not self.file.endswith(".gguf"):
+                raise ValueError(f"file '{self.file}' is not a .gguf (use files = [...] for a checkpoint)")
+            if self.sha256 is not None and not (isinstance(self.sha256, str) and SHA256_RE.match(self.sha256)):
+                raise ValueError("sha256 of a drafter file must be 64 lower-case hex digits")
+        else:
+            assert self.files is not None
+            if not self.files or "config.json" not in self.files:
+                raise ValueError("a checkpoint's files must include config.json")
+            if self.sha256 is not None:
+                if not isinstance(self.sha256, dict):
+                    raise ValueError("sha256 of a checkpoint must be a table {file = digest}")
+                for key, digest in self.sha256.items():
+                    if key not in self.files:
+                        raise ValueError(f"sha256 names '{key}', which is not in files")
+                    if not SHA256_RE.match(digest):
+                        raise ValueError(f"sha256 of '{key}' must be 64 lower-case hex digits")
+        return self
+
+    def digest(self, filename: str) -> Optional[str]:
+        if isinstance(self.sha256, dict):
+            return self.sha256.get(filename)
+        return self.sha256 if filename == self.file else None
+
+
+class CatalogEntry(_Strict):
+    description: str
+    embedded: bool = False                 # the target ships with localspec (no download)
+    target: Optional[HubFile] = None
+    draft: Optional[DraftSource] = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    system: Optional[str] = None
+    template: Optional[str] = None
+    license: Optional[str] = None          # the target's license, informational
+
+    @field_validator("parameters")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_parameters(v)
+
+    @model_validator(mode="after")
+    def _source(self) -> "CatalogEntry":
+        if self.embedded == (self.target is not None):
+            raise ValueError("give either embedded = true or a [target] table")
+        return self
+
+
+class Catalog(_Strict):
+    schema_version: Literal[1] = Field(alias="schema")
+    models: dict[str, CatalogEntry]
+
+    @field_validator("models")
+    @classmethod
+    def _names(cls, v: dict[str, CatalogEntry]) -> dict[str, CatalogEntry]:
+        for name in v:
+            if not NAME_RE.match(name):
+                raise ValueError(f"invalid model name '{name}'")
+        return v
+
+
+def _format_validation(path: str, exc: ValidationError) -> LocalspecError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",) and not str(p).startswith("function"))
+    msg = err["msg"].removeprefix("Value error, ")
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return LocalspecError(f"{path}: {loc}: {msg}{more}" if loc else f"{path}: {msg}{more}")
+
+
+def parse_catalog(text: str, path: str = CATALOG_FILE) -> Catalog:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise LocalspecError(f"{path}: not valid TOML ({exc})") from None
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation(path, exc) from None
+
+
+def shipped_catalog_text() -> str:
+    return resources.files("localspec").joinpath("data", CATALOG_FILE).read_text(encoding="utf-8")
+
+
+def user_catalog_path() -> Path:
+    return user_dir() / CATALOG_FILE
+
+
+def load_catalog() -> dict[str, CatalogEntry]:
+    """The shipped catalog with the user's ``models.toml`` entries laid over it."""
+    entries = dict(parse_catalog(shipped_catalog_text(), f"localspec/data/{CATALOG_FILE}").models)
+    extra = user_catalog_path()
+    if extra.is_file():
+        entries.update(parse_catalog(extra.read_text(encoding="utf-8"), str(extra)).models)
+    return entries
+
+
+def catalog_entry(name: str) -> CatalogEntry | None:
+    return load_catalog().get(name)
+
+
+# --------------------------------------------------------------------------------------------
+# user models
+
+
+class UserModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = RECORD_FORMAT
+    name: str
+    target: str                                   # absolute path of the target GGUF
+    drafter: Optional[str] = None                 # absolute path of the drafter GGUF
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    template: Optional[str] = None
+    system: Optional[str] = None
+    messages: list[tuple[str, str]] = Field(default_factory=list)
+    license: list[str] = Field(default_factory=list)
+    origin: dict[str, str] = Field(default_factory=dict)    # "from", "draft", "modelfile", "catalog"
+    owned: list[str] = Field(default_factory=list)          # files localspec made (removed by rm)
+    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @field_validator("parameters")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_parameters(v)
+
+    @field_validator("messages")
+    @classmethod
+    def _roles(cls, v: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        for role, _ in v:
+            if role not in ("system", "user", "assistant"):
+                raise ValueError(f"unknown message role '{role}'")
+        return v
+
+    def to_modelfile(self) -> Modelfile:
+        return Modelfile(from_=self.target, draft=self.drafter, parameters=dict(self.parameters),
+                         template=self.template, system=self.system, messages=list(self.messages),
+                         license=list(self.license), path=self.name)
+
+
+def models_dir() -> Path:
+    return user_dir() / "models"
+
+
+def drafters_dir() -> Path:
+    d = user_dir() / "drafters"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def record_path(name: str) -> Path:
+    return models_dir() / f"{check_name(name)}.json"
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``path`` so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save(model: UserModel) -> Path:
+    path = record_path(model.name)
+    atomic_write(path, json.dumps(model.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def load(name: str) -> UserModel | None:
+    """The user's model ``name``, or None if there is none."""
+    if not NAME_RE.match(name):
+        return None
+    path = models_dir() / f"{name}.json"
+    if not path.is_file():
+        return None
+    try:
+        return UserModel.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise LocalspecError(f"{path}: damaged model record ({exc.errors()[0]['msg']}); "
+                             f"remove it with `localspec rm {name}`") from None
+
+
+def list_models() -> list[UserModel]:
+    d = models_dir()
+    out = []
+    if d.is_dir():
+        for path in sorted(d.glob("*.json")):
+            try:
+                out.append(UserModel.model_validate_json(path.read_text(encoding="utf-8")))
+            except (ValidationError, OSError, UnicodeDecodeError):
+                continue   # `show` names the damage; `list` keeps going
+    return out
+
+
+def remove(name: str) -> UserModel:
+    check_name(name)
+    path = models_dir() / f"{name}.json"
+    if not path.is_file():
+        raise LocalspecError(f"model '{name}' not found (see `localspec list`)")
+    try:
+        model = UserModel.model_validate_json(path.read_text(encoding="utf-8"))
+        owned = model.owned
+    except ValidationError:
+        model, owned = None, []
+    path.unlink()
+    base = drafters_dir().resolve()
+    for f in owned:
+        p = Path(f)
+        if p.resolve().parent == base and p.is_file():   # only files localspec made for it
+            p.unlink()
+    return model if model is not None else UserModel(name=name, target="?")
+
+
+# --------------------------------------------------------------------------------------------
+# create
+
+
+def _is_pathlike(value: str) -> bool:
+    return (value.endswith(".gguf") or value.startswith((".", "/", "~")) or "/" in value or os.sep in value)
+
+
+def _validate(target: Path, drafter: Path | None, mf: Modelfile) -> None:
+    from .gguf_info import check_pair, check_target, read_gguf
+
+    try:
+        t = read_gguf(target)
+        check_target(t)
+    except LocalspecError as exc:
+        raise mf.error("FROM", str(exc)) from None
+    if drafter is not None:
+        try:
+            d = read_gguf(drafter)
+            check_pair(t, d)
+        except LocalspecError as exc:
+            raise mf.error("DRAFT", str(exc)) from None
+
+
+def create(name: str, mf: Modelfile) -> UserModel:
+    """Resolve a parsed Modelfile into a stored model named ``name``."""
+    from . import hub
+    from .models import ModelSpec, resolve
+
+    check_name(name)
+    base: ModelSpec | None = None
+    ref = hub.parse_hf_ref(mf.from_)
+    if ref is not None:
+        if ref.path is None or not ref.path.endswith(".gguf"):
+            raise mf.error("FROM", f"'{mf.from_}': a Hugging Face target must name a .gguf file "
+                                   "(hf.co/OWNER/REPO/FILE.gguf)")
+        try:
+            target = hub.download(ref.repo, ref.path, revision=ref.revision)
+        except LocalspecError as exc:
+            raise mf.error("FROM", str(exc)) from None
+    elif _is_pathlike(mf.from_) or mf.resolve_path(mf.from_).exists():
+        target = mf.resolve_path(mf.from_)
+        if target.is_dir():
+            raise mf.error("FROM", f"{target} is a directory; localspec needs a GGUF target file")
+        if not target.is_file():
+            raise mf.error("FROM", f"{target}: no such file (expected a target .gguf)")
+    else:
+        try:
+            base = resolve(mf.from_)
+        except LocalspecError as exc:
+            raise mf.error("FROM", f"'{mf.from_}' is neither a file nor a known model ({exc})") from None
+        target = base.target
+
+    drafter: Path | None = base.drafter if base is not None else None
+    owned: list[str] = []
+    if mf.draft is not None:
+        drafter, made = _resolve_draft(name, mf, target)
+        owned = [str(drafter)] if made else []
+
+    try:
+        _validate(target, drafter, mf)
+    except LocalspecError:
+        for f in owned:
+            Path(f).unlink(missing_ok=True)
+        raise
+
+    parameters = dict(base.parameters) if base is not None else {}
+    if base is not None:
+        parameters.update(base.draft_params)
+    parameters.update(mf.parameters)
+    record = UserModel(
+        name=name,
+        target=str(Path(target).absolute()),
+        drafter=str(Path(drafter).absolute()) if drafter is not None else None,
+        parameters=parameters,
+        template=mf.template if mf.template is not None else (base.template if base else None),
+        system=mf.system if mf.system is not None else (base.system if base else None),
+        messages=list(mf.messages) if mf.messages else (list(base.messages) if base else []),
+        license=list(mf.license) if mf.license else (list(base.license) if base else []),
+        origin={k: v for k, v in {"from": mf.from_, "draft": mf.draft,
+                                   "modelfile": str(Path(mf.path).absolute()) if mf.base_dir else None}.items() if v},
+        owned=owned,
+    )
+    old = load(name)
+    save(record)
+    if old is not None:   # replaced: drop files the old version owned and the new one does not
+        for f in old.owned:
+            if f not in owned and Path(f).resolve().parent == drafters_dir().resolve():
+                Path(f).unlink(missing_ok=True)
+    return record
+
+
+def _resolve_draft(name: str, mf: Modelfile, target: Path) -> tuple[Path, bool]:
+    """The drafter GGUF for DRAFT, converting a checkpoint if needed: (path, made by us)."""
+    from . import hub
+
+    assert mf.draft is not None
+    ref = hub.parse_hf_ref(mf.draft)
+    try:
+        if ref is not None:
+            if ref.path is not None and ref.path.endswith(".gguf"):
+                return hub.download(ref.repo, ref.path, revision=ref.revision), False
+            src = hub.download_checkpoint(ref.repo, revision=ref.revision, subfolder=ref.path)
+            return hub.convert_drafter(src, target, drafters_dir() / f"{name}.gguf"), True
+        path = mf.resolve_path(mf.draft)
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise LocalspecError(f"{path} has no config.json (expected a drafter checkpoint directory)")
+            return hub.convert_drafter(path, target, drafters_dir() / f"{name}.gguf"), True
+        if path.is_file():
+            if path.suffix.lower() != ".gguf":
+                raise LocalspecError(f"{path} is not a .gguf (give the checkpoint's directory to convert it)")
+            return path, False
+        raise LocalspecError(f"{path}: no such file or directory "
+                             "(expected a drafter .gguf, a checkpoint directory or hf.co/OWNER/REPO)")
+    except LocalspecError as exc:
+        raise mf.error("DRAFT", str(exc)) from None

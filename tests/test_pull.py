@@ -1,0 +1,310 @@
+"""`localspec pull` against a local Hugging Face-compatible HTTP server on 127.0.0.1.
+
+The server implements what huggingface_hub's ``hf_hub_download`` calls: HEAD and GET on
+``/{repo}/resolve/{revision}/{file}`` with X-Repo-Commit, ETag and Content-Length, HTTP range
+requests (206) for resumed downloads, and the Hub's X-Error-Code 404s. No part of huggingface_hub
+is mocked; HF_ENDPOINT points it at the server and HF_HOME at a temporary cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from localspec import registry
+from localspec.cli import main
+from localspec.errors import LocalspecError
+from localspec.hub import parse_hf_ref, pull
+from localspec.models import resolve
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.files: dict[tuple[str, str], bytes] = {}
+        self.truncate_next: dict[tuple[str, str], int] = {}   # (repo, file) -> bytes sent before closing
+        self.log: list[tuple[str, str, str | None]] = []       # (method, path, Range header)
+        self.lock = threading.Lock()
+
+    def add(self, repo: str, name: str, data: bytes) -> str:
+        self.files[(repo, name)] = data
+        return hashlib.sha256(data).hexdigest()
+
+
+def _handler(hub: FakeHub):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"   # one request per connection: a cut body is a closed socket
+
+        def log_message(self, *args) -> None:  # keep test output quiet
+            pass
+
+        def _lookup(self):
+            m = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", self.path.split("?")[0])
+            if m is None:
+                return None, None, None
+            repo, rev, name = m.group(1), m.group(2), m.group(3)
+            if not any(r == repo for r, _ in hub.files):
+                return repo, "RepoNotFound", None
+            if rev not in ("main", COMMIT):
+                return repo, "RevisionNotFound", None
+            data = hub.files.get((repo, name))
+            return (repo, name), ("EntryNotFound" if data is None else None), data
+
+        def _error(self, code: str | None) -> None:
+            self.send_response(404)
+            if code:
+                self.send_header("X-Error-Code", code)
+            if code == "EntryNotFound":
+                self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _headers(self, data: bytes, status: int = 200, start: int = 0) -> None:
+            self.send_response(status)
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(len(data) - start))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+
+        def do_HEAD(self) -> None:
+            key, err, data = self._lookup()
+            with hub.lock:
+                hub.log.append(("HEAD", self.path, None))
+            if data is None:
+                return self._error(err)
+            self._headers(data)
+
+        def do_GET(self) -> None:
+            key, err, data = self._lookup()
+            rng = self.headers.get("Range")
+            with hub.lock:
+                hub.log.append(("GET", self.path, rng))
+                cut = hub.truncate_next.pop(key, None) if data is not None else None
+            if data is None:
+                return self._error(err)
+            start = 0
+            if rng:
+                m = re.match(r"bytes=(\d+)-$", rng)
+                assert m, rng
+                start = int(m.group(1))
+            self._headers(data, 206 if rng else 200, start)
+            body = data[start:]
+            if cut is not None:   # send part of the body, then drop the connection
+                self.wfile.write(body[:cut])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture
+def hub_server(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    hub = FakeHub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    # huggingface_hub reads HF_HUB_OFFLINE once at import; conftest set it to 1 for every test.
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    try:
+        yield hub
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    import tiny_models
+
+    d = tmp_path_factory.mktemp("tiny_pair")
+    target = tiny_models.build_target(d / "tiny-target.gguf")
+    drafter = tiny_models.build_drafter(d / "tiny-drafter.gguf", target)
+    return target.read_bytes(), drafter.read_bytes(), drafter
+
+
+def _catalog(entries: str) -> None:
+    registry.user_catalog_path().write_text("schema = 1\n" + entries, encoding="utf-8")
+
+
+def _pair_entry(name="tiny", target_sha=None, draft_sha=None, revision=None) -> str:
+    rev = f'revision = "{revision}"\n' if revision else ""
+    return (f'[models.{name}]\ndescription = "tiny test pair"\n'
+            f'[models.{name}.parameters]\ntemperature = 0.5\n'
+            f'[models.{name}.target]\nrepo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n{rev}'
+            + (f'sha256 = "{target_sha}"\n' if target_sha else "")
+            + f'[models.{name}.draft]\nrepo = "test/tiny-eagle3"\nfile = "tiny-drafter.gguf"\n'
+            + (f'sha256 = "{draft_sha}"\n' if draft_sha else ""))
+
+
+def test_pull_success_registers_pair_in_hf_cache(hub_server, tiny_pair, tmp_path, monkeypatch):
+    t_bytes, d_bytes, _ = tiny_pair
+    t_sha = hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    d_sha = hub_server.add("test/tiny-eagle3", "tiny-drafter.gguf", d_bytes)
+    _catalog(_pair_entry(target_sha=t_sha, draft_sha=d_sha, revision=COMMIT))
+
+    assert main(["pull", "tiny"]) == 0
+    spec = resolve("tiny")
+    hf_cache = tmp_path / "hf" / "hub"
+    assert spec.target.read_bytes() == t_bytes and spec.drafter.read_bytes() == d_bytes
+    assert hf_cache in spec.target.parents and hf_cache in spec.drafter.parents
+    assert spec.parameters == {"temperature": 0.5}
+    assert [m.name for m in registry.list_models()] == ["tiny"]
+    assert all(h.startswith("/test/") for _, h, _ in hub_server.log)
+
+    # Pulled once: the cache alone serves a second pull with the network switched off.
+    n = len(hub_server.log)
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert pull("tiny") is not None
+    assert len(hub_server.log) == n
+
+
+def test_interrupted_download_is_resumed(hub_server, tiny_pair):
+    t_bytes, d_bytes, _ = tiny_pair
+    # huggingface_hub writes 10 MiB chunks: pad the target so a cut after 12 MiB keeps a chunk.
+    big = t_bytes + bytes(16 << 20)
+    t_sha = hub_server.add("test/tiny-GGUF", "tiny-target.gguf", big)
+    hub_server.add("test/tiny-eagle3", "tiny-drafter.gguf", d_bytes)
+    cut = 12 << 20
+    hub_server.truncate_next[("test/tiny-GGUF", "tiny-target.gguf")] = cut
+    _catalog(_pair_entry(target_sha=t_sha))
+
+    record = pull("tiny")
+    assert Path(record.target).read_bytes() == big
+    gets = [r for m, p, r in hub_server.log if m == "GET" and p.endswith("tiny-target.gguf")]
+    assert len(gets) == 2 and gets[0] is None
+    m = re.fullmatch(r"bytes=(\d+)-", gets[1] or "")   # the second request resumed mid-file
+    assert m and 0 < int(m.group(1)) <= cut
+
+
+def test_checksum_mismatch_fails_and_leaves_nothing(hub_server, tiny_pair, tmp_path):
+    t_bytes, d_bytes, _ = tiny_pair
+    hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    hub_server.add("test/tiny-eagle3", "tiny-drafter.gguf", d_bytes)
+    _catalog(_pair_entry(target_sha="0" * 64))
+
+    with pytest.raises(LocalspecError, match=r"tiny-target.gguf: checksum mismatch \(expected sha256 0{64}"):
+        pull("tiny")
+    assert registry.load("tiny") is None
+    blobs = list((tmp_path / "hf" / "hub").rglob("blobs/*"))
+    assert not [b for b in blobs if b.is_file() and b.stat().st_size == len(t_bytes)]
+    # and through the CLI: one line, exit 1
+    assert main(["pull", "tiny"]) == 1
+
+
+def test_offline_miss(hub_server, tiny_pair, monkeypatch, capsys):
+    import huggingface_hub.constants as hf_constants
+
+    t_bytes, d_bytes, _ = tiny_pair
+    hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    _catalog(_pair_entry())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert main(["pull", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: test/tiny-GGUF/tiny-target.gguf is not in the Hugging Face cache")
+    assert "HF_HUB_OFFLINE" in err and "Traceback" not in err
+    assert hub_server.log == []          # nothing went to the network
+    assert registry.load("tiny") is None
+
+
+def test_missing_repo_file_and_unknown_name(hub_server, tiny_pair):
+    t_bytes, _, _ = tiny_pair
+    hub_server.add("test/tiny-GGUF", "other.gguf", t_bytes)
+    _catalog(_pair_entry() + '[models.norepo]\ndescription = "x"\n[models.norepo.target]\n'
+             'repo = "test/absent"\nfile = "a.gguf"\n')
+    with pytest.raises(LocalspecError, match="no file 'tiny-target.gguf' in test/tiny-GGUF"):
+        pull("tiny")
+    with pytest.raises(LocalspecError, match="repository 'test/absent' not found"):
+        pull("norepo")
+    with pytest.raises(LocalspecError, match="'nosuch' is not in the catalog"):
+        pull("nosuch")
+    with pytest.raises(LocalspecError, match="not downloaded: run `localspec pull norepo`"):
+        resolve("norepo")
+
+
+def test_pull_checkpoint_drafter_is_converted(hub_server, tiny_pair, monkeypatch):
+    t_bytes, _, drafter_path = tiny_pair
+    cfg, weights = b'{"architectures": ["LlamaForCausalLMEagle3"]}', b"not really weights"
+    hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    cfg_sha = hub_server.add("test/ckpt", "config.json", cfg)
+    hub_server.add("test/ckpt", "model.safetensors", weights)
+    calls = []
+
+    def convert_checkpoint(src, target_gguf, out_path, outtype="f16", force=False):
+        calls.append((Path(src), Path(target_gguf), Path(out_path)))
+        assert (Path(src) / "config.json").read_bytes() == cfg
+        assert (Path(src) / "model.safetensors").read_bytes() == weights
+        Path(out_path).write_bytes(drafter_path.read_bytes())
+
+    fake = types.ModuleType("localspec.converters.convert")
+    fake.convert_checkpoint = convert_checkpoint
+    monkeypatch.setitem(sys.modules, "localspec.converters.convert", fake)
+    _catalog('[models.ck]\ndescription = "checkpoint drafter"\n[models.ck.target]\n'
+             'repo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n'
+             '[models.ck.draft]\nrepo = "test/ckpt"\nfiles = ["config.json", "model.safetensors"]\n'
+             f'variant = "eagle3.1"\nsha256 = {{ "config.json" = "{cfg_sha}" }}\n')
+    record = pull("ck")
+    assert len(calls) == 1
+    assert Path(record.drafter).parent == registry.drafters_dir()
+    assert Path(record.drafter).read_bytes() == drafter_path.read_bytes()
+    assert main(["rm", "ck"]) == 0
+    assert not Path(record.drafter).exists()      # the converted drafter went with the model
+
+
+def test_pull_without_converter(hub_server, tiny_pair, monkeypatch):
+    t_bytes, _, _ = tiny_pair
+    hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    hub_server.add("test/ckpt", "config.json", b"{}")
+    hub_server.add("test/ckpt", "pytorch_model.bin", b"x")
+    monkeypatch.setitem(sys.modules, "localspec.converters.convert", None)   # import fails
+    _catalog('[models.ck]\ndescription = "x"\n[models.ck.target]\nrepo = "test/tiny-GGUF"\n'
+             'file = "tiny-target.gguf"\n[models.ck.draft]\nrepo = "test/ckpt"\n'
+             'files = ["config.json", "pytorch_model.bin"]\n')
+    with pytest.raises(LocalspecError, match=r"needs the converter \(not available\)"):
+        pull("ck")
+    assert registry.load("ck") is None
+
+
+def test_modelfile_hf_references(hub_server, tiny_pair, tmp_path):
+    t_bytes, d_bytes, _ = tiny_pair
+    hub_server.add("test/tiny-GGUF", "tiny-target.gguf", t_bytes)
+    hub_server.add("test/tiny-eagle3", "tiny-drafter.gguf", d_bytes)
+    mf = tmp_path / "Modelfile"
+    mf.write_text("FROM hf.co/test/tiny-GGUF/tiny-target.gguf\n"
+                  f"DRAFT hf.co/test/tiny-eagle3/tiny-drafter.gguf@{COMMIT}\n")
+    assert main(["create", "viahub", "-f", str(mf)]) == 0
+    spec = resolve("viahub")
+    assert spec.target.read_bytes() == t_bytes and spec.drafter.read_bytes() == d_bytes
+
+
+def test_parse_hf_ref():
+    assert parse_hf_ref("hf.co/a/b") == parse_hf_ref("hf://a/b")
+    r = parse_hf_ref("https://huggingface.co/o/r/resolve/main/sub/x.gguf")
+    assert (r.repo, r.path, r.revision) == ("o/r", "sub/x.gguf", "main")
+    r = parse_hf_ref(f"hf.co/o/r/x.gguf@{COMMIT}")
+    assert (r.repo, r.path, r.revision) == ("o/r", "x.gguf", COMMIT)
+    assert parse_hf_ref("./models/x.gguf") is None and parse_hf_ref("qwen3-8b") is None
