@@ -109,6 +109,9 @@ class Engine:
         n_gpu_layers: int = 0,
         drafter_gpu_layers: int = 0,
         verbose: bool = False,
+        kv_type: str | None = None,
+        n_outputs_max: int = 0,
+        plan=None,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -119,8 +122,14 @@ class Engine:
             check_pair(self.target_info, self.drafter_info)
         if n_ctx < 16:
             raise LocalspecError("context size must be at least 16 tokens")
+        # memory plan hook (localspec.fit): KV type, verify-sized logit rows, the plan to report against
+        self.plan = plan
+        from .fit import KV_TYPES
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=n_threads)
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=n_threads,
+                           kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max)
         self.drafter: EagleDrafter | None = None
         try:
             if self.drafter_info is not None:
@@ -327,6 +336,12 @@ class Engine:
                 self._drafter_pairs = end
             pos = end
         return first, d_logits, d_state
+
+    def memory_report(self) -> dict:
+        """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""
+        from .fit import memory_report
+
+        return memory_report(self)
 
     # -- life cycle ------------------------------------------------------------------------------
     def close(self) -> None:

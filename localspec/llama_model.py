@@ -8,6 +8,7 @@ added to our error messages.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import sys
@@ -22,11 +23,14 @@ from .errors import LocalspecError
 _verbose = False
 _recent_errors: collections.deque[str] = collections.deque(maxlen=4)
 _backend_ready = False
+_log_sinks: list[list[str]] = []  # capture_log(): every llama.cpp log fragment goes to each open sink
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace")
+    for sink in _log_sinks:
+        sink.append(message)
     if level == 3:  # GGML_LOG_LEVEL_ERROR
         if message.strip():
             _recent_errors.append(message.strip())
@@ -53,6 +57,18 @@ def _init_backend() -> None:
     _backend_ready = True
 
 
+@contextlib.contextmanager
+def capture_log():
+    """Collect llama.cpp's log text (quiet or not) while the block runs: ``with capture_log() as lines``.
+    The fit planner reads llama.cpp's own buffer-size lines from it."""
+    sink: list[str] = []
+    _log_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _log_sinks.remove(sink)
+
+
 def _llama_failure(what: str) -> LocalspecError:
     detail = f": {_recent_errors[-1]}" if _recent_errors else ""
     _recent_errors.clear()
@@ -75,12 +91,16 @@ def gpu_offload_supported() -> bool:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, no_alloc: bool = False) -> None:
         _init_backend()
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if no_alloc:  # metadata only, allocations simulated (llama.cpp needs no mmap for that)
+            params.no_alloc = True
+            params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
+        with capture_log() as self.load_log:
+            self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise _llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
@@ -156,6 +176,8 @@ class Context:
         ctx_other: "Context | None" = None,
         n_seq_max: int = 1,
         precise_attention: bool = False,
+        kv_type: int | None = None,
+        n_outputs_max: int = 0,
     ) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -170,14 +192,20 @@ class Context:
         if precise_attention:  # F32 KV, no flash attention (it rounds Q to F16 on CPU)
             params.type_k = params.type_v = 0  # GGML_TYPE_F32
             params.flash_attn_type = 0
+        if kv_type is not None and not precise_attention:  # a ggml type id for both K and V
+            params.type_k = params.type_v = kv_type
+        if n_outputs_max:  # most logit rows one batch may ask for (sizes the compute buffer)
+            params.n_outputs_max = n_outputs_max
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
-        self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        with capture_log() as self.load_log:
+            self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self._ctx:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_batch = n_batch
+        self.n_outputs_max = n_outputs_max or n_batch
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -195,6 +223,8 @@ class Context:
             return
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
+        if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"internal: {n} logit rows exceed n_outputs_max {self.n_outputs_max}")
         self._tok[:n] = tokens
         self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self._out[:n] = 1 if all_logits else 0

@@ -40,14 +40,15 @@ def _print_list(store) -> None:
         print(f"{c.id:>5}  {when:<16}  {c.n_messages:>4}  {c.model[:16]:<16}  {c.title}")
 
 
-def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: int = 0,
+def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
     from ..engine import Engine
+    from ..fit import plan_for
 
     def build() -> Engine:
-        return Engine(spec.target, spec.drafter, n_ctx=ctx, n_threads=threads, n_gpu_layers=gpu_layers,
-                      drafter_gpu_layers=-1 if gpu_layers else 0, verbose=verbose)
+        options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers)  # memory plan
+        return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, **options)
 
     return build
 

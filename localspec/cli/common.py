@@ -15,13 +15,20 @@ TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL)."
 DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False)
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
-GpuLayersOpt = typer.Option(0, "--gpu-layers", help="Target layers to offload to the GPU (-1: all).")
+GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
+                            help="Target layers to offload to the GPU (-1: all; default: from the memory plan).")
 VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's log.")
+VramOpt = typer.Option(None, "--vram", show_default=False,
+                       help="GPU memory budget for the plan, e.g. 8G (default: the GPU's free memory).")
 
 
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
-                threads: Optional[int], gpu_layers: int, verbose: bool) -> tuple[ModelSpec, Engine]:
+                threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
+                vram: Optional[str] = None) -> tuple[ModelSpec, Engine]:
     spec = resolve(model, target=target, draft=draft)
-    engine = Engine(spec.target, spec.drafter, n_ctx=ctx, n_threads=threads,
-                    n_gpu_layers=gpu_layers, drafter_gpu_layers=-1 if gpu_layers else 0, verbose=verbose)
+    # the memory plan (localspec.fit) chooses offload, KV type and verify-sized buffers by default
+    from ..fit import plan_for
+
+    options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
+    engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, **options)
     return spec, engine

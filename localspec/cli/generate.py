@@ -106,6 +106,7 @@ def generate(
                 "target": str(spec.target),
                 "drafter": str(spec.drafter) if spec.drafter and engine.drafter else None,
                 **stats.to_dict(),
+                "memory": engine.memory_report(),  # llama.cpp's buffers vs the memory plan (localspec fit)
             }
             print(json.dumps(result, ensure_ascii=False))
         else:

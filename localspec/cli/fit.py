@@ -1,0 +1,91 @@
+"""``localspec fit``: plan target + drafter memory (weights, both KV caches, compute buffers) against
+the devices' memory or a given budget, and print a per-device table (or one JSON object)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import backends
+from ..errors import LocalspecError
+from ..fit import KV_TYPES, fmt_size, parse_size, plan_files
+from ..models import resolve
+from . import app
+from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
+
+
+@app.command()
+def fit(
+    model: Optional[str] = ModelArg,
+    target: Optional[Path] = TargetOpt,
+    draft: Optional[Path] = DraftOpt,
+    vram: Optional[str] = typer.Option(None, "--vram", help="GPU budget, e.g. 8G (default: free memory of the GPU "
+                                       "llama.cpp sees; on a CPU-only build it simulates a GPU).", show_default=False),
+    ram: Optional[str] = typer.Option(None, "--ram", help="System RAM budget (default: available RAM).",
+                                      show_default=False),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size (default: the largest up to 4096 that fits).",
+                                      show_default=False),
+    kv_type: Optional[str] = typer.Option(None, "--kv-type", help=f"KV cache type ({', '.join(KV_TYPES)}; "
+                                          "default: f16, smaller if needed).", show_default=False),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Draft depth (default: chosen).",
+                                            show_default=False),
+    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers on the GPU (default: chosen).",
+                                             show_default=False),
+    threads: Optional[int] = ThreadsOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Plan memory for the target and drafter together, on the GPU and in RAM."""
+    vram_b = parse_size(vram) if vram is not None else None
+    ram_b = parse_size(ram) if ram is not None else None
+    if ctx is not None and ctx < 16:
+        raise LocalspecError("--ctx must be at least 16")
+    if kv_type is not None and kv_type not in KV_TYPES:
+        raise LocalspecError(f"unknown KV type '{kv_type}' ({', '.join(KV_TYPES)})")
+    if draft_max is not None and not 1 <= draft_max <= 32:
+        raise LocalspecError("--draft-max must be between 1 and 32")
+    spec = resolve(model, target=target, draft=draft)
+    for label, path in (("target", spec.target), ("drafter", spec.drafter)):
+        if path is not None and not Path(path).is_file():
+            raise LocalspecError(f"the {label} file {path} does not exist")
+    plan = plan_files(spec.target, spec.drafter, vram=vram_b, ram=ram_b, n_ctx=ctx, kv_type=kv_type,
+                      draft_max=draft_max, gpu_layers=gpu_layers,
+                      drafter_gpu_layers=(-1 if gpu_layers else 0) if gpu_layers is not None else None,
+                      n_threads=threads)
+    info = backends.detect()
+    if as_json:
+        out = plan.to_dict()
+        out.update(model=spec.name, backends=info.built_with, gpu_offload=info.gpu_offload)
+        print(json.dumps(out))
+    else:
+        console = Console()
+        table = Table(title=f"localspec fit: {spec.name} (context {plan.n_ctx}, KV {plan.kv_type}, "
+                            f"draft-max {plan.draft_max})")
+        for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
+            table.add_column(col, justify="left" if col == "device" else "right")
+        for d in plan.devices:
+            table.add_row(d.name, fmt_size(d.budget_bytes), fmt_size(d.margin_bytes), fmt_size(d.target_bytes),
+                          fmt_size(d.drafter_bytes), fmt_size(d.used_bytes),
+                          fmt_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
+        console.print(table)
+        parts = Table(title="per model")
+        for col in ("model", "GPU layers", "weights", "CPU repack", "KV", "compute", "output"):
+            parts.add_column(col, justify="left" if col == "model" else "right")
+        for p in (plan.target, plan.drafter):
+            if p is not None:
+                parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", fmt_size(p.weights_bytes), fmt_size(p.repack_bytes),
+                              f"{fmt_size(p.kv_bytes)} ({p.kv_type})", fmt_size(p.compute_bytes),
+                              fmt_size(p.output_bytes))
+        console.print(parts)
+        console.print(f"backends: {', '.join(info.built_with)}; total {fmt_size(plan.total_bytes)} "
+                      f"of {fmt_size(plan.budget_bytes)}")
+        for note in plan.notes:
+            console.print(f"note: {note}")
+        if not plan.fits:
+            console.print(f"[bold red]does not fit[/]: {plan.reason}")
+    if not plan.fits:
+        raise typer.Exit(2)
