@@ -162,6 +162,25 @@ def test_cancel_a_reply_then_the_next_one_works(factory, store):
     run(go())
 
 
+def test_quitting_mid_reply_stops_the_engine_and_keeps_the_partial_reply(factory, store):
+    async def go():
+        app = make_app(factory, store, max_tokens=400)
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            assert app.send("Write a very long story about a dragon who loves tea.")
+            reply = app.query(AssistantMessage).last()
+            await wait_for(pilot, lambda: reply.chunks)
+            started = time.monotonic()
+            await pilot.press("ctrl+q")
+        assert time.monotonic() - started < 5
+        return app
+
+    app = asyncio.run(go())
+    assert app.engine is None                                   # closed after the worker stopped
+    stored = store.load(app.conversation_id).messages[-1]
+    assert stored.finish_reason == "cancelled" and stored.content
+
+
 def test_toggle_speculation(factory, store):
     async def go():
         app = make_app(factory, store, max_tokens=6)
@@ -400,7 +419,7 @@ def test_end_to_end_with_the_default_pair(store):
     factory = engine_factory(spec, ctx=1024, threads=2)
 
     async def go():
-        app = ChatApp(factory, model_name=spec.name, store=store, settings=ChatSettings(max_tokens=20))
+        app = ChatApp(factory, model_name=spec.name, store=store, settings=ChatSettings(max_tokens=12))
         async with app.run_test(size=SIZE) as pilot:
             await loaded(pilot)
             assert app.engine is not None, app.load_error
@@ -418,4 +437,57 @@ def test_end_to_end_with_the_default_pair(store):
         assert conv.model == DEFAULT_MODEL
         assert [m.role for m in conv.messages] == ["user", "assistant"]
         assert conv.messages[1].content == reply.content
+    run(go())
+
+
+# -- with a real drafter ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def repeat_pair(tmp_path_factory):
+    """A tiny target that repeats its last token and a drafter that predicts exactly that."""
+    from tiny_models import build_drafter, build_target
+
+    d = tmp_path_factory.mktemp("tiny_pair")
+    target = build_target(d / "target.gguf", "repeat")
+    return target, build_drafter(d / "drafter.gguf", target, "repeat")
+
+
+def test_speculation_stats_histogram_highlight_and_toggle_with_a_drafter(repeat_pair, store):
+    target, drafter = repeat_pair
+
+    async def go():
+        app = ChatApp(lambda: Engine(target, drafter, n_ctx=512, n_threads=2), model_name="tiny-pair",
+                      store=store, settings=ChatSettings(max_tokens=20, policy="fixed", draft_max=4))
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            assert app.has_drafter
+            assert "speculation ON" in screen_text(app)
+            rows = dict(app.info_rows())
+            assert rows["speculation"] == "on" and rows["  variant"] and rows["  target layers"] == "0, 1, 3"
+            assert "drafter weights" in rows and "drafter KV (f16, est.)" in rows
+
+            await pilot.press("ctrl+g")                      # highlight drafted tokens while streaming
+            assert app.send("Say yes")
+            await wait_for(pilot, lambda: app.replies_done == 1)
+            stats = app.query_one(StatsPanel).stats
+            assert stats.spec and stats.drafted > 0 and stats.acceptance_rate > 0.9
+            assert stats.tokens_per_cycle > 2
+            numbers = str(app.query_one("#stats-numbers", Static).render())
+            assert f"{stats.acceptance_rate:.0%}" in numbers
+            hist = str(app.query_one("#stats-histogram", Static).render()).splitlines()
+            assert hist[0].startswith("d1") and len(hist) == len(stats.drafted_per_position)
+            reply = app.query(AssistantMessage).last()
+            assert any(drafted for _, drafted in reply.chunks)
+            shown = reply.query_one(".reply-text", Static).content
+            assert any(str(s.style) == DRAFT_STYLE for s in shown.spans)
+            saved = store.load(app.conversation_id).messages[-1].meta
+            assert saved["drafted_spans"] and saved["stats"]["spec"] is True
+
+            await pilot.press("ctrl+t")                      # speculation off for the next reply
+            assert "speculation OFF" in screen_text(app)
+            assert app.send("Again")
+            await wait_for(pilot, lambda: app.replies_done == 2)
+            stats = app.query_one(StatsPanel).stats
+            assert not stats.spec and stats.drafted == 0
+            assert "speculation off" in str(app.query_one("#stats-histogram", Static).render())
+            assert not any(drafted for _, drafted in app.query(AssistantMessage).last().chunks)
     run(go())

@@ -183,6 +183,9 @@ class InfoScreen(ModalScreen[None]):
             yield Static("Model, drafter and memory (Esc closes)", classes="dialog-title")
             yield Static(text, id="info-body")
 
+    def on_mount(self) -> None:
+        self.query_one("#info-dialog").focus()      # arrows and PgUp/PgDn scroll it
+
     def action_dismiss(self) -> None:
         self.dismiss(None)
 
@@ -667,7 +670,8 @@ class ChatApp(App):
     def info_rows(self) -> list[tuple[str, str]]:
         rows: list[tuple[str, str]] = [("Models", "")]
         engine = self.engine
-        rows.append(("model", self.model_name))
+        if engine is None or self.model_name != engine.target_info.path.name:
+            rows.append(("model", self.model_name))
         if engine is None:
             rows.append(("state", "failed to load" if self.load_error else "loading…"))
             return rows

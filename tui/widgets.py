@@ -36,9 +36,11 @@ def describe_finish(finish_reason: str | None, stats: dict | None = None) -> str
         tps = stats.get("tokens_per_second")
         if tps:
             parts.append(f"{tps:.1f} tok/s")
-        if stats.get("spec"):
+        if stats.get("spec") and stats.get("drafted", 1):
             parts.append(f"accepted {stats.get('acceptance_rate', 0):.0%}")
             parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
+        elif stats.get("spec"):
+            parts.append("speculation on, nothing drafted")
         else:
             parts.append("plain")
     notes = {
@@ -68,7 +70,7 @@ def render_histogram(accepted: Sequence[int], drafted: Sequence[int], width: int
             text.append("\n")
         text.append(f"d{i + 1:<2}", style="bold")
         text.append(bar.ljust(width), style="green")
-        text.append(f"{rate:4.0%}")
+        text.append(f" {rate:4.0%}")
         text.append(f" {d}", style="dim")
     return text
 
