@@ -40,6 +40,9 @@ class DrafterConfig:
     norm_output: bool = False
     source_layout: str = ""
     source: str = ""
+    # llama3-style rope scaling, as llama.cpp's ``rope_freqs.weight``: one divisor per rotary
+    # frequency (head_dim / 2 values); None = plain rope
+    rope_freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass

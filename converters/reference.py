@@ -50,6 +50,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        if cfg.rope_freq_factors is not None:  # llama3 rope scaling, as ggml's freq_factors
+            inv = inv / torch.tensor(cfg.rope_freq_factors, dtype=torch.float64)
         self.register_buffer("inv_freq", inv.float(), persistent=False)
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

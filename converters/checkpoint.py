@@ -1,0 +1,182 @@
+"""Open a drafter checkpoint: a local directory or file, or a Hugging Face repo id.
+
+A :class:`Checkpoint` holds the parsed ``config.json`` and a lazy table of tensors (name -> loader),
+so layout detection looks only at names and shapes, and a broken file is reported with its path
+in one line. Formats:
+- ``*.safetensors`` (one or sharded), read with ``safetensors`` (torch framework: bf16 works);
+- ``*.bin`` / ``*.pt`` / ``*.pth`` PyTorch pickles, loaded with ``torch.load(weights_only=True)``:
+  tensors only, no code from the file is ever executed;
+- a Hugging Face repo id (``org/name``), fetched with ``huggingface_hub.snapshot_download`` limited
+  to config and weight files; the HF cache, ``HF_HUB_OFFLINE`` and its progress bars apply.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from localspec.errors import LocalspecError
+
+WEIGHT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is a declared extra
+        raise LocalspecError("converting checkpoints needs torch: pip install 'localspec[torch]'") from exc
+    return torch
+
+
+@dataclass
+class Checkpoint:
+    source: str                           # what the user gave (path or repo id)
+    root: Path                            # directory holding config.json (or the file's directory)
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    _loaders: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False)
+
+    def names(self) -> list[str]:
+        return list(self.shapes)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """One tensor as numpy: floats as float32, integers as int64, bools as bool."""
+        torch = _torch()
+        try:
+            t = self._loaders[name]()
+        except LocalspecError:
+            raise
+        except Exception as exc:
+            raise LocalspecError(f"{self.files[name]}: cannot read tensor {name} ({_one_line(exc)})") from exc
+        if t.dtype == torch.bool:
+            return t.numpy().astype(bool)
+        if t.is_floating_point():
+            return t.to(torch.float32).numpy()
+        return t.to(torch.int64).numpy()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LocalspecError(f"{path.parent}: no config.json (a drafter checkpoint needs its config)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LocalspecError(f"{path}: not valid JSON ({_one_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise LocalspecError(f"{path}: expected a JSON object")
+    return data
+
+
+def _add_safetensors(ckpt: Checkpoint, path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(path), framework="pt")
+        keys = list(handle.keys())
+        size = path.stat().st_size
+        for key in keys:
+            sl = handle.get_slice(key)
+            ckpt.shapes[key] = tuple(int(x) for x in sl.get_shape())
+            ckpt.dtypes[key] = str(sl.get_dtype())
+        # safetensors checks the header against the file size lazily on some versions: check here
+        with path.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            meta = json.loads(fh.read(header_len))
+        end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
+    except Exception as exc:
+        raise LocalspecError(f"{path}: not a readable safetensors file ({_one_line(exc)})") from None
+    if 8 + header_len + end > size:
+        raise LocalspecError(f"{path}: file is truncated ({size} bytes, its header needs {8 + header_len + end})")
+    for key in keys:
+        if key in ckpt.files:
+            raise LocalspecError(f"{path}: tensor {key} also appears in {ckpt.files[key].name}")
+        ckpt.files[key] = path
+        ckpt._loaders[key] = (lambda h=handle, k=key: h.get_tensor(k))
+
+
+def _add_pickle(ckpt: Checkpoint, path: Path) -> None:
+    torch = _torch()
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise LocalspecError(
+            f"{path}: cannot load as a PyTorch state dict without executing code ({_one_line(exc)})"
+        ) from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise LocalspecError(f"{path}: expected a dict of tensors, found {type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        ckpt.shapes[key] = tuple(value.shape)
+        ckpt.dtypes[key] = str(value.dtype).replace("torch.", "")
+        ckpt.files[key] = path
+        ckpt._loaders[key] = (lambda v=value: v)
+
+
+def _weight_files(root: Path) -> list[Path]:
+    safetensors = sorted(root.glob("*.safetensors"))
+    if safetensors:
+        return safetensors
+    return sorted(p for suffix in _PICKLE_SUFFIXES for p in root.glob(f"*{suffix}")
+                  if not p.name.startswith(("optimizer", "scheduler", "training_args", "rng_state")))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - declared dependency
+        raise LocalspecError("downloading from the Hugging Face Hub needs huggingface_hub") from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS))
+    except Exception as exc:
+        name = type(exc).__name__
+        hint = ""
+        if "Offline" in name or "LocalEntryNotFound" in name:
+            hint = " (offline, and not in the Hugging Face cache)"
+        elif "RepositoryNotFound" in name or "GatedRepo" in name:
+            hint = " (no such repository, or it needs a login)"
+        raise LocalspecError(f"{repo_id}: cannot fetch from the Hugging Face Hub{hint}: {_one_line(exc)}") from None
+
+
+def open_checkpoint(src: str | Path) -> Checkpoint:
+    """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
+    text = str(src)
+    path = Path(text).expanduser()
+    if not path.exists():
+        if _REPO_ID.match(text) and not text.startswith((".", "/")):
+            path = _download(text)
+        else:
+            raise LocalspecError(f"{text}: no such file or directory (nor a Hugging Face repo id)")
+    if path.is_dir():
+        root, files = path, _weight_files(path)
+        if not files:
+            raise LocalspecError(f"{path}: no weights (*.safetensors or *.bin) in this directory")
+    else:
+        root, files = path.parent, [path]
+        if not path.name.endswith((".safetensors",) + _PICKLE_SUFFIXES):
+            raise LocalspecError(f"{path}: not a checkpoint file (expected .safetensors, .bin, .pt or .pth)")
+    ckpt = Checkpoint(source=text, root=root, config=_read_config(root / "config.json"))
+    for f in files:
+        if f.name.endswith(".safetensors"):
+            _add_safetensors(ckpt, f)
+        else:
+            _add_pickle(ckpt, f)
+    if not ckpt.shapes:
+        raise LocalspecError(f"{root}: the checkpoint holds no tensors")
+    return ckpt

@@ -1,0 +1,101 @@
+"""``convert_checkpoint``: drafter checkpoint (any supported layout) -> ``eagle3`` GGUF.
+
+Flow: open the checkpoint (:mod:`.checkpoint`) -> detect its layout (:mod:`.layouts`) -> the
+layout reads it into the canonical :class:`~.canonical.DrafterWeights`, validating shapes, values,
+vocabulary and layer ids against the target -> :func:`~.gguf_writer.write_drafter_gguf` writes a
+staging file -> the staged file passes the same target/drafter checks the engine runs before
+llama.cpp loads anything -> it is renamed to ``out``. Any failure leaves no new file behind (and
+an existing ``out`` untouched).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.errors import LocalspecError
+from localspec.gguf_info import check_pair, check_target, read_gguf
+
+from .checkpoint import open_checkpoint
+from .gguf_writer import OUTTYPES, write_drafter_gguf
+from .layouts import TargetShape, detect
+
+
+@dataclass
+class ConversionSummary:
+    layout: str
+    variant: str
+    target_layers: tuple[int, int, int]
+    draft_vocab: int
+    outtype: str
+    size_bytes: int
+    warnings: list[str] = field(default_factory=list)
+    out: Path | None = None
+    source: str = ""
+
+
+def resolve_target(target: str | Path) -> tuple[Path, TargetShape]:
+    """The target GGUF (for the tokenizer and checks) and its shape. A directory is accepted when
+    it holds exactly one .gguf (an HF config.json beside it is cross-checked)."""
+    p = Path(target).expanduser()
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise LocalspecError(
+                f"{p}: need the target's .gguf (the drafter GGUF copies its tokenizer); "
+                f"found {len(ggufs)} .gguf files in this directory"
+            )
+        gguf_path = ggufs[0]
+    else:
+        gguf_path = p
+    info = read_gguf(gguf_path)
+    check_target(info)
+    shape = TargetShape(gguf_path.name, info.n_layer, info.n_embd, info.n_vocab)
+    hf = p / "config.json" if p.is_dir() else None
+    if hf is not None and hf.is_file():
+        try:
+            cfg = json.loads(hf.read_text())
+            cfg = {**cfg, **(cfg.get("text_config") or {})}
+        except (OSError, ValueError) as exc:
+            raise LocalspecError(f"{hf}: not valid JSON ({exc})") from None
+        for key, have in (("num_hidden_layers", info.n_layer), ("hidden_size", info.n_embd)):
+            if key in cfg and cfg[key] != have:
+                raise LocalspecError(f"{hf}: {key}={cfg[key]} but {gguf_path.name} has {have}")
+    return gguf_path, shape
+
+
+def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = False,
+                       progress: bool = False) -> ConversionSummary:
+    if outtype not in OUTTYPES:
+        raise LocalspecError(f"unknown output type '{outtype}' (one of {', '.join(OUTTYPES)})")
+    out = Path(out).expanduser()
+    if out.exists() and not force:
+        raise LocalspecError(f"{out} exists (use --force to overwrite)")
+    if out.exists() and out.is_dir():
+        raise LocalspecError(f"{out} is a directory")
+    if not out.parent.is_dir():
+        raise LocalspecError(f"{out.parent}: no such directory")
+    target_gguf, shape = resolve_target(target)
+    if out.exists() and out.resolve() == target_gguf.resolve():
+        raise LocalspecError(f"{out} is the target model; refusing to overwrite it")
+
+    ckpt = open_checkpoint(src)
+    layout = detect(ckpt)
+    weights = layout.read(shape)
+
+    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
+    try:
+        write_drafter_gguf(weights, target_gguf, staging, outtype=outtype, progress=progress)
+        check_pair(read_gguf(target_gguf), read_gguf(staging))
+        os.replace(staging, out)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    cfg = weights.config
+    return ConversionSummary(
+        layout=layout.name, variant=cfg.variant, target_layers=tuple(cfg.target_layers),
+        draft_vocab=weights.draft_vocab, outtype=outtype, size_bytes=out.stat().st_size,
+        warnings=list(layout.warnings), out=out, source=ckpt.source,
+    )

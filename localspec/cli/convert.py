@@ -1,0 +1,41 @@
+"""``localspec convert``: a drafter checkpoint (local or Hugging Face) -> an eagle3 GGUF."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from ..gguf_info import read_gguf
+from . import app
+from .inspect import describe_gguf, print_description
+
+
+class OutType(str, Enum):
+    f32 = "f32"
+    f16 = "f16"
+    bf16 = "bf16"
+    q8_0 = "q8_0"
+
+
+@app.command()
+def convert(
+    src: str = typer.Argument(..., help="Checkpoint: a directory (config.json + weights), a weight file, "
+                                        "or a Hugging Face repo id.", show_default=False),
+    target: Path = typer.Option(..., "--target", help="The target model's GGUF (tokenizer, layers, hidden size).",
+                                show_default=False),
+    out: Path = typer.Option(..., "--out", "-o", help="The drafter GGUF to write.", show_default=False),
+    outtype: OutType = typer.Option(OutType.f16, "--outtype", help="Weight type of the matrices."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
+) -> None:
+    """Convert an EAGLE-3 / EAGLE-3.1 drafter checkpoint to a GGUF that llama.cpp loads as eagle3."""
+    import sys
+
+    from ..converters.convert import convert_checkpoint
+
+    summary = convert_checkpoint(src, target, out, outtype=outtype.value, force=force,
+                                 progress=sys.stderr.isatty())
+    desc = describe_gguf(read_gguf(summary.out))
+    desc["dtype"] = f"{summary.outtype} ({desc['dtype']})"
+    print_description(desc, title=f"Wrote {summary.out}", warnings=summary.warnings)

@@ -1,0 +1,102 @@
+"""``localspec inspect FILE.gguf``: what a drafter or target GGUF is, in one table (or JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .. import gguf_consts as K
+from ..gguf_info import GGUFInfo, read_gguf
+from . import app
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def describe_gguf(info: GGUFInfo) -> dict[str, Any]:
+    """The facts ``inspect`` and ``convert`` print, as plain JSON-able values."""
+    n_params = 0
+    for t in info.tensors.values():
+        count = 1
+        for d in t.shape:
+            count *= d
+        n_params += count
+    common = {"file": str(info.path), "name": info.name, "architecture": info.arch,
+              "dtype": info.weight_type, "size_bytes": info.size_bytes, "parameters": n_params}
+    if info.is_drafter:
+        meta = info.metadata
+        return {
+            "kind": "drafter",
+            **common,
+            "layout": meta.get(K.KEY_LS_SOURCE_LAYOUT) or "unknown (not written by localspec)",
+            "source": meta.get(K.KEY_LS_SOURCE) or "",
+            "variant": info.variant,
+            "target_layers": list(info.target_layers or ()),
+            "target_hidden_size": info.target_hidden_size,
+            "hidden_size": info.n_embd,
+            "draft_vocab": info.draft_vocab or info.n_vocab,
+            "target_vocab": info.n_vocab,
+            "fc_norm": info.fc_norm,
+            "norm_output": info.norm_output,
+            "norm_before_fc": info.norm_before_fc,
+            "norm_before_residual": info.norm_before_residual,
+            "own_embeddings": K.T_TOKEN_EMBD in info.tensors,
+            "rope_scaling": "llama3" if K.T_ROPE_FREQS in info.tensors else "none",
+        }
+    return {
+        "kind": "target",
+        **common,
+        "layers": info.n_layer,
+        "hidden_size": info.n_embd,
+        "vocab": info.n_vocab,
+        "context_length": info.n_ctx_train,
+        "chat_template": info.chat_template is not None,
+        "eagle_features": info.arch in K.FEATURE_ARCHS,
+    }
+
+
+def print_description(desc: dict[str, Any], *, title: str | None = None, warnings: list[str] = ()) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, title=title or f"{Path(desc['file']).name} ({desc['kind']})", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in desc.items():
+        if key in ("file",):
+            continue
+        if key == "size_bytes":
+            key, value = "size", human_size(int(value))
+        elif key == "parameters":
+            value = f"{value:,}"
+        elif isinstance(value, bool):
+            value = "yes" if value else "no"
+        elif isinstance(value, list):
+            value = ", ".join(str(v) for v in value)
+        table.add_row(key.replace("_", " "), str(value))
+    console = Console()
+    console.print(table)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    file: Path = typer.Argument(..., help="A GGUF file: EAGLE-3 drafter or target model.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Show what a drafter or target GGUF is (layout, variant, target layers, vocab, dtype, size)."""
+    desc = describe_gguf(read_gguf(file))
+    if as_json:
+        print(json.dumps(desc, indent=2))
+    else:
+        print_description(desc)
