@@ -427,6 +427,8 @@ def test_end_to_end_with_the_default_pair(store):
                 assert PLAIN_NOTE in screen_text(app)
             else:
                 assert "speculation ON" in screen_text(app)
+            rows = dict(app.info_rows())                 # the memory panel shows the fit plan
+            assert "  weights" in rows and "KV" in rows["context"] and "CPU" in rows
             await pilot.press(*"What is 2+2?")
             await pilot.press("enter")
             await wait_for(pilot, lambda: app.replies_done == 1, timeout=60)
@@ -491,3 +493,11 @@ def test_speculation_stats_histogram_highlight_and_toggle_with_a_drafter(repeat_
             assert "speculation off" in str(app.query_one("#stats-histogram", Static).render())
             assert not any(drafted for _, drafted in app.query(AssistantMessage).last().chunks)
     run(go())
+
+
+def test_the_app_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, localspec.tui.app, localspec.cli.chat; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

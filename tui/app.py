@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from rich.text import Text
@@ -138,12 +138,34 @@ def _kv_bytes(info, n_ctx: int, n_layer: int | None = None) -> int | None:
     return 2 * layers * n_ctx * kv_dim * 2
 
 
-def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
-    """What the memory panel shows. Today: file sizes, context and an f16 KV estimate.
+def _plan_rows(plan) -> list[tuple[str, str]]:
+    """Rows from a ``localspec.fit`` Plan (what the engine was built from)."""
+    rows: list[tuple[str, str]] = []
+    for part in (plan.target, plan.drafter):
+        if part is None:
+            continue
+        rows.append((part.role, f"{format_size(part.total_bytes)} total, {part.gpu_layers} GPU layers"))
+        rows.append(("  weights", format_size(part.weights_bytes + part.repack_bytes)))
+        rows.append((f"  KV ({part.kv_type})", format_size(part.kv_bytes)))
+        rows.append(("  compute + output", format_size(part.compute_bytes + part.output_bytes)))
+    rows.append(("context", f"{plan.n_ctx} tokens, {plan.kv_type} KV"))
+    for dev in plan.devices:
+        rows.append((dev.name, f"{format_size(dev.used_bytes)} of {format_size(dev.budget_bytes)}"
+                               f"{'' if dev.fits else ' (over budget)'}"))
+    if not plan.fits and plan.reason:
+        rows.append(("warning", plan.reason))
+    return rows
 
-    This is the one place to fill in with the plan of ``localspec fit`` (target + drafter weights,
-    both KV caches, compute buffers, offload and budget) once that exists.
-    """
+
+def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
+    """What the memory panel shows: the ``localspec fit`` plan the engine was built from when it
+    has one (``engine.plan``), else file sizes, context and an f16 KV estimate."""
+    plan = getattr(engine, "plan", None)
+    if plan is not None:
+        try:
+            return _plan_rows(plan)
+        except (AttributeError, TypeError):
+            pass  # a plan of another shape: fall back to what the files say
     rows = [("target weights", format_size(engine.target_info.size_bytes))]
     if engine.drafter_info is not None:
         rows.append(("drafter weights", format_size(engine.drafter_info.size_bytes)))
@@ -155,7 +177,7 @@ def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
         dkv = _kv_bytes(engine.drafter_info, engine.n_ctx, n_layer=1)
         if dkv is not None:
             rows.append(("drafter KV (f16, est.)", format_size(dkv)))
-    rows.append(("plan", "`localspec fit` not wired in yet"))
+    rows.append(("plan", "none (engine built without `localspec fit`)"))
     return rows
 
 
@@ -465,7 +487,8 @@ class ChatApp(App):
                 widgets.append(AssistantMessage(m.content, finish_reason=m.finish_reason, meta=m.meta))
             if m.content or m.role == "user":
                 self.history.append(Message(m.role, m.content))
-        chat.mount_all(widgets) if widgets else None
+        if widgets:
+            chat.mount_all(widgets)
         if not conv.messages:
             self._note(f"Conversation #{conv.id} is empty.")
         chat.scroll_end(animate=False)
