@@ -29,7 +29,7 @@ from .events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
 from .gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from .llama_model import Context, Model, set_verbose
 from .sampling import Sampler, SamplingParams
-from .speculation.eagle import EagleDrafter
+from .speculation.eagle import DRAFTER_BATCH, EagleDrafter
 from .speculation.policy import DraftPolicy, PolicyConfig, top1_probability
 
 PROMPT_BATCH = 512
@@ -133,7 +133,7 @@ class Engine:
         self.drafter: EagleDrafter | None = None
         try:
             if self.drafter_info is not None:
-                self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=PROMPT_BATCH,
+                self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
                                             n_threads=n_threads, n_gpu_layers=drafter_gpu_layers)
         except BaseException:
             self.close()
@@ -207,6 +207,7 @@ class Engine:
         margins: list[float] | None = [prefill_margin] if config.record_margins else None
         finish = None
         pending = [(first, False)]          # tokens chosen but not yet emitted
+        cycle: tuple[int, int] | None = None  # (drafted, accepted) of the cycle that chose them
         last = first                        # at position n_past, not yet in the target KV
         n_past = len(prompt)
 
@@ -231,6 +232,8 @@ class Engine:
             stats.generation_seconds = time.perf_counter() - t_gen
             if drafter:
                 stats.drafter_seconds = drafter.seconds - drafter_t0
+            if cycle is not None:
+                yield CycleEvent(cycle[0], cycle[1], emitted, stats.snapshot())
             if finish is None and cancel is not None and cancel.is_set():
                 finish = "cancelled"
             if finish is None and n_past >= self.n_ctx:
@@ -291,7 +294,7 @@ class Engine:
             else:
                 stats.cycles += 1
             policy.observe(len(drafts), accepted + 1, time.perf_counter() - t_cycle)
-            yield CycleEvent(len(drafts), accepted, accepted + 1, stats.snapshot())
+            cycle = (len(drafts), accepted)
 
         tail = stream.flush()
         if tail:
@@ -324,7 +327,7 @@ class Engine:
         d_logits = d_state = None
         pos = start
         while pos < n:
-            chunk = prompt[pos: pos + PROMPT_BATCH]
+            chunk = prompt[pos: pos + ctx.n_batch]
             ctx.decode(chunk, pos, all_logits=False)
             end = pos + len(chunk)
             self._kv_tokens = prompt[:end]

@@ -43,7 +43,8 @@ class GenerationStats:
 
     @property
     def tokens_per_cycle(self) -> float:
-        return self.generated_tokens / self.cycles if self.cycles else 0.0
+        """Tokens emitted per target verification step (the first token comes from the prompt pass)."""
+        return (self.generated_tokens - 1) / self.cycles if self.cycles else 0.0
 
     @property
     def overhead_seconds(self) -> float:
@@ -105,7 +106,8 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class CycleEvent:
-    """One target verification step: how many tokens were drafted, accepted and emitted."""
+    """One target verification step: how many tokens were drafted, accepted and emitted
+    (emitted can fall short of accepted + 1 at a stop); ``stats`` includes this cycle."""
 
     drafted: int
     accepted: int

@@ -204,7 +204,8 @@ class Context:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
-        self.n_batch = n_batch
+        # llama.cpp may lower n_batch (never above n_ctx); a larger batch would abort the process
+        n_batch = self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.n_outputs_max = n_outputs_max or n_batch
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)

@@ -8,7 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from .errors import LocalspecError
-from .paths import embedded_target, package_data
+from .paths import default_target, package_data
 
 DEFAULT_MODEL = "smollm2-135m"
 # The trained drafter for the embedded target ships in localspec/data once it exists.
@@ -30,7 +30,7 @@ class ModelSpec:
 
 def default_model() -> ModelSpec:
     drafter = package_data(DEFAULT_DRAFTER_FILE)
-    return ModelSpec(DEFAULT_MODEL, embedded_target(), drafter if drafter.is_file() else None)
+    return ModelSpec(DEFAULT_MODEL, default_target(), drafter if drafter.is_file() else None)
 
 
 def _from_record(record) -> ModelSpec:

@@ -23,25 +23,16 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1)."""
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=True)
+    except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except LocalspecError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        print("Aborted.", file=sys.stderr)
-        return 1
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
     return 0

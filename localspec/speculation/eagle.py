@@ -29,6 +29,9 @@ from ..llama_model import Context, Model, _llama_failure
 
 # Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
 ALL_OUTPUT_ROWS = 16
+# The drafter's batch size: llama.cpp sizes its output buffer (full-vocabulary logits) by it, and
+# prompt chunks are written without outputs in pieces of this size.
+DRAFTER_BATCH = 64
 
 
 def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
@@ -141,7 +144,10 @@ class EagleDrafter:
         n = len(tokens)
         g = np.ascontiguousarray(g, dtype=np.float32)
         if n > ALL_OUTPUT_ROWS:
-            self._decode_rows(tokens[:-1], g[:-1], start_pos, output=False)
+            step = self.ctx.n_batch
+            for i in range(0, n - 1, step):
+                j = min(i + step, n - 1)
+                self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False)
             tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
         idx = self._decode_rows(tokens, g, start_pos, output=True)
         logits = self.ctx.logits(idx)
