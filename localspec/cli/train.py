@@ -1,0 +1,58 @@
+"""``localspec train``: self-distil an EAGLE-3.1 drafter for a target GGUF (needs torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import LocalspecError
+from . import app
+
+
+@app.command()
+def train(
+    target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF (default: the embedded SmolLM2-135M as Q4_0)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Drafter GGUF to write."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="Prompt file (JSONL or .txt); default: localspec's own set."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Train on this token-id dataset (.jsonl[.gz]) instead of generating."),
+    save_data: Optional[Path] = typer.Option(None, "--save-data", help="Also write the dataset here (.jsonl.gz)."),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Work files (default: OUT without .gguf + .train/)."),
+    device: str = typer.Option("cpu", "--device", help="Training device: cpu, cuda or mps."),
+    time_budget: str = typer.Option("30m", "--time-budget", help="Whole run, e.g. 600, 45m, 1.5h."),
+    gen_time: Optional[str] = typer.Option(None, "--gen-time", help="Data generation limit (default: 40% of the budget)."),
+    max_steps: int = typer.Option(0, "--max-steps", help="Stop training after this many steps (0: time budget only)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in the work directory."),
+    parallel: int = typer.Option(16, "--parallel", help="Sequences per llama.cpp batch while generating."),
+    max_new: int = typer.Option(320, "--max-new", help="Response length limit while generating."),
+    draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Draft vocabulary size."),
+    ttt_steps: int = typer.Option(4, "--ttt-steps", help="Training-time test unroll depth."),
+    lr: float = typer.Option(6e-4, "--lr"),
+    outtype: str = typer.Option("f16", "--outtype", help="Drafter weights: f16, bf16, q8_0 or f32."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp threads (generation, features)."),
+    train_threads: Optional[int] = typer.Option(None, "--train-threads", help="torch threads."),
+    seed: int = typer.Option(0, "--seed"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Train an EAGLE-3.1 drafter on the target's own responses (self-distillation)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LocalspecError("training needs torch: pip install 'localspec[torch]'") from None
+    from ..paths import default_target
+    from ..train.pipeline import TrainOptions, parse_duration, run
+    from .train_progress import ProgressView
+
+    if parallel < 1 or max_new < 1 or draft_vocab < 16 or ttt_steps < 1:
+        raise LocalspecError("--parallel, --max-new, --ttt-steps must be positive and --draft-vocab at least 16")
+    opts = TrainOptions(
+        target=target or default_target(), out=out, prompts=prompts, data=data, work_dir=work_dir, device=device,
+        time_budget_s=parse_duration(time_budget), gen_time_s=parse_duration(gen_time) if gen_time else None,
+        max_steps=max_steps, resume=resume, n_seq=parallel, max_new=max_new, draft_vocab=draft_vocab,
+        ttt_steps=ttt_steps, lr=lr, outtype=outtype, threads=threads, train_threads=train_threads, seed=seed,
+        save_data=save_data)
+    with ProgressView(enabled=not quiet) as view:
+        opts.log = view.log
+        opts.progress = view.update
+        run(opts)

@@ -1,0 +1,318 @@
+"""The whole ``localspec train`` run: check -> generate data -> features -> vocab -> train -> export.
+
+Work files live in ``<out>.train/`` (or ``--work-dir``): ``sequences.jsonl`` (token ids, one line
+per generated sequence), ``vocab.npy``, ``checkpoint.pt`` (full training state), ``best.pt`` (the
+best drafter by held-out tokens per cycle), ``summary.json``. ``--resume`` continues each stage
+where it stopped. The drafter GGUF is written only at the end, atomically, by the converter.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import gguf_consts as K
+from ..errors import LocalspecError
+from ..gguf_info import check_target, read_gguf
+from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
+from .prompts import load_prompts
+
+HELD_OUT_MOD = 20   # 1 in 20 prompts (by key) is held out for the acceptance estimate
+
+
+@dataclass
+class TrainOptions:
+    target: Path
+    out: Path
+    prompts: Path | None = None
+    data: Path | None = None          # an existing dataset (.jsonl / .jsonl.gz): no generation
+    work_dir: Path | None = None
+    device: str = "cpu"
+    time_budget_s: float = 1800.0     # the whole run
+    gen_time_s: float | None = None   # data generation limit (default: 40% of the budget)
+    max_steps: int = 0
+    resume: bool = False
+    n_seq: int = 16
+    max_new: int = 320
+    draft_vocab: int = 8192
+    top_k: int = 16
+    ttt_steps: int = 4
+    batch_tokens: int = 4096
+    lr: float = 6e-4
+    outtype: str = "f16"
+    threads: int | None = None        # llama.cpp threads (generation, features)
+    train_threads: int | None = None  # torch threads
+    seed: int = 0
+    save_data: Path | None = None     # also write the dataset, compressed, here
+    eval_every_s: float = 90.0
+    log: Callable[[str], None] = print
+    progress: Callable[[dict], None] | None = None
+
+
+@dataclass
+class TrainSummary:
+    out: Path
+    sequences: int = 0
+    response_tokens: int = 0
+    gen_seconds: float = 0.0
+    gen_tokens: int = 0
+    feature_seconds: float = 0.0
+    train_seconds: float = 0.0
+    steps: int = 0
+    best_tau: float = 0.0
+    history: list = field(default_factory=list)
+    drafter_bytes: int = 0
+    vocab_coverage: float = 0.0
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '25m', '1.5h' -> seconds."""
+    t = str(text).strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if t and t[-1] in mult:
+            value = float(t[:-1]) * mult[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise LocalspecError(f"not a duration: '{text}' (examples: 600, 90s, 25m, 1.5h)") from None
+    if value <= 0:
+        raise LocalspecError(f"the duration must be positive (got '{text}')")
+    return value
+
+
+def check_train_target(path: Path):
+    info = read_gguf(path)
+    check_target(info)
+    if info.arch not in K.FEATURE_ARCHS:
+        raise LocalspecError(
+            f"target architecture '{info.arch}' ({info.path.name}) cannot export layer features in this "
+            f"llama.cpp, so no drafter can be trained or run for it; supported: {', '.join(sorted(K.FEATURE_ARCHS))}")
+    return info
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cpu":
+        return
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LocalspecError("--device cuda: this torch build sees no CUDA device")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise LocalspecError("--device mps: this torch build sees no MPS device")
+    if device not in ("cuda", "mps"):
+        raise LocalspecError(f"unknown device '{device}' (cpu, cuda or mps)")
+
+
+def drafter_config(info, layers):
+    from ..converters.canonical import DrafterConfig
+
+    m = info.metadata
+    arch = info.arch
+
+    def meta(name, default=None):
+        v = m.get(f"{arch}.{name}", default)
+        if v is None:
+            raise LocalspecError(f"{info.path.name}: missing {arch}.{name}")
+        return v
+
+    n_head = int(meta("attention.head_count"))
+    n_kv = meta("attention.head_count_kv", n_head)
+    n_kv = int(n_kv if np.ndim(n_kv) == 0 else np.asarray(n_kv).ravel()[0])
+    head_dim = int(m.get(f"{arch}.attention.key_length", info.n_embd // n_head))
+    ff = meta("feed_forward_length")
+    ff = int(ff if np.ndim(ff) == 0 else np.asarray(ff).ravel()[0])
+    eps = float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
+    return DrafterConfig(
+        hidden_size=info.n_embd, intermediate_size=ff, num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
+        rms_eps=eps, rope_theta=float(m.get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position=int(info.n_ctx_train or 4096), target_hidden_size=info.n_embd, target_layers=tuple(layers),
+        vocab_size=info.n_vocab, variant=K.VARIANT_EAGLE31, fc_norm=True, fc_norm_eps=eps, norm_output=True,
+        source_layout="localspec-train", source=info.path.name)
+
+
+def is_held_out(key: str) -> bool:
+    return int(key[:8], 16) % HELD_OUT_MOD == 0
+
+
+def run(opts: TrainOptions) -> TrainSummary:
+    t_start = time.perf_counter()
+    log = opts.log
+    target = Path(opts.target).expanduser()
+    out = Path(opts.out).expanduser()
+    info = check_train_target(target)
+    if out.suffix != ".gguf":
+        raise LocalspecError(f"{out}: the output must be a .gguf path")
+    if out.exists() and out.is_dir():
+        raise LocalspecError(f"{out} is a directory")
+    if out.exists() and out.resolve() == target.resolve():
+        raise LocalspecError(f"{out} is the target model; refusing to overwrite it")
+    if not out.parent.is_dir():
+        raise LocalspecError(f"{out.parent}: no such directory")
+    # input files are read before anything is written
+    prompts = load_prompts(opts.prompts) if opts.data is None else None
+    data_seqs = load_sequences(opts.data) if opts.data is not None else None
+    if data_seqs is not None and not data_seqs:
+        raise LocalspecError(f"{opts.data}: the dataset has no sequences")
+    _check_device(opts.device)
+    work = Path(opts.work_dir).expanduser() if opts.work_dir else out.with_name(out.stem + ".train")
+    check_free_space(out.parent)
+    if work.exists() and any(work.iterdir()) and not opts.resume:
+        raise LocalspecError(f"{work} holds an earlier run: pass --resume to continue it, or remove it")
+    work.mkdir(parents=True, exist_ok=True)
+    check_free_space(work)
+
+    from ..llama_model import Model, set_verbose
+    from .. import llama_ext
+
+    set_verbose(False)
+    llama_ext.check_available()
+    summary = TrainSummary(out=out)
+    model = Model(info.path)
+    try:
+        # ---- 1. data -------------------------------------------------------------------------
+        if data_seqs is not None:
+            seqs = data_seqs
+            log(f"data: {len(seqs)} sequences from {opts.data}")
+        else:
+            seqs = _generate(opts, info, model, prompts, work, summary, t_start)
+        if opts.save_data:
+            write_compressed(seqs, Path(opts.save_data))
+            log(f"dataset written to {opts.save_data}")
+        seqs = [s for s in seqs if s.response]
+        if len(seqs) < 2:
+            raise LocalspecError("too little data to train on (fewer than 2 responses)")
+        summary.sequences = len(seqs)
+        summary.response_tokens = sum(len(s.response) for s in seqs)
+        held = [s for s in seqs if is_held_out(s.key)]
+        train_set = [s for s in seqs if not is_held_out(s.key)]
+        if not held or not train_set:
+            held, train_set = seqs[:max(1, len(seqs) // HELD_OUT_MOD)], seqs[max(1, len(seqs) // HELD_OUT_MOD):]
+        log(f"data: {len(train_set)} training / {len(held)} held-out sequences, "
+            f"{summary.response_tokens} response tokens")
+        # ---- 2. features ---------------------------------------------------------------------
+        from .features import default_layers, extract_all, token_embeddings
+
+        layers = default_layers(info.n_layer)
+        t0 = time.perf_counter()
+        max_len = 1024
+        feats = extract_all(model, layers, [(s.tokens, len(s.prompt)) for s in train_set + held], top_k=opts.top_k,
+                            max_len=max_len, n_threads=opts.threads,
+                            progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
+                            if opts.progress else None)
+        summary.feature_seconds = time.perf_counter() - t0
+        log(f"features: {sum(len(f.tokens) for f in feats)} positions in {summary.feature_seconds:.0f}s")
+        train_feats, held_feats = feats[:len(train_set)], feats[len(train_set):]
+        emb = token_embeddings(info.path)
+    finally:
+        model.close()
+
+    # ---- 3. draft vocabulary ---------------------------------------------------------------------
+    from .vocab import choose_draft_vocab, coverage, mappings
+
+    vocab_path = work / "vocab.npy"
+    if opts.resume and vocab_path.is_file():
+        ids = np.load(vocab_path)
+    else:
+        ids = choose_draft_vocab([s.response for s in train_set], info.n_vocab, opts.draft_vocab)
+        np.save(vocab_path, ids)
+    _, _, index = mappings(ids, info.n_vocab)
+    summary.vocab_coverage = coverage(ids, [s.response for s in held], info.n_vocab)
+    log(f"draft vocabulary: {len(ids)} tokens, held-out coverage {summary.vocab_coverage:.1%}")
+
+    # ---- 4. training ----------------------------------------------------------------------------
+    import torch
+
+    from .trainer import TrainConfig, new_drafter, train
+
+    cfg = drafter_config(info, layers)
+    ref = new_drafter(cfg, ids, emb, opts.seed)
+    spent = time.perf_counter() - t_start
+    budget = max(10.0, opts.time_budget_s - spent - 20.0)
+    tcfg = TrainConfig(ttt_steps=opts.ttt_steps, lr=opts.lr, batch_tokens=opts.batch_tokens, time_budget_s=budget,
+                       max_steps=opts.max_steps, seed=opts.seed, threads=opts.train_threads or 0,
+                       eval_every_s=opts.eval_every_s)
+    resume_state = None
+    ckpt = work / "checkpoint.pt"
+    if opts.resume and ckpt.is_file():
+        resume_state = torch.load(ckpt, weights_only=False)
+        tcfg.time_budget_s = max(budget, resume_state["state"]["elapsed"] + budget)
+        log(f"resuming training at step {resume_state['state']['step']}")
+    log(f"training: up to {budget:.0f}s" + (f" / {opts.max_steps} steps" if opts.max_steps else ""))
+    t0 = time.perf_counter()
+    state = train(ref, emb, train_feats, held_feats, index, tcfg, work, resume_state=resume_state,
+                  report=opts.progress, device=opts.device)
+    summary.train_seconds = time.perf_counter() - t0
+    summary.steps = state.step
+    summary.best_tau = state.best_tau
+    summary.history = state.history
+
+    # ---- 5. export -------------------------------------------------------------------------------
+    from .export import export_gguf
+
+    best = torch.load(work / "best.pt", weights_only=False)
+    conv = export_gguf(best, cfg, info.path, out, work, outtype=opts.outtype)
+    summary.drafter_bytes = conv.size_bytes
+    (work / "summary.json").write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                                   for k, v in vars(summary).items()}, indent=1))
+    log(f"drafter: {out} ({conv.size_bytes / 1e6:.1f} MB, held-out tokens/cycle {state.best_tau:.2f})")
+    return summary
+
+
+def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: TrainSummary, t_start: float):
+    from ..chat_format import ChatFormatter
+    from .datagen import GenRequest, generate_batched
+
+    formatter = ChatFormatter(
+        info.chat_template,
+        bos_token=model.piece(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
+        eos_token=model.piece(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
+    requests: list[GenRequest] = []
+    category: dict[str, str] = {}
+    seen = set()
+    for p in prompts:
+        if info.chat_template:
+            text = formatter.render(p.messages, add_generation_prompt=True)
+            toks = model.tokenize(text, add_special=True, parse_special=True)
+            if len(toks) >= 2 and toks[0] == toks[1] == model.bos:
+                toks = toks[1:]
+        else:
+            toks = model.tokenize("\n".join(m["content"] for m in p.messages), add_special=True, parse_special=False)
+        key = prompt_key(toks)
+        if key in seen:
+            continue
+        seen.add(key)
+        category[key] = p.category
+        requests.append(GenRequest(key, toks))
+    writer = DatasetWriter(work / "sequences.jsonl", resume=opts.resume)
+    todo = [r for r in requests if r.key not in writer.keys]
+    rng = random.Random(opts.seed)
+    rng.shuffle(todo)
+    limit = opts.gen_time_s if opts.gen_time_s is not None else 0.4 * opts.time_budget_s
+    opts.log(f"generating: {len(todo)} prompts to answer ({len(requests) - len(todo)} done), "
+             f"{opts.n_seq} sequences per batch, up to {limit:.0f}s")
+    t0 = time.perf_counter()
+    n_tok = 0
+    try:
+        for r in generate_batched(model, todo, n_seq=opts.n_seq, max_new=opts.max_new, n_ctx_seq=1024,
+                                  n_threads=opts.threads, should_stop=lambda: time.perf_counter() - t0 > limit):
+            if r.finish == "skipped":
+                continue
+            writer.add(Sequence(r.key, category.get(r.key, ""), r.prompt, r.response, r.finish))
+            n_tok += len(r.response)
+            if opts.progress:
+                opts.progress({"event": "gen", "done": len(writer.sequences), "total": len(requests),
+                               "tokens": n_tok, "tok_s": n_tok / max(time.perf_counter() - t0, 1e-9)})
+    finally:
+        writer.close()
+    summary.gen_seconds = time.perf_counter() - t0
+    summary.gen_tokens = n_tok
+    if n_tok:
+        opts.log(f"generated {n_tok} tokens in {summary.gen_seconds:.0f}s ({n_tok / summary.gen_seconds:.0f} tok/s)")
+    return writer.sequences

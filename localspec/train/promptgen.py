@@ -1,0 +1,277 @@
+"""Builds localspec's own training prompt set (``localspec/data/train_prompts.jsonl``).
+
+Templates x topics, deterministic (seeded), across chat, coding, math, writing, knowledge,
+multi-turn, short and long prompts. The held-out bench prompts (``bench/heldout.jsonl``) use other
+topics; :func:`build` refuses any overlap with them. Regenerate with
+``python -m localspec.train.promptgen``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+CHAT_TOPICS = [
+    "staying motivated when working from home", "making new friends after moving to a new city",
+    "getting better sleep", "learning a new language as an adult", "planning a weekend camping trip",
+    "saving money on groceries", "dealing with stress before an exam", "starting a vegetable garden",
+    "choosing a first pet", "preparing for a job interview", "keeping a houseplant alive",
+    "organizing a small apartment", "drinking more water during the day", "starting to run",
+    "reducing screen time", "hosting a dinner party", "picking a good book to read",
+    "traveling on a tight budget", "learning to cook simple meals", "writing a daily journal",
+    "being more productive in the morning", "handling a disagreement with a coworker",
+    "teaching a child to ride a bike", "decluttering a closet", "staying safe while hiking",
+    "choosing a laptop for school", "taking better photos with a phone", "learning to play guitar",
+    "meditating for beginners", "planning a birthday surprise", "reducing food waste",
+    "volunteering in the community", "improving public speaking", "setting personal goals",
+    "keeping in touch with old friends", "moving to a new house", "caring for an elderly parent",
+    "starting a book club", "managing time as a student", "staying warm in winter",
+    "cleaning a kitchen quickly", "choosing running shoes", "packing for a long flight",
+    "building a morning routine", "learning to swim", "recycling at home", "visiting a museum",
+    "writing a thank-you note", "practicing gratitude", "adopting a rescue dog",
+]
+CHAT_TEMPLATES = [
+    "Can you give me some tips on {t}?", "What are the best ways to approach {t}?",
+    "I need advice about {t}.", "How should I get started with {t}?",
+    "What mistakes do people usually make with {t}?", "Give me a short checklist for {t}.",
+    "My friend asked me about {t}. What should I tell them?", "Explain why {t} matters.",
+    "What are three simple ideas for {t}?", "hey, any thoughts on {t}?",
+]
+KNOWLEDGE_TOPICS = [
+    "photosynthesis", "the water cycle", "how vaccines work", "black holes", "the Roman Empire",
+    "plate tectonics", "the human heart", "electricity", "the French Revolution", "volcanoes",
+    "the immune system", "climate change", "the printing press", "DNA", "the solar system",
+    "earthquakes", "the Industrial Revolution", "rainbows", "how airplanes fly", "the moon's phases",
+    "bees and pollination", "the Great Wall of China", "magnets", "the internet", "ocean tides",
+    "the Renaissance", "coral reefs", "gravity", "the pyramids of Egypt", "recycling plastic",
+    "the periodic table", "deserts", "the brain", "sound waves", "rain forests", "the stock market",
+    "inflation", "democracy", "the Olympic Games", "dinosaurs",
+]
+KNOWLEDGE_TEMPLATES = [
+    "Explain {t} in simple terms.", "What is {t}?", "Tell me three interesting facts about {t}.",
+    "How would you explain {t} to a ten-year-old?", "Write a short paragraph about {t}.",
+    "Why is {t} important?", "Summarize what scientists or historians know about {t}.",
+    "What are common misconceptions about {t}?",
+]
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
+    "finds the largest element in a list", "counts the vowels in a string",
+    "removes duplicates from a list", "merges two sorted lists", "computes Fibonacci numbers",
+    "checks if a string is a palindrome", "sums the digits of an integer", "converts Celsius to Fahrenheit",
+    "flattens a nested list", "counts word frequencies in a text", "sorts a list of dictionaries by a key",
+    "reads a CSV file and prints each row", "finds the second smallest number in a list",
+    "validates an email address with a regular expression", "computes the average of a list",
+    "implements binary search", "capitalizes the first letter of each word", "computes the GCD of two numbers",
+    "generates a random password", "transposes a matrix", "checks whether two strings are anagrams",
+    "returns the n most common elements", "implements a stack class", "implements a queue with two stacks",
+    "parses a date string", "rotates a list by k positions", "finds all even numbers in a list",
+    "computes the running total of a list", "chunks a list into pieces of size n",
+    "converts a decimal number to binary", "counts lines in a file", "finds the longest word in a sentence",
+]
+LANGUAGES = ["Python", "Python", "Python", "JavaScript", "Java", "C", "C++", "Rust", "Go", "Bash"]
+CODE_TEMPLATES = [
+    "Write a {lang} function that {t}.", "How do I write code in {lang} that {t}?",
+    "Show me a short {lang} program that {t}, with comments.",
+    "Write a {lang} function that {t} and explain how it works.",
+    "Can you write a function in {lang} that {t}? Keep it simple.",
+]
+CODE_CONCEPTS = [
+    "recursion", "a hash table", "object-oriented programming", "a linked list", "big O notation",
+    "version control with git", "unit testing", "an API", "a race condition", "garbage collection",
+    "a closure", "dynamic programming", "a REST endpoint", "exceptions", "list comprehensions",
+    "pointers", "a database index", "SQL joins", "asynchronous code", "type hints",
+]
+CODE_CONCEPT_TEMPLATES = [
+    "What is {t} in programming?", "Explain {t} with a small code example.",
+    "When should I use {t}?", "What are the pros and cons of {t}?",
+]
+WRITING_SUBJECTS = [
+    "a lighthouse keeper", "a lost kitten", "the first day of spring", "a robot learning to paint",
+    "an old bookshop", "a storm at sea", "a child's first snow", "a dragon who is afraid of fire",
+    "a city at night", "a forgotten letter", "a journey by train", "the last tree in a desert",
+    "a baker who wakes up early", "a friendship between a fox and a crow", "a quiet library",
+    "a mountain village", "the sound of rain", "an astronaut looking at Earth", "a grandmother's garden",
+    "a runaway balloon", "a haunted clock", "summer holidays", "a street musician", "a lonely moon",
+    "the ocean at dawn", "a clever mouse", "a time traveler's mistake", "an autumn walk",
+]
+WRITING_TEMPLATES = [
+    "Write a short story about {t}.", "Write a poem about {t}.", "Write a haiku about {t}.",
+    "Describe {t} in a few vivid sentences.", "Write the opening paragraph of a novel about {t}.",
+    "Write a limerick about {t}.", "Write a children's story about {t}.",
+]
+PRACTICAL_WRITING = [
+    "an email asking my manager for a day off", "a product description for a reusable water bottle",
+    "a cover letter for a barista job", "a short speech for a friend's wedding",
+    "a polite complaint to a landlord about a broken heater", "a birthday message for my sister",
+    "an announcement for a school bake sale", "a review of a local pizza restaurant",
+    "a LinkedIn summary for a software engineer", "an apology message to a friend",
+    "a welcome message for new club members", "a short blog post about morning walks",
+    "a text inviting friends to a picnic", "a thank-you email after an interview",
+    "instructions for making tea", "a motivational message for a sports team",
+]
+PRACTICAL_TEMPLATES = ["Write {t}.", "Help me write {t}.", "Draft {t}, please.", "Can you write {t}? Keep it short."]
+MATH_TEMPLATES = [
+    "What is {a} + {b}?", "What is {a} times {b}?", "Calculate {a} minus {b}.",
+    "What is {a} divided by {c}?", "What is {p}% of {a}?",
+    "If a shirt costs ${a} and is discounted by {p}%, what is the new price?",
+    "A train travels {a} km in {c} hours. What is its average speed?",
+    "Solve for x: {c}x + {b} = {a}.", "What is the area of a rectangle {c} m wide and {d} m long?",
+    "Tom has {a} apples and gives away {d}. How many are left?",
+    "What is the square of {d}?", "Is {a} an even or odd number? Explain.",
+    "A recipe needs {d} eggs for {c} people. How many eggs for {e} people?",
+    "What is the perimeter of a square with side {d} cm?",
+    "Convert {a} minutes to hours and minutes.", "What is the average of {d}, {e} and {c}?",
+    "If I save ${d} every week, how much will I have after {e} weeks?",
+    "Round {a}.{d} to the nearest whole number.", "What is {d} to the power of 3?",
+    "A circle has radius {c}. What is its area?",
+]
+MATH_CONCEPTS = [
+    "a prime number", "the Pythagorean theorem", "a fraction", "probability", "a derivative",
+    "the mean, median and mode", "percentages", "a linear equation", "negative numbers", "pi",
+    "an integral", "exponents", "a function", "a matrix", "standard deviation", "logarithms",
+]
+MATH_CONCEPT_TEMPLATES = ["Explain {t} with an example.", "What is {t}?", "How do I understand {t}?"]
+LONG_TEXTS = [
+    "The city council met on Tuesday to discuss the new bike lanes on Main Street. Some shop owners worried "
+    "that fewer parking spaces would hurt their business, while cyclists said the lanes would make the street "
+    "safer. After two hours of debate, the council agreed to test the lanes for six months and then review "
+    "traffic and sales data before making a final decision.",
+    "Our team spent the last quarter rebuilding the checkout page. Load times dropped from four seconds to "
+    "under one second, and the number of abandoned carts fell by twelve percent. However, customers on older "
+    "phones still report problems with the payment form, so the next quarter will focus on testing with more "
+    "devices and simplifying the form fields.",
+    "Honeybees communicate the location of flowers through a waggle dance. The angle of the dance relative to "
+    "the vertical shows the direction of the food compared to the sun, and the length of the waggle run shows "
+    "the distance. Other bees in the hive follow the dancer and then fly out to find the flowers themselves.",
+    "I have been learning to bake bread for three months. My first loaves were dense and flat, but after I "
+    "started measuring flour by weight and letting the dough rise longer in a warm place, the bread became "
+    "light and airy. Now I want to try sourdough, but I am not sure how to start a starter.",
+    "The library will close for renovations from June 1 to August 15. During this time, members can borrow "
+    "books from the mobile library van, which will visit the town square every Saturday morning. All due dates "
+    "will be extended, and no late fees will be charged during the closure.",
+    "Maria opened a small cafe near the university. At first, few students came, because the prices were "
+    "higher than the campus cafeteria. She started offering a discount for students who brought their own "
+    "cups and hosted a quiet study hour every evening. Within a few months the cafe was full most afternoons.",
+]
+LONG_TEMPLATES = [
+    "Summarize the following text in two sentences:\n\n{t}", "What is the main point of this text?\n\n{t}",
+    "Rewrite this text in a more formal tone:\n\n{t}", "List the key facts in this text:\n\n{t}",
+    "Write three questions a reader might ask about this text:\n\n{t}", "Translate the ideas of this text into a short poem:\n\n{t}",
+]
+SHORT_PROMPTS = [
+    "Hi!", "Hello, how are you?", "What can you do?", "Tell me a joke.", "Good morning!",
+    "Who are you?", "Thanks!", "What's your name?", "Give me a fun fact.", "Say something nice.",
+    "What day comes after Monday?", "Name five fruits.", "List three colors.", "What is 2 + 2?",
+    "Recommend a movie.", "Tell me a riddle.", "What should I eat for dinner?", "Give me a quote.",
+]
+MULTI_TURN = [
+    ("What is a good name for a cat?", "How about Whiskers, Luna, or Oliver?", "I like Luna. Why is it popular?"),
+    ("Can you help me plan a trip to Italy?", "Sure! How many days do you have and which cities interest you?",
+     "I have five days and I want to see Rome and Florence."),
+    ("I want to learn Python.", "Great choice! Do you have any programming experience?", "No, I'm a complete beginner. Where do I start?"),
+    ("What's a healthy breakfast?", "Oatmeal with fruit, eggs with vegetables, or yogurt with nuts are good options.",
+     "Which of those is fastest to make?"),
+    ("Write a function that adds two numbers in Python.", "def add(a, b):\n    return a + b",
+     "Now make it add a list of numbers instead."),
+    ("What is 15 times 4?", "15 times 4 is 60.", "And what is that divided by 3?"),
+    ("Tell me a story about a dog.", "Once upon a time, a small dog named Max found a shiny key in the park.",
+     "Continue the story. What did the key open?"),
+    ("I feel tired all the time.", "I'm sorry to hear that. How much sleep do you usually get?", "About five hours a night."),
+    ("Recommend a book.", "You might enjoy 'The Hobbit' by J.R.R. Tolkien.", "I've read it. Something similar?"),
+    ("How do I make pancakes?", "Mix flour, eggs, milk, sugar and baking powder, then cook on a hot pan.",
+     "Can I make them without eggs?"),
+    ("Explain what a variable is.", "A variable is a name that stores a value, like x = 5.", "Can a variable change its value?"),
+    ("What's the capital of Japan?", "The capital of Japan is Tokyo.", "What is Tokyo famous for?"),
+    ("Write a haiku about winter.", "Silent falling snow\nblankets the sleeping village\nwhite breath in the air",
+     "Now write one about summer."),
+    ("I'm starting a small business.", "Exciting! What kind of business is it?", "A small bakery. How do I find customers?"),
+    ("What is the speed of light?", "About 300,000 kilometers per second.", "How long does light take to reach us from the sun?"),
+    ("How can I learn to draw?", "Start with simple shapes, practice every day, and copy drawings you like.",
+     "How long until I get good at it?"),
+]
+SYSTEMS = [None, None, None, None, "You are a helpful assistant.", "You are a friendly and concise assistant.",
+           "You are a patient teacher."]
+
+
+def _math_values(rng: random.Random) -> dict:
+    return {"a": rng.randint(12, 480), "b": rng.randint(2, 99), "c": rng.randint(2, 9), "d": rng.randint(3, 30),
+            "e": rng.randint(2, 20), "p": rng.choice([5, 10, 15, 20, 25, 30, 40, 50])}
+
+
+def build(seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    items: list[dict] = []
+
+    def add(category: str, prompt: str, *, history: tuple = ()) -> None:
+        messages = []
+        system = rng.choice(SYSTEMS)
+        if system:
+            messages.append({"role": "system", "content": system})
+        for i, text in enumerate(history):
+            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+        messages.append({"role": "user", "content": prompt})
+        items.append({"category": category, "messages": messages})
+
+    for t in CHAT_TOPICS:
+        for tpl in rng.sample(CHAT_TEMPLATES, 5):
+            add("chat", tpl.format(t=t))
+    for t in KNOWLEDGE_TOPICS:
+        for tpl in rng.sample(KNOWLEDGE_TEMPLATES, 4):
+            add("knowledge", tpl.format(t=t))
+    for t in CODE_TASKS:
+        for tpl in rng.sample(CODE_TEMPLATES, 3):
+            add("coding", tpl.format(t=t, lang=rng.choice(LANGUAGES)))
+    for t in CODE_CONCEPTS:
+        for tpl in CODE_CONCEPT_TEMPLATES:
+            add("coding", tpl.format(t=t))
+    for t in WRITING_SUBJECTS:
+        for tpl in rng.sample(WRITING_TEMPLATES, 4):
+            add("writing", tpl.format(t=t))
+    for t in PRACTICAL_WRITING:
+        for tpl in rng.sample(PRACTICAL_TEMPLATES, 2):
+            add("writing", tpl.format(t=t))
+    for tpl in MATH_TEMPLATES:
+        for _ in range(8):
+            add("math", tpl.format(**_math_values(rng)))
+    for t in MATH_CONCEPTS:
+        for tpl in MATH_CONCEPT_TEMPLATES:
+            add("math", tpl.format(t=t))
+    for t in LONG_TEXTS:
+        for tpl in LONG_TEMPLATES:
+            add("long", tpl.format(t=t))
+    for p in SHORT_PROMPTS:
+        add("short", p)
+    for first, reply, follow in MULTI_TURN:
+        add("multi-turn", follow, history=(first, reply))
+    # multi-turn built from the single-turn pools: a first question, a brief canned answer, a follow-up
+    follow_ups = ["Can you explain that in more detail?", "Can you make it shorter?", "Give me an example.",
+                  "Why is that?", "What else should I know?", "Can you summarize that in one sentence?"]
+    for t in rng.sample(CHAT_TOPICS, 30) + rng.sample(KNOWLEDGE_TOPICS, 20):
+        add("multi-turn", rng.choice(follow_ups), history=(f"Tell me about {t}.", f"Sure, here is a short overview of {t}."))
+    rng.shuffle(items)
+    seen, unique = set(), []
+    for it in items:
+        key = json.dumps(it["messages"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            unique.append(it)
+    return unique
+
+
+def main() -> None:
+    out = Path(__file__).resolve().parent.parent / "data" / "train_prompts.jsonl"
+    items = build()
+    heldout = Path(__file__).resolve().parents[2] / "bench" / "heldout.jsonl"
+    if heldout.is_file():
+        held = {json.loads(line)["prompt"] for line in heldout.read_text().splitlines() if line.strip()}
+        texts = {m["content"] for it in items for m in it["messages"]}
+        overlap = held & texts
+        if overlap:
+            raise SystemExit(f"held-out prompts overlap the training set: {sorted(overlap)[:3]}")
+    out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    print(f"{len(items)} prompts -> {out}")
+
+
+if __name__ == "__main__":
+    main()

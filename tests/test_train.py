@@ -1,0 +1,163 @@
+"""``localspec train`` on a tiny target: end to end, resume, bad inputs.
+
+The tiny ``noisy`` target (tests/tiny_models.py, noise 0.006) mostly repeats its last token, so a
+drafter trained on its greedy responses should clearly beat a random one within seconds. "No disk
+space" is simulated by making ``shutil.disk_usage`` (through which localspec.train checks free space
+before writing anything) report 1 MiB free.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from localspec.bench import BenchPrompt, run_bench  # noqa: E402
+from localspec.engine import Engine, GenerationConfig  # noqa: E402
+from localspec.errors import LocalspecError  # noqa: E402
+from localspec.speculation.policy import PolicyConfig  # noqa: E402
+from localspec.train import dataset as dataset_mod  # noqa: E402
+from localspec.train.pipeline import TrainOptions, run  # noqa: E402
+from localspec.train.prompts import load_prompts  # noqa: E402
+from localspec import gguf_consts as K  # noqa: E402
+
+from tiny_models import build_drafter, build_target  # noqa: E402
+
+HELD_OUT = [BenchPrompt("Tell me about the ocean and its waves.", "chat"),
+            BenchPrompt("What is a good way to learn chess?", "chat"),
+            BenchPrompt("Write a poem about autumn leaves.", "writing")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train")
+    target = build_target(d / "target.gguf", "noisy", noise=0.006)
+    items = [json.loads(line) for line in load_prompts_lines()][:48]
+    (d / "prompts.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    return d, target
+
+
+def load_prompts_lines():
+    from localspec.train.prompts import default_prompts_path
+
+    return default_prompts_path().read_text().splitlines()
+
+
+def _opts(d: Path, target: Path, out: Path, **kw) -> TrainOptions:
+    base = dict(target=target, out=out, prompts=d / "prompts.jsonl", time_budget_s=120, gen_time_s=60, max_new=48,
+                n_seq=8, draft_vocab=512, batch_tokens=2048, eval_every_s=1e9, threads=1, train_threads=1,
+                log=lambda m: None)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _tokens_per_cycle(target: Path, drafter: Path) -> float:
+    with Engine(target, drafter, n_ctx=512, n_threads=1) as eng:
+        cfg = GenerationConfig(max_tokens=48, policy=PolicyConfig(name="fixed", draft_max=4))
+        report = run_bench(eng, HELD_OUT, cfg).to_dict()
+    assert report["greedy_identical"]
+    return report["tokens_per_cycle"]
+
+
+def test_tiny_training_beats_random_drafter(tiny):
+    d, target = tiny
+    out = d / "trained.gguf"
+    summary = run(_opts(d, target, out, max_steps=60, work_dir=d / "work-e2e", save_data=d / "data.jsonl.gz"))
+    assert out.is_file() and summary.steps == 60 and summary.response_tokens > 500
+    assert (d / "data.jsonl.gz").is_file()
+    with gzip.open(d / "data.jsonl.gz", "rt") as fh:
+        assert all("response" in json.loads(line) for line in fh)
+    random_drafter = build_drafter(d / "random.gguf", target, "random", variant=K.VARIANT_EAGLE31)
+    trained_tpc = _tokens_per_cycle(target, out)
+    random_tpc = _tokens_per_cycle(target, random_drafter)
+    assert trained_tpc > random_tpc + 0.5, (trained_tpc, random_tpc)
+    # the same token ids reproduce a drafter without generating again
+    again = run(_opts(d, target, d / "again.gguf", data=d / "data.jsonl.gz", prompts=None, max_steps=5,
+                      work_dir=d / "work-data"))
+    assert again.sequences == summary.sequences and (d / "again.gguf").is_file()
+
+
+def test_resume_after_interruption(tiny):
+    d, target = tiny
+    work = d / "work-resume"
+    out = d / "resumed.gguf"
+    logs: list[str] = []
+    # interrupted (Ctrl-C) while generating: part of the prompts answered, no drafter yet
+    def interrupt(e):
+        if e.get("event") == "gen" and e["done"] >= 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(_opts(d, target, out, work_dir=work, progress=interrupt))
+    assert not out.exists()
+    n_first = len((work / "sequences.jsonl").read_text().splitlines())
+    assert n_first > 0
+    with open(work / "sequences.jsonl", "a") as fh:   # a torn line, as a kill mid-write leaves
+        fh.write('{"key": "abc", "prom')
+    with pytest.raises(LocalspecError, match="--resume"):
+        run(_opts(d, target, out, work_dir=work))
+    summary = run(_opts(d, target, out, work_dir=work, resume=True, max_steps=25, log=logs.append))
+    assert any("done)" in m and f"({n_first} done)" in m for m in logs), logs
+    assert out.is_file() and summary.sequences > n_first
+    # training went on from the step-based checkpoint rather than from scratch
+    summary2 = run(_opts(d, target, out, work_dir=work, resume=True, max_steps=30, log=logs.append))
+    assert any("resuming training at step 25" in m for m in logs), logs
+    assert summary2.steps == 30
+
+
+def test_unsupported_architecture(tmp_path):
+    target = build_target(tmp_path / "qwen2.gguf", "noisy", arch="qwen2")
+    with pytest.raises(LocalspecError, match="qwen2.*cannot export layer features"):
+        run(TrainOptions(target=target, out=tmp_path / "d.gguf", log=lambda m: None))
+    assert not (tmp_path / "d.gguf").exists()
+
+
+def test_empty_prompt_file(tiny, tmp_path):
+    _, target = tiny
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(LocalspecError, match="no prompts"):
+        run(TrainOptions(target=target, out=tmp_path / "d.gguf", prompts=empty, log=lambda m: None))
+    assert list(tmp_path.iterdir()) == [empty]
+
+
+def test_no_disk_space(tiny, tmp_path, monkeypatch):
+    _, target = tiny
+    real = shutil.disk_usage
+
+    def tiny_fs(path):
+        usage = real(path)
+        return usage._replace(free=1 << 20)
+
+    monkeypatch.setattr(dataset_mod.shutil, "disk_usage", tiny_fs)
+    with pytest.raises(LocalspecError, match="not enough disk space"):
+        run(TrainOptions(target=target, out=tmp_path / "d.gguf", log=lambda m: None))
+    assert not (tmp_path / "d.gguf").exists()
+
+
+def test_cli_bad_input_is_one_line(tiny, tmp_path, capsys):
+    from localspec.cli import main
+
+    _, target = tiny
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    rc = main(["train", "--target", str(target), "-o", str(tmp_path / "d.gguf"), "--prompts", str(empty), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("Error: ") and "no prompts" in err and "Traceback" not in err
+    rc = main(["train", "--target", str(target), "-o", str(tmp_path / "d.gguf"), "--time-budget", "soon", "--quiet"])
+    assert rc == 1 and "not a duration" in capsys.readouterr().err
+
+
+def test_prompt_file_formats(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": "hi", "category": "chat"}) + "\n"
+                 + json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                            {"role": "user", "content": "c"}]}) + "\n")
+    items = load_prompts(p)
+    assert [len(i.messages) for i in items] == [1, 3] and items[0].category == "chat"
+    assert len(load_prompts(None)) >= 500
