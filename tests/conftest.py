@@ -15,6 +15,9 @@ def isolated_home(tmp_path_factory, monkeypatch) -> Path:
     home = tmp_path_factory.mktemp("localspec_home")
     monkeypatch.setenv("LOCALSPEC_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # One llama.cpp thread: spinning workers on an oversubscribed machine are 100x slower, and
+    # tests check behaviour, not speed (benchmarks live in `localspec bench`).
+    monkeypatch.setenv("LOCALSPEC_THREADS", "1")
     return home
 
 
