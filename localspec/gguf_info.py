@@ -189,6 +189,13 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
     if fc is None or fc.shape[0] != 3 * target.n_embd:
         raise LocalspecError(f"{d}: fc.weight must take 3 x {target.n_embd} target features")
     embd = drafter.tensors.get(K.T_TOKEN_EMBD)
+    borrowed = [what for what, own in (("token embeddings", embd), ("lm_head", drafter.tensors.get(K.T_OUTPUT)))
+                if own is None]
+    if borrowed and drafter.n_embd != target.n_embd:
+        raise LocalspecError(
+            f"{d} borrows the target's {' and '.join(borrowed)} but its width {drafter.n_embd} "
+            f"differs from {t}'s {target.n_embd}"
+        )
     if embd is not None and embd.shape[-1] != target.n_vocab:
         raise LocalspecError(f"{d}: its token embeddings cover {embd.shape[-1]} tokens, {t} has {target.n_vocab}")
     head = drafter.tensors.get(K.T_OUTPUT)
