@@ -1,0 +1,103 @@
+"""The command line as a user runs it: a subprocess, JSON contracts, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tiny_models import build_drafter, build_target
+
+
+def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clipair")
+    target = build_target(d / "t.gguf", "noisy", noise=0.006)
+    return target, build_drafter(d / "d.gguf", target, "repeat")
+
+
+GENERATE_FIELDS = {"text", "n_tokens", "tokens_per_second", "drafted", "accepted", "acceptance_rate",
+                   "tokens_per_cycle", "spec"}
+BENCH_FIELDS = {"plain_tokens_per_second", "spec_tokens_per_second", "speedup", "greedy_identical",
+                "acceptance_rate", "tokens_per_cycle"}
+
+
+def test_generate_json_contract_with_a_drafter(pair):
+    target, drafter = pair
+    proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
+               "--raw", "--policy", "fixed", "--draft-max", "3", "--max-tokens", "24", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert GENERATE_FIELDS <= set(out)
+    assert out["spec"] is True and out["n_tokens"] == 24 and out["drafted"] > 0
+    assert 0 <= out["accepted"] <= out["drafted"]
+    assert out["tokens_per_cycle"] >= 1.0
+
+
+def test_generate_no_spec_and_streaming(pair):
+    target, drafter = pair
+    proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "Hello", "--raw",
+               "--no-spec", "--max-tokens", "8", "--json")
+    assert json.loads(proc.stdout)["spec"] is False
+    proc = cli("generate", "--target", str(target), "--prompt", "Hello", "--raw", "--max-tokens", "8")
+    assert proc.returncode == 0
+    assert "tok/s" in proc.stderr
+
+
+def test_generate_on_the_embedded_default_model():
+    proc = cli("generate", "--prompt", "Say hi.", "--max-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["model"] == "smollm2-135m" and out["n_tokens"] >= 1 and out["text"]
+
+
+def test_bench_json_contract(pair, tmp_path):
+    target, drafter = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
+                                 [("The quick brown fox", "a"), ("Once upon a time", "b")]) + "\n")
+    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+               "--max-tokens", "24", "--policy", "fixed", "--draft-max", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert BENCH_FIELDS <= set(out)
+    assert out["prompts"] == 2 and len(out["per_prompt"]) == 2
+    assert out["greedy_identical"] is True
+    assert out["tokens_per_cycle"] > 1.0
+    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts), "--max-tokens", "16")
+    assert proc.returncode == 0 and "speedup" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "--prompt", "x", "--target", "/nonexistent.gguf"], "no such file"),
+    (["generate", "--prompt", "x", "--max-tokens", "0"], "max tokens"),
+    (["generate", "--prompt", "x", "--draft-max", "99"], "draft-max"),
+    (["generate", "--prompt", "x", "--temperature", "-1"], "temperature"),
+    (["bench", "--prompts", "/nonexistent.jsonl"], "no such prompts file"),
+])
+def test_errors_are_one_line(args, message):
+    proc = cli(*args)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("Error:") and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_rejects_bad_prompt_files(pair, tmp_path):
+    target, drafter = pair
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
+    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(bad))
+    assert proc.returncode == 1 and f"{bad}:2:" in proc.stderr
+    proc = cli("bench", "--target", str(target), "--prompts", str(bad))
+    assert proc.returncode == 1
+
+
+def test_usage_errors_exit_2():
+    proc = cli("generate")
+    assert proc.returncode == 2 and "--prompt" in proc.stderr
