@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,6 +35,7 @@ class PromptResult:
     plain: DoneEvent
     spec: DoneEvent
     divergence: Divergence | None
+    llama_cpp: tuple[int, float] | None = None  # (decode steps, seconds) of llama-cpp-python's Llama
 
     def to_dict(self) -> dict:
         p, s = self.plain.stats, self.spec.stats
@@ -52,6 +54,8 @@ class PromptResult:
             "acceptance_rate": round(s.acceptance_rate, 4),
             "tokens_per_cycle": round(s.tokens_per_cycle, 4),
             "time_split": s.to_dict()["time_split"],
+            **({"llama_cpp_tokens_per_second": round(self.llama_cpp[0] / self.llama_cpp[1], 2)}
+               if self.llama_cpp else {}),
         }
 
 
@@ -78,7 +82,22 @@ class BenchReport:
             "tokens_per_cycle": round(self._sum("spec", "generated_tokens") / cycles, 4) if cycles else 0.0,
             "python_overhead_share": round(self._sum("spec", "overhead_seconds") / spec_secs, 4) if spec_secs else 0.0,
             "per_prompt": [r.to_dict() for r in self.results],
+            **self._llama_cpp_summary(),
         }
+
+    def _llama_cpp_summary(self) -> dict:
+        """Our plain decoding against llama-cpp-python's Llama on the same prompts and token counts,
+        both as decode steps per second (the first token, from the prompt pass, excluded)."""
+        runs = [r for r in self.results if r.llama_cpp]
+        if not runs:
+            return {}
+        ours_steps = sum(r.plain.stats.generated_tokens - 1 for r in runs)
+        ours_secs = sum(r.plain.stats.generation_seconds for r in runs)
+        theirs = sum(r.llama_cpp[0] for r in runs) / sum(r.llama_cpp[1] for r in runs)
+        ours = ours_steps / ours_secs
+        return {"plain_decode_tokens_per_second": round(ours, 2),
+                "llama_cpp_tokens_per_second": round(theirs, 2),
+                "plain_vs_llama_cpp": round(ours / theirs, 4)}
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
@@ -120,21 +139,57 @@ def _run(engine: Engine, messages, config: GenerationConfig) -> DoneEvent:
     raise LocalspecError("internal: generation ended without a result")
 
 
+class LlamaCppBaseline:
+    """llama-cpp-python's own high-level API on the same target, greedy, for an outside reference.
+
+    Its context leaves flash attention on, as ours does by default ("auto" enables it on CPU)."""
+
+    def __init__(self, engine: Engine) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(str(engine.target_info.path), n_ctx=engine.n_ctx, n_threads=engine.ctx.n_threads,
+                                   n_threads_batch=engine.ctx.n_threads, flash_attn=True, verbose=False)
+
+    def run(self, tokens: list[int], n_tokens: int) -> tuple[int, float]:
+        """Decode steps and seconds for ``n_tokens`` greedy tokens after the prompt."""
+        self.llm.reset()
+        count, t_first = 0, 0.0
+        for _ in self.llm.generate(tokens, temp=0.0, top_k=1, reset=True):
+            count += 1
+            if count == 1:
+                t_first = time.perf_counter()
+            if count >= n_tokens:
+                break
+        return count - 1, time.perf_counter() - t_first
+
+    def close(self) -> None:
+        self.llm.close()
+
+
 def run_bench(engine: Engine, prompts: list[BenchPrompt], base: GenerationConfig,
-              progress: Callable[[int, PromptResult], None] | None = None) -> BenchReport:
-    """Greedy plain then speculative decoding of each prompt, back to back."""
+              progress: Callable[[int, PromptResult], None] | None = None, *,
+              llama_baseline: bool = False) -> BenchReport:
+    """Greedy plain then speculative decoding of each prompt, back to back (and llama-cpp-python's
+    Llama for the same number of tokens, with ``llama_baseline``)."""
     if engine.drafter is None:
         raise LocalspecError("bench compares speculative with plain decoding: this model has no drafter (--draft PATH)")
     plain_cfg = GenerationConfig(max_tokens=base.max_tokens, spec=False, record_margins=True, stop=base.stop)
     spec_cfg = GenerationConfig(max_tokens=base.max_tokens, spec=True, policy=base.policy, stop=base.stop)
     _run(engine, [Message("user", "Hello")], GenerationConfig(max_tokens=8, spec=True))  # warm-up
+    baseline = LlamaCppBaseline(engine) if llama_baseline else None
     report = BenchReport()
-    for i, bp in enumerate(prompts):
-        messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
-        plain = _run(engine, messages, plain_cfg)
-        spec = _run(engine, messages, spec_cfg)
-        result = PromptResult(bp, plain, spec, _first_divergence(plain, spec))
-        report.results.append(result)
-        if progress:
-            progress(i, result)
+    try:
+        for i, bp in enumerate(prompts):
+            messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
+            plain = _run(engine, messages, plain_cfg)
+            spec = _run(engine, messages, spec_cfg)
+            result = PromptResult(bp, plain, spec, _first_divergence(plain, spec))
+            if baseline is not None and plain.stats.generated_tokens > 1:
+                result.llama_cpp = baseline.run(engine.prompt_tokens(messages), plain.stats.generated_tokens)
+            report.results.append(result)
+            if progress:
+                progress(i, result)
+    finally:
+        if baseline is not None:
+            baseline.close()
     return report

@@ -144,7 +144,7 @@ class Engine:
             eos_token=self.model.piece(self.model.eos).decode("utf-8", "replace") if self.model.eos >= 0 else "",
         )
         self._kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
-        self._drafter_pairs = 0          # drafter KV positions 0..n-1 hold committed pairs
+        self._drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
         self._lock = threading.Lock()
 
     # -- prompts ---------------------------------------------------------------------------------
@@ -197,7 +197,8 @@ class Engine:
 
         # --- prompt: reuse the cached prefix, decode the rest ---
         t_start = time.perf_counter()
-        first, d_logits, d_state = self._prefill(prompt, sampler, drafter)
+        first = self._prefill(prompt, sampler, drafter)
+        d_logits = d_state = None  # the drafter's first-draft logits/state, once caught up
         prefill_margin = _margin(ctx.logits(-1)) if config.record_margins else 0.0
         stats.prompt_seconds = time.perf_counter() - t_start
 
@@ -245,10 +246,11 @@ class Engine:
             t_cycle = time.perf_counter()
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1)
             drafts: list[int] = []
-            if drafter is not None and d_logits is not None:
-                k = policy.depth(room)
-                state = d_state
-                logits = d_logits
+            k = policy.depth(room) if drafter is not None else 0
+            if k > 0:
+                if d_logits is None:  # feed the rows committed since the last draft
+                    d_logits, d_state = drafter.catch_up()
+                logits, state = d_logits, d_state
                 while len(drafts) < k:
                     tok, prob = top1_probability(logits)
                     if not policy.keep_drafting(prob):
@@ -281,11 +283,11 @@ class Engine:
 
             if accepted < len(drafts):
                 ctx.seq_rm(n_past + accepted + 1)
-            committed = batch[: accepted + 1]
-            self._kv_tokens = self._kv_tokens[:n_past] + committed
+            del self._kv_tokens[n_past:]
+            self._kv_tokens.extend(batch[: accepted + 1])
             if drafter is not None:
-                nxt = [t for t, _ in pending]
-                d_logits, d_state = drafter.commit(nxt, accepted + 1, n_past)
+                drafter.observe([t for t, _ in pending], accepted + 1, n_past)
+                d_logits = d_state = None
                 self._drafter_pairs = n_past + accepted + 1
             n_past += accepted + 1
             last = correction
@@ -303,9 +305,9 @@ class Engine:
         yield DoneEvent(stream.text, out, finish, stats.snapshot(),
                         margins[: len(out)] if margins is not None else None)
 
-    def _prefill(self, prompt: list[int], sampler: Sampler, drafter: EagleDrafter | None):
-        """Bring the KV caches to the prompt; return the first token and the drafter's first
-        logits and state (None without an active drafter)."""
+    def _prefill(self, prompt: list[int], sampler: Sampler, drafter: EagleDrafter | None) -> int:
+        """Bring the target KV cache to the prompt (the drafter records the new rows); return the
+        first generated token."""
         ctx = self.ctx
         n = len(prompt)
         common = 0
@@ -324,7 +326,6 @@ class Engine:
         ctx.seq_rm(start)
         self._kv_tokens = prompt[:start]
         first = -1
-        d_logits = d_state = None
         pos = start
         while pos < n:
             chunk = prompt[pos: pos + ctx.n_batch]
@@ -335,10 +336,10 @@ class Engine:
                 first = sampler.choose(ctx.logits(-1))
             if drafter is not None:
                 nxt = prompt[pos + 1: end + 1] if end < n else prompt[pos + 1: n] + [first]
-                d_logits, d_state = drafter.commit(nxt, len(chunk), pos)
+                drafter.observe(nxt, len(chunk), pos)
                 self._drafter_pairs = end
             pos = end
-        return first, d_logits, d_state
+        return first
 
     def memory_report(self) -> dict:
         """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""

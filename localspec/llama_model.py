@@ -199,6 +199,7 @@ class Context:
         threads = n_threads or default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads
+        self.n_threads = threads
         params.no_perf = True
         if precise_attention:  # F32 KV, no flash attention (it rounds Q to F16 on CPU)
             params.type_k = params.type_v = 0  # GGML_TYPE_F32

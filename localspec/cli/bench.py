@@ -28,6 +28,8 @@ def bench(
     policy: Policy = typer.Option(Policy.auto, "--policy"),
     draft_max: int = typer.Option(4, "--draft-max"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    llama_baseline: bool = typer.Option(False, "--llama-baseline",
+                                        help="Also time llama-cpp-python's Llama API on the same prompts."),
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -45,7 +47,7 @@ def bench(
                 console.print(f"[{i + 1}/{len(items)}] {r['category']}: {r['speedup']:.2f}x, "
                               f"{r['tokens_per_cycle']:.2f} tok/cycle")
 
-        report = run_bench(engine, items, config, progress)
+        report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline)
     summary = report.to_dict()
     summary.update(model=spec.name, policy=policy.value, draft_max=draft_max, max_tokens=max_tokens)
     if as_json:
@@ -62,4 +64,10 @@ def bench(
     table.add_row("all", f"{summary['plain_tokens_per_second']:.1f}", f"{summary['spec_tokens_per_second']:.1f}",
                   f"{summary['speedup']:.2f}x", f"{summary['acceptance_rate']:.0%}", f"{summary['tokens_per_cycle']:.2f}",
                   "yes" if summary["greedy_identical"] else "no", style="bold")
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    out.print(f"time outside llama.cpp (Python): {summary['python_overhead_share']:.1%} of speculative generation")
+    if "llama_cpp_tokens_per_second" in summary:
+        out.print(f"plain decoding: localspec {summary['plain_decode_tokens_per_second']:.1f} tok/s, "
+                  f"llama-cpp-python Llama {summary['llama_cpp_tokens_per_second']:.1f} tok/s "
+                  f"(ratio {summary['plain_vs_llama_cpp']:.3f})")

@@ -65,6 +65,9 @@ class EagleDrafter:
         self.out_norm = read_tensor(info, K.T_OUTPUT_NORM).astype(np.float32) if info.norm_output else None
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
         self._pos = ctypes.c_int32(0)
+        self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
+        self._pending_tokens: list[int] = []
+        self._pending_start: int | None = None
         self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
 
     # -- target side -------------------------------------------------------------------------
@@ -160,18 +163,46 @@ class EagleDrafter:
         return logits, state
 
     # -- cycle-level API used by the engine ----------------------------------------------------
-    def commit(self, tokens_next: list[int], n_rows: int, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """After the target decoded ``n_rows`` committed positions starting at ``start_pos``:
-        drop the drafter's speculative entries, write the committed pairs, and return the logits
-        and fed-back state for the first draft. ``tokens_next[i]`` is the token at start_pos+i+1."""
-        feats = self.features(n_rows)
+    # The target's features must be read right after each target decode, but feeding them to the
+    # drafter can wait until the next draft: while the policy decodes plain, committed rows only
+    # accumulate here (a copy of 3 x n_embd floats per token), and one catch-up writes them all.
+
+    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int) -> None:
+        """Record the committed rows of the target's last batch: ``n_rows`` positions from
+        ``start_pos``; ``tokens_next[i]`` is the token at ``start_pos + i + 1``."""
+        if self._pending_start is None:
+            self._pending_start = start_pos
+        elif start_pos != self._pending_start + len(self._pending_tokens):
+            raise LocalspecError("internal: drafter rows recorded out of order")
+        self._pending_feats.append(self.features(n_rows))
+        self._pending_tokens.extend(tokens_next[:n_rows])
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending_tokens)
+
+    def catch_up(self) -> tuple[np.ndarray, np.ndarray]:
+        """Write every recorded pair (dropping the speculative entries after them) and return the
+        logits and fed-back state for the first draft of the next cycle."""
+        if self._pending_start is None:
+            raise LocalspecError("internal: the drafter has no committed rows to draft from")
+        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
         g = self.encode(feats)
-        self.ctx.seq_rm(start_pos)
-        return self.decode(tokens_next, g, start_pos)
+        start, tokens = self._pending_start, self._pending_tokens
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        self.ctx.seq_rm(start)
+        return self.decode(tokens, g, start)
 
     def reset(self, keep: int) -> None:
-        """Forget drafter pairs at positions >= keep."""
+        """Forget drafter pairs (written or recorded) at positions >= keep."""
         self.ctx.seq_rm(keep)
+        if self._pending_start is not None:
+            n = max(0, keep - self._pending_start)
+            if n == 0:
+                self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+            elif n < len(self._pending_tokens):
+                self._pending_feats = [np.concatenate(self._pending_feats)[:n]]
+                self._pending_tokens = self._pending_tokens[:n]
 
     def close(self) -> None:
         if self._batch:
