@@ -40,7 +40,7 @@ class TrainConfig:
     ttt_steps: int = 4
     lr: float = 6e-4
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 60
+    warmup_steps: int = 30
     weight_decay: float = 0.01
     batch_tokens: int = 4096
     max_len: int = 512
@@ -215,7 +215,7 @@ class TTTModel:
             soft = -(p * logq.gather(1, tid.clamp_min(0))).sum(-1).mean()
             hard_ids = batch.hard[valid]
             hv = hard_ids >= 0
-            hard = F.cross_entropy(logits[hv], hard_ids[hv]) if hv.any() else logits.sum() * 0
+            hard = -(logq.gather(1, hard_ids.clamp_min(0)[:, None])[:, 0] * hv).sum() / hv.sum().clamp_min(1)
             w = cfg.step_decay ** k
             total = total + w * (soft + cfg.hard_weight * hard)
             weights += w
