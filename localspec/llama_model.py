@@ -220,6 +220,7 @@ class Context:
         n_batch = self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.n_outputs_max = n_outputs_max or n_batch
         self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self._views: dict[int, np.ndarray] = {}
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
@@ -252,7 +253,14 @@ class Context:
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
         if not ptr:
             raise _llama_failure("llama.cpp returned no logits")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        # rows live in one output buffer that llama.cpp reuses: cache a view per address
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._views.get(address)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        return view
 
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
