@@ -11,7 +11,7 @@ import typer
 
 from ..errors import LocalspecError
 from . import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt
 
 
 def _parse_resume(value: str, store) -> int:
@@ -41,13 +41,14 @@ def _print_list(store) -> None:
 
 
 def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
+                   vram: Optional[str] = None,
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
     from ..engine import Engine
     from ..fit import plan_for
 
     def build() -> Engine:
-        options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers)  # memory plan
+        options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)  # memory plan
         return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, **options)
 
     return build
@@ -69,6 +70,7 @@ def chat(
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
+    vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Chat in the terminal. Conversations are saved as they happen; --list shows them."""
@@ -95,7 +97,7 @@ def chat(
                                 max_tokens=max_tokens, temperature=temperature)
         settings.config(True)  # validate before the UI starts
 
-        factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+        factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
         chat_app = ChatApp(factory, model_name=spec.name, store=store, settings=settings, resume=resume_id)
         chat_app.spec_enabled = not no_spec
         chat_app.run()

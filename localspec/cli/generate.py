@@ -17,7 +17,7 @@ from ..models import apply_model_defaults, resolve
 from ..sampling import SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
 
 
 class Policy(str, Enum):
@@ -69,6 +69,7 @@ def generate(
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
+    vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Generate a reply to one prompt."""
@@ -79,7 +80,8 @@ def generate(
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max)
-    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
+                               vram=vram)
     with engine:
         if raw:
             request = prompt
