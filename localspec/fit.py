@@ -17,7 +17,7 @@ Where the numbers come from:
   and KV simulated) at the planned context, KV type and batch sizes and reading the "compute
   buffer size" lines it logs. The target context reserves only the largest verify batch's logit rows
   (``n_outputs_max`` = draft-max + 1 <= 33) instead of all 512 prompt rows; the drafter's graph
-  computes logits for every row of a prompt chunk, so its buffer is sized by the chunk.
+  computes logits for every row of a batch, so its buffer is sized by its 64-row batch.
 - output buffers (host): logits rows of the largest batch: target draft_max+1 rows, drafter a
   whole encode chunk (it marks every row).
 
@@ -35,10 +35,11 @@ from typing import Callable, Iterable
 from . import gguf_consts as K
 from .errors import LocalspecError
 from .gguf_info import GGUFInfo, TensorInfo, check_pair, check_target, read_gguf
+from .speculation.eagle import DRAFTER_BATCH
 
 MiB = 1 << 20
 GiB = 1 << 30
-PROMPT_BATCH = 512          # the engine's n_batch = n_ubatch for both contexts
+PROMPT_BATCH = 512          # the engine's n_batch = n_ubatch for the target context
 VERIFY_OUTPUTS_MAX = 33     # draft-max (<= 32) + 1: the target context's n_outputs_max
 DRAFT_MAX_CHOICES = (8, 6, 4, 2, 1)
 N_CTX_MIN = 512
@@ -367,7 +368,7 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     kv_d = KV_TYPES["f32"][1]  # the drafter's exact attention keeps an F32 cache
     dm = draft_max or DRAFT_MAX_CHOICES[0]
     t_out = _output_bytes(target, min(dm + 1, VERIFY_OUTPUTS_MAX), 0)
-    d_out = _output_bytes(drafter, PROMPT_BATCH, PROMPT_BATCH) if drafter else 0
+    d_out = _output_bytes(drafter, DRAFTER_BATCH, DRAFTER_BATCH) if drafter else 0
     gpu_free = (gpu_dev.budget_bytes - margins[gpu_dev.name]) if gpu_dev else 0
 
     def split(ngl: int, dngl: int):
@@ -466,7 +467,7 @@ class LlamaCompute:
             d_bufs: list = []
             if self.drafter:
                 dm = Model(self.drafter, n_gpu_layers=dngl, no_alloc=True)
-                dc = Context(dm, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=self.n_threads, ctx_other=tc,
+                dc = Context(dm, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads, ctx_other=tc,
                              precise_attention=True)
                 d_bufs = parse_buffers(dc.load_log)
         finally:
