@@ -82,7 +82,7 @@ def test_tiny_training_beats_random_drafter(tiny):
     assert again.sequences == summary.sequences and (d / "again.gguf").is_file()
 
 
-def test_resume_after_interruption(tiny):
+def test_resume_after_interruption(tiny, monkeypatch):
     d, target = tiny
     work = d / "work-resume"
     out = d / "resumed.gguf"
@@ -104,7 +104,14 @@ def test_resume_after_interruption(tiny):
     summary = run(_opts(d, target, out, work_dir=work, resume=True, max_steps=25, log=logs.append))
     assert any("done)" in m and f"({n_first} done)" in m for m in logs), logs
     assert out.is_file() and summary.sequences > n_first
-    # training went on from the step-based checkpoint rather than from scratch
+    # training goes on from the checkpoint, and the features come from the cache, not a new prefill
+    assert (work / "features.npz").is_file()
+    from localspec.train import features as features_mod
+
+    def no_prefill(*a, **k):
+        raise AssertionError("features recomputed on resume")
+
+    monkeypatch.setattr(features_mod, "extract_all", no_prefill)
     summary2 = run(_opts(d, target, out, work_dir=work, resume=True, max_steps=30, log=logs.append))
     assert any("resuming training at step 25" in m for m in logs), logs
     assert summary2.steps == 30

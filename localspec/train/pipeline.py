@@ -137,6 +137,48 @@ def drafter_config(info, layers):
         source_layout="localspec-train", source=info.path.name)
 
 
+def feature_tag(info, layers, top_k: int, max_len: int, pairs) -> str:
+    """Identifies a feature set: target file, layers, top-k, truncation and the exact token ids."""
+    import hashlib
+
+    h = hashlib.sha1(json.dumps([str(info.path.resolve()), info.size_bytes, list(layers), top_k, max_len]).encode())
+    for toks, n_prompt in pairs:
+        h.update(np.asarray(toks, dtype=np.int32).tobytes() + n_prompt.to_bytes(4, "little"))
+    return h.hexdigest()
+
+
+def save_feature_cache(path: Path, tag: str, feats) -> None:
+    """Features of a run in one file, so that --resume skips the prefill (written atomically)."""
+    try:
+        check_free_space(path.parent, sum(f.feats.nbytes for f in feats) + (64 << 20))
+    except LocalspecError:
+        return  # a cache only: without room, a resumed run recomputes the features
+    lens = np.array([len(f.tokens) for f in feats], dtype=np.int64)
+    tmp = path.with_name(path.name + ".partial.npz")
+    np.savez(tmp, tag=np.array(tag), lens=lens, n_prompt=np.array([f.n_prompt for f in feats]),
+             tokens=np.concatenate([f.tokens for f in feats]), feats=np.concatenate([f.feats for f in feats]),
+             top_ids=np.concatenate([f.top_ids for f in feats]), top_logits=np.concatenate([f.top_logits for f in feats]))
+    tmp.replace(path)
+
+
+def load_feature_cache(path: Path, tag: str):
+    from .features import SeqFeatures
+
+    if not path.is_file():
+        return None
+    try:
+        z = np.load(path)
+        if str(z["tag"]) != tag:
+            return None
+        arrays = {k: z[k] for k in ("tokens", "feats", "top_ids", "top_logits")}
+        ends = np.cumsum(z["lens"])
+        starts = ends - z["lens"]
+        return [SeqFeatures(arrays["tokens"][a:b], int(n), arrays["feats"][a:b], arrays["top_ids"][a:b],
+                            arrays["top_logits"][a:b]) for a, b, n in zip(starts, ends, z["n_prompt"])]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def is_held_out(key: str) -> bool:
     return int(key[:8], 16) % HELD_OUT_MOD == 0
 
@@ -202,10 +244,15 @@ def run(opts: TrainOptions) -> TrainSummary:
         layers = default_layers(info.n_layer)
         t0 = time.perf_counter()
         max_len = 1024
-        feats = extract_all(model, layers, [(s.tokens, len(s.prompt)) for s in train_set + held], top_k=opts.top_k,
-                            max_len=max_len, n_threads=opts.threads,
-                            progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
-                            if opts.progress else None)
+        pairs = [(s.tokens, len(s.prompt)) for s in train_set + held]
+        cache = work / "features.npz"
+        tag = feature_tag(info, layers, opts.top_k, max_len, pairs)
+        feats = load_feature_cache(cache, tag) if opts.resume else None
+        if feats is None:
+            feats = extract_all(model, layers, pairs, top_k=opts.top_k, max_len=max_len, n_threads=opts.threads,
+                                progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
+                                if opts.progress else None)
+            save_feature_cache(cache, tag, feats)
         summary.feature_seconds = time.perf_counter() - t0
         log(f"features: {sum(len(f.tokens) for f in feats)} positions in {summary.feature_seconds:.0f}s")
         train_feats, held_feats = feats[:len(train_set)], feats[len(train_set):]
