@@ -5,11 +5,12 @@
         if isinstance(event, TokenEvent):
             print(event.text, end="")
 
-Each cycle: draft a chain from the drafter, verify ``[last, d1..dk]`` in ONE target decode, accept
-the longest prefix the target agrees with (greedy: argmax; sampling: rejection rule of
-:mod:`localspec.sampling`), trim the target KV cache to the committed tokens, and feed the committed
-positions' target features back into the drafter. With no drafter (or ``spec=False``) the same loop
-runs with no drafts: plain decoding.
+Each cycle: the policy picks a draft source and depth (or none) from the cost model and live
+acceptance; draft a chain (EAGLE drafter, or n-gram lookup in the prompt and the text so far),
+verify ``[last, d1..dk]`` in ONE target decode, accept the longest prefix the target agrees with
+(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`), trim the target KV cache to
+the committed tokens, and record the committed positions' target features for the drafter (written
+lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from .events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
 from .gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from .llama_model import Context, Model, set_verbose
 from .sampling import Sampler, SamplingParams
+from .paths import user_dir
+from .speculation import costmodel
 from .speculation.eagle import DRAFTER_BATCH, EagleDrafter
-from .speculation.policy import DraftPolicy, PolicyConfig, top1_probability
+from .speculation.lookup import NgramLookup, ShadowScore
+from .speculation.policy import (EAGLE, LOOKUP, POLICIES, SOURCES, DraftPolicy, Learned, PolicyConfig,
+                                 top1_probability)
 
 PROMPT_BATCH = 512
 
@@ -40,15 +45,17 @@ class GenerationConfig:
     max_tokens: int = 256
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
-    spec: bool = True                      # use the drafter when one is loaded
+    spec: bool = True                      # speculate: the drafter when loaded and/or n-gram lookup
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     record_margins: bool = False           # keep each token's top-1 minus top-2 logit (bench)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise LocalspecError("max tokens must be at least 1")
-        if self.policy.name not in ("auto", "fixed"):
+        if self.policy.name not in POLICIES:
             raise LocalspecError(f"unknown policy '{self.policy.name}' (auto or fixed)")
+        if self.policy.source not in SOURCES:
+            raise LocalspecError(f"unknown draft source '{self.policy.source}' (auto, eagle or lookup)")
         if not 1 <= self.policy.draft_max <= 32:
             raise LocalspecError("draft-max must be between 1 and 32")
 
@@ -143,6 +150,9 @@ class Engine:
             bos_token=self.model.piece(self.model.bos).decode("utf-8", "replace") if self.model.bos >= 0 else "",
             eos_token=self.model.piece(self.model.eos).decode("utf-8", "replace") if self.model.eos >= 0 else "",
         )
+        self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
+        self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
+        self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self._kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
         self._drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
         self._lock = threading.Lock()
@@ -188,10 +198,14 @@ class Engine:
             self._lock.release()
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
-        drafter = self.drafter if config.spec else None
+        pcfg = config.policy
+        drafter = self.drafter if config.spec and pcfg.source in ("auto", EAGLE) else None
+        use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
+        cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
+                else None)
         sampler = Sampler(config.sampling)
-        policy = DraftPolicy(config.policy)
-        stats = GenerationStats(prompt_tokens=len(prompt), spec=drafter is not None)
+        policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
+        stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
         stream = _TextStream(config.stop)
         model, ctx = self.model, self.ctx
 
@@ -200,6 +214,8 @@ class Engine:
         first = self._prefill(prompt, sampler, drafter)
         d_logits = d_state = None  # the drafter's first-draft logits/state, once caught up
         prefill_margin = _margin(ctx.logits(-1)) if config.record_margins else 0.0
+        lookup = NgramLookup(prompt + [first]) if policy.lookup else None
+        shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
         stats.prompt_seconds = time.perf_counter() - t_start
 
         t_gen = time.perf_counter()
@@ -208,7 +224,7 @@ class Engine:
         margins: list[float] | None = [prefill_margin] if config.record_margins else None
         finish = None
         pending = [(first, False)]          # tokens chosen but not yet emitted
-        cycle: tuple[int, int] | None = None  # (drafted, accepted) of the cycle that chose them
+        cycle: tuple[int, int, str | None] | None = None  # (drafted, accepted, source) of the last cycle
         last = first                        # at position n_past, not yet in the target KV
         n_past = len(prompt)
 
@@ -234,7 +250,7 @@ class Engine:
             if drafter:
                 stats.drafter_seconds = drafter.seconds - drafter_t0
             if cycle is not None:
-                yield CycleEvent(cycle[0], cycle[1], emitted, stats.snapshot())
+                yield CycleEvent(cycle[0], cycle[1], emitted, stats.snapshot(), cycle[2])
             if finish is None and cancel is not None and cancel.is_set():
                 finish = "cancelled"
             if finish is None and n_past >= self.n_ctx:
@@ -242,12 +258,18 @@ class Engine:
             if finish:
                 break
 
-            # --- one cycle: draft, verify in one target batch, accept ---
+            # --- one cycle: choose, draft, verify in one target batch, accept ---
             t_cycle = time.perf_counter()
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1)
             drafts: list[int] = []
-            k = policy.depth(room) if drafter is not None else 0
-            if k > 0:
+            proposal, match = lookup.propose(min(pcfg.draft_max, room)) if lookup is not None else ([], 0)
+            source, k = policy.plan(room, len(proposal), match)
+            if shadow is not None:
+                shadow.add(proposal, match)
+            d_t0 = drafter.seconds if drafter is not None else 0.0
+            if source == LOOKUP:
+                drafts = proposal[:k]
+            elif source == EAGLE:
                 if d_logits is None:  # feed the rows committed since the last draft
                     d_logits, d_state = drafter.catch_up()
                 logits, state = d_logits, d_state
@@ -262,7 +284,8 @@ class Engine:
             batch = [last] + drafts
             t0 = time.perf_counter()
             ctx.decode(batch, n_past, all_logits=bool(drafts))
-            stats.target_seconds += time.perf_counter() - t0
+            t_verify = time.perf_counter() - t0
+            stats.record_verify(len(batch), t_verify)
 
             accepted = 0
             pending = []
@@ -277,33 +300,93 @@ class Engine:
             if correction < 0:
                 correction = sampler.choose(ctx.logits(len(drafts) if drafts else -1))
             pending.append((correction, False))
-            if margins is not None:
+            if margins is not None:  # bench bookkeeping, not counted as generation time
+                t_m = time.perf_counter()
                 rows = range(accepted + 1) if drafts else [-1]
                 margins.extend(_margin(ctx.logits(i)) for i in rows)
+                t_gen += time.perf_counter() - t_m
+                t_cycle += time.perf_counter() - t_m
 
             if accepted < len(drafts):
                 ctx.seq_rm(n_past + accepted + 1)
             del self._kv_tokens[n_past:]
             self._kv_tokens.extend(batch[: accepted + 1])
+            committed = [t for t, _ in pending]
             if drafter is not None:
-                drafter.observe([t for t, _ in pending], accepted + 1, n_past)
+                drafter.observe(committed, accepted + 1, n_past)
                 d_logits = d_state = None
                 self._drafter_pairs = n_past + accepted + 1
+            if lookup is not None:
+                lookup.extend(committed)
+                if shadow is not None:
+                    shadow.commit(committed)
             n_past += accepted + 1
             last = correction
-            if drafts:
-                stats.record_cycle(len(drafts), accepted)
-            else:
-                stats.cycles += 1
-            policy.observe(len(drafts), accepted + 1, time.perf_counter() - t_cycle)
-            cycle = (len(drafts), accepted)
+            source = source if drafts else None
+            stats.record_cycle(len(drafts), accepted, source)
+            policy.observe(source, len(drafts), accepted, verify_seconds=t_verify,
+                           drafter_seconds=(drafter.seconds - d_t0) if drafter is not None else 0.0,
+                           cycle_seconds=time.perf_counter() - t_cycle)
+            cycle = (len(drafts), accepted, source)
 
         tail = stream.flush()
         if tail:
             yield TokenEvent(tail, -1, False)
         stats.generation_seconds = time.perf_counter() - t_gen
+        stats.policy_choices = dict(policy.choices)
         yield DoneEvent(stream.text, out, finish, stats.snapshot(),
                         margins[: len(out)] if margins is not None else None)
+
+    # -- cost model --------------------------------------------------------------------------------
+    def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:
+        """Verify cost by batch size and drafter step cost on this machine: from the cache in
+        ``user_dir()/calibration.json`` or measured now (a few hundred ms; ``cancel`` cuts it short)."""
+        if self.cost is not None and not refresh:
+            return self.cost
+        key = "|".join((costmodel.machine_key(self.ctx.n_threads, self._n_gpu_layers),
+                        f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
+                        costmodel._file_key(self.drafter_info.path if self.drafter is not None else None)))
+        self.cost = costmodel.load_or_calibrate(key, user_dir() / "calibration.json",
+                                                lambda: self._calibrate(cancel), refresh=refresh)
+        return self.cost
+
+    def _calibrate(self, cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None, bool]:
+        """Time target decodes of each batch size (logits for every row) after a short context, and
+        one drafter step: (seconds by batch size, drafter step, complete). Leaves both caches empty."""
+        deadline = time.perf_counter() + costmodel.BUDGET_SECONDS
+
+        def stop() -> bool:  # an oversubscribed machine can make decodes 100x slower: keep what we have
+            return time.perf_counter() > deadline or (cancel is not None and cancel.is_set())
+        ctx = self.ctx
+        n_ctx_room = self.n_ctx - 1
+        base = min(128, n_ctx_room // 2)
+        limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
+        sizes = [b for b in list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES) if b <= limit]
+        filler = [self.model.bos if self.model.bos >= 0 else 0] + [(i * 7919) % self.model.n_vocab for i in range(1, base)]
+        ctx.seq_rm(0)
+        self._kv_tokens, self._drafter_pairs = [], 0
+        if base:
+            ctx.decode(filler, 0, all_logits=False)
+        tok = filler[-1] if filler else 0
+
+        def verify(b: int) -> None:
+            ctx.decode([tok] * b, base, all_logits=True)
+            ctx.seq_rm(base)
+
+        verify_costs = costmodel.measure(verify, sizes, stop=stop)
+        ctx.seq_rm(0)
+        drafter_step = None
+        if self.drafter is not None:
+            d = self.drafter
+            g = np.zeros((1, d.n_embd), dtype=np.float32)
+
+            def step(_b: int) -> None:
+                d.decode([tok], g, 0)
+                d.ctx.seq_rm(0)
+
+            drafter_step = costmodel.measure(step, [1])[1]
+            d.reset(0)
+        return verify_costs, drafter_step, len(verify_costs) == len(sizes)
 
     def _prefill(self, prompt: list[int], sampler: Sampler, drafter: EagleDrafter | None) -> int:
         """Bring the target KV cache to the prompt (the drafter records the new rows); return the
@@ -341,6 +424,18 @@ class Engine:
             pos = end
         return first
 
+    def clear_cache(self) -> None:
+        """Forget the cached prompt prefix: the next generation prefills its whole prompt.
+
+        The KV rows of a prompt prefilled in one large batch differ in the last bits from rows
+        decoded one at a time (llama.cpp picks other kernels for large batches), so two generations
+        compare exactly only from the same cache state (bench clears it before every run)."""
+        self.ctx.seq_rm(0)
+        self._kv_tokens = []
+        self._drafter_pairs = 0
+        if self.drafter is not None:
+            self.drafter.reset(0)
+
     def memory_report(self) -> dict:
         """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""
         from .fit import memory_report
@@ -349,6 +444,10 @@ class Engine:
 
     # -- life cycle ------------------------------------------------------------------------------
     def close(self) -> None:
+        cost = getattr(self, "cost", None)
+        if cost is not None:
+            cost.save_if_drifted()
+            self.cost = None
         drafter = getattr(self, "drafter", None)
         if drafter is not None:
             drafter.close()

@@ -28,6 +28,11 @@ class GenerationStats:
     # time split of the generation phase (seconds)
     target_seconds: float = 0.0
     drafter_seconds: float = 0.0
+    # per draft source ("eagle", "lookup"): [cycles, drafted, accepted]
+    sources: dict[str, list[int]] = field(default_factory=dict)
+    # target decodes by batch size: {batch: [count, seconds]} (the run's own V(k))
+    verify_by_batch: dict[int, list[float]] = field(default_factory=dict)
+    policy_choices: dict[str, int] = field(default_factory=dict)  # cycles per choice (at the end)
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -55,8 +60,26 @@ class GenerationStats:
     def position_acceptance(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
-    def record_cycle(self, drafted: int, accepted: int) -> None:
+    def record_verify(self, batch: int, seconds: float) -> None:
+        self.target_seconds += seconds
+        entry = self.verify_by_batch.get(batch)
+        if entry is None:
+            self.verify_by_batch[batch] = [1, seconds]
+        else:
+            entry[0] += 1
+            entry[1] += seconds
+
+    def record_cycle(self, drafted: int, accepted: int, source: str | None = None) -> None:
         self.cycles += 1
+        if not drafted:
+            return
+        if source is not None:
+            entry = self.sources.get(source)
+            if entry is None:
+                entry = self.sources[source] = [0, 0, 0]
+            entry[0] += 1
+            entry[1] += drafted
+            entry[2] += accepted
         self.drafted += drafted
         self.accepted += accepted
         while len(self.drafted_per_position) < drafted:
@@ -71,6 +94,9 @@ class GenerationStats:
         copy = GenerationStats(**{k: v for k, v in self.__dict__.items()})
         copy.accepted_per_position = list(self.accepted_per_position)
         copy.drafted_per_position = list(self.drafted_per_position)
+        copy.sources = {k: list(v) for k, v in self.sources.items()}
+        copy.verify_by_batch = {k: list(v) for k, v in self.verify_by_batch.items()}
+        copy.policy_choices = dict(self.policy_choices)
         return copy
 
     def to_dict(self) -> dict:
@@ -92,6 +118,11 @@ class GenerationStats:
                 "drafter_seconds": round(self.drafter_seconds, 4),
                 "python_seconds": round(self.overhead_seconds, 4),
             },
+            "sources": {name: {"cycles": c, "drafted": d, "accepted": a,
+                               "acceptance_rate": round(a / d, 4) if d else 0.0}
+                        for name, (c, d, a) in sorted(self.sources.items())},
+            "verify_ms_by_batch": {str(b): round(s / n * 1e3, 3)
+                                   for b, (n, s) in sorted(self.verify_by_batch.items())},
         }
 
 
@@ -113,6 +144,7 @@ class CycleEvent:
     accepted: int
     emitted: int
     stats: GenerationStats
+    source: str | None = None  # the draft source of this cycle ("eagle", "lookup"; None: plain)
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..bench import load_prompts, run_bench
+from ..bench import load_prompts, parse_modes, run_bench
 from ..engine import GenerationConfig
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
-from .generate import Policy
+from .generate import Policy, Source, default_draft_max
 
 
 @app.command()
@@ -26,8 +26,18 @@ def bench(
     draft: Optional[Path] = DraftOpt,
     max_tokens: int = typer.Option(128, "--max-tokens", "-n"),
     policy: Policy = typer.Option(Policy.auto, "--policy"),
-    draft_max: int = typer.Option(4, "--draft-max"),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
+                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
+    source: Source = typer.Option(Source.auto, "--source", help="Draft source of the compared policy."),
+    modes: Optional[str] = typer.Option(
+        None, "--modes", show_default=False,
+        help="More modes to run on each prompt, comma-separated: auto, eagle, lookup, fixed1..8 (EAGLE chains), "
+             "lookup8 (lookup drafts of fixed depth), llama-lookup (llama-cpp-python's prompt lookup); "
+             "'all' for a standard set."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs of each prompt and mode, interleaved; the fastest counts."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="Time split per mode (target, drafter, Python) and the speedup bound."),
     llama_baseline: bool = typer.Option(False, "--llama-baseline",
                                         help="Also time llama-cpp-python's Llama API on the same prompts."),
     ctx: int = CtxOpt,
@@ -36,37 +46,94 @@ def bench(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Greedy plain and speculative decoding of each prompt, side by side."""
+    from ..bench import DEFAULT_MODES
+
     items = load_prompts(prompts)
-    config = GenerationConfig(max_tokens=max_tokens, policy=PolicyConfig(name=policy.value, draft_max=draft_max))
+    draft_max = default_draft_max(policy, draft_max)
+    config = GenerationConfig(max_tokens=max_tokens,
+                              policy=PolicyConfig(name=policy.value, draft_max=draft_max, source=source.value))
+    mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
+    if repeats < 1:
+        from ..errors import LocalspecError
+        raise LocalspecError("--repeats must be at least 1")
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
     console = Console(stderr=True)
     with engine:
         def progress(i: int, result) -> None:
             if not as_json:
                 r = result.to_dict()
-                console.print(f"[{i + 1}/{len(items)}] {r['category']}: {r['speedup']:.2f}x, "
-                              f"{r['tokens_per_cycle']:.2f} tok/cycle")
+                more = "  ".join(f"{n} {m['speedup']:.2f}x" for n, m in r["modes"].items()
+                                 if n not in ("plain", report_mode))
+                console.print(f"[{i + 1}/{len(items)}] {r['category']}: {report_mode} {r['speedup']:.2f}x, "
+                              f"{r['tokens_per_cycle']:.2f} tok/cycle  {more}")
 
-        report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline)
+        report_mode = policy.value if source.value == "auto" else f"{policy.value}-{source.value}"
+        report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline, modes=mode_list,
+                           repeats=repeats)
     summary = report.to_dict()
-    summary.update(model=spec.name, policy=policy.value, draft_max=draft_max, max_tokens=max_tokens)
+    summary.update(model=spec.name, policy=policy.value, source=source.value, draft_max=draft_max,
+                   max_tokens=max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
         return
-    table = Table(title=f"localspec bench: {spec.name} (policy {policy.value}, draft-max {draft_max})")
-    for col in ("category", "plain tok/s", "spec tok/s", "speedup", "accept", "tok/cycle", "identical"):
-        table.add_column(col, justify="left" if col == "category" else "right")
+    out = Console()
+    if not out.is_terminal:  # files and pipes get the whole table
+        out = Console(width=200)
+    names = [n for n in report.modes if n != "plain"]
+    table = Table(title=f"localspec bench: {spec.name} (policy {policy.value}, source {source.value}, "
+                        f"draft-max {draft_max}, {engine.ctx.n_threads} threads)")
+    table.add_column("category", justify="left")
+    table.add_column("plain tok/s", justify="right")
+    for n in names:
+        table.add_column(n, justify="right")
+    table.add_column("identical", justify="right")
     for r in summary["per_prompt"]:
         div = r["divergence"]
-        table.add_row(r["category"], f"{r['plain_tokens_per_second']:.1f}", f"{r['spec_tokens_per_second']:.1f}",
-                      f"{r['speedup']:.2f}x", f"{r['acceptance_rate']:.0%}", f"{r['tokens_per_cycle']:.2f}",
+        cells = []
+        for n in names:
+            m = r["modes"][n]
+            cells.append(f"{m['speedup']:.2f}x" + ("" if m["greedy_identical"] else "*"))
+        table.add_row(r["category"], f"{r['plain_tokens_per_second']:.1f}", *cells,
                       "yes" if div is None else f"no @{div['position']} (gap {div['plain_margin']})")
-    table.add_row("all", f"{summary['plain_tokens_per_second']:.1f}", f"{summary['spec_tokens_per_second']:.1f}",
-                  f"{summary['speedup']:.2f}x", f"{summary['acceptance_rate']:.0%}", f"{summary['tokens_per_cycle']:.2f}",
+    ms = summary["modes"]
+    table.add_row("all", f"{summary['plain_tokens_per_second']:.1f}",
+                  *[f"{ms[n]['speedup']:.2f}x" for n in names],
                   "yes" if summary["greedy_identical"] else "no", style="bold")
-    out = Console()
     out.print(table)
+    out.print("speedup = tok/s of the mode / tok/s of plain decoding on the same prompt "
+              "(* : greedy output differs from plain; see --json for position and top-2 gap)")
+    for note in summary.get("notes", []):
+        out.print(f"note: {note}")
     out.print(f"time outside llama.cpp (Python): {summary['python_overhead_share']:.1%} of speculative generation")
+    if profile:
+        prof = Table(title="profile (whole run, per mode)")
+        for col in ("mode", "tok/s", "speedup", "tok/cycle", "accept", "target", "drafter", "python",
+                    "py ms/cycle", "bound", "speedup/bound", "choices (plain/eagle/lookup)"):
+            prof.add_column(col, justify="left" if col == "mode" else "right")
+        for n in report.modes:
+            m = ms.get(n) or {}
+            if "time_split" not in m:
+                prof.add_row(n, f"{m.get('tokens_per_second', 0):.1f}", f"{m.get('speedup', 0):.2f}x",
+                             *["-"] * 9)
+                continue
+            ts, ch = m["time_split"], m.get("policy_choices", {})
+            prof.add_row(n, f"{m['tokens_per_second']:.1f}", f"{m['speedup']:.2f}x", f"{m['tokens_per_cycle']:.2f}",
+                         f"{m['acceptance_rate']:.0%}", f"{ts['target']:.0%}", f"{ts['drafter']:.0%}",
+                         f"{ts['python']:.1%}", f"{m['python_ms_per_cycle']:.3f}", f"{m['bound']:.2f}",
+                         f"{m['speedup_over_bound']:.2f}",
+                         "/".join(str(ch.get(k, 0)) for k in ("plain", "eagle", "lookup")) if ch else "-")
+        out.print(prof)
+        plain_v = ms.get("plain", {}).get("verify_ms_by_batch", {})
+        out.print("V(k) ms, measured in this run (batch: ms): " + ", ".join(
+            f"{b}: {v}" for b, v in sorted(
+                {int(b): v for m in ms.values() for b, v in m.get("verify_ms_by_batch", {}).items()}.items())))
+        if plain_v:
+            out.print(f"V(1) of plain decoding: {plain_v.get('1')} ms; bound = tau * V(1) / (V(k+1) + k d), "
+                      "from each mode's own target and drafter time per cycle")
+        if summary.get("calibration"):
+            cal = summary["calibration"]
+            out.print(f"calibration (cached per machine + model): V(1..9) ms {cal['verify_ms']}, "
+                      f"drafter step ms {cal['drafter_step_ms']}")
     if "llama_cpp_tokens_per_second" in summary:
         out.print(f"plain decoding: localspec {summary['plain_decode_tokens_per_second']:.1f} tok/s, "
                   f"llama-cpp-python Llama {summary['llama_cpp_tokens_per_second']:.1f} tok/s "

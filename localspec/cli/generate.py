@@ -25,15 +25,28 @@ class Policy(str, Enum):
     fixed = "fixed"
 
 
+def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:
+    """auto chooses the depth each cycle up to a generous cap; fixed always drafts the cap."""
+    if draft_max is not None:
+        return draft_max
+    return PolicyConfig().draft_max if policy == Policy.auto else 4
+
+
+class Source(str, Enum):
+    auto = "auto"
+    eagle = "eagle"
+    lookup = "lookup"
+
+
 def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                  seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
-                 draft_max: int) -> GenerationConfig:
+                 draft_max: Optional[int], source: Source = Source.auto) -> GenerationConfig:
     return GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         stop=tuple(stop),
         spec=not no_spec,
-        policy=PolicyConfig(name=policy.value, draft_max=draft_max),
+        policy=PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max), source=source.value),
     )
 
 
@@ -43,6 +56,8 @@ def format_stats(stats) -> str:
     if stats.spec:
         line += (f" | drafted {stats.drafted}, accepted {stats.accepted} "
                  f"({stats.acceptance_rate:.0%}) | {stats.tokens_per_cycle:.2f} tok/cycle")
+        if stats.sources:
+            line += " | " + ", ".join(f"{name} {a}/{d} accepted" for name, (_, d, a) in sorted(stats.sources.items()))
     return line
 
 
@@ -55,7 +70,10 @@ def generate(
     draft: Optional[Path] = DraftOpt,
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding, no drafter."),
     policy: Policy = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max."),
-    draft_max: int = typer.Option(4, "--draft-max", help="Most tokens drafted per cycle."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
+                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
+    source: Source = typer.Option(Source.auto, "--source",
+                                  help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
     top_k: int = typer.Option(40, "--top-k"),
@@ -79,7 +97,8 @@ def generate(
              stop=stop, ctx=ctx, policy=policy, draft_max=draft_max),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max)
+                          min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
+                          source=source)
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                vram=vram)
     with engine:
@@ -90,7 +109,7 @@ def generate(
             request = (([Message("system", system)] if system else [])
                        + [Message(role, content) for role, content in spec.messages] + [Message("user", prompt)])
         if not as_json and engine.drafter is None and not no_spec:
-            print(f"note: no drafter for {spec.name}: plain decoding", file=sys.stderr)
+            print(f"note: no drafter for {spec.name}: n-gram lookup drafts only", file=sys.stderr)
         done = None
         for event in engine.generate(request, config):
             if isinstance(event, TokenEvent) and not as_json:

@@ -1,9 +1,18 @@
-"""How many tokens to draft each cycle.
+"""What to draft each cycle: which source, how deep, or nothing at all.
 
-``fixed`` always drafts ``draft_max`` (tests, benchmarks). ``auto`` drafts while the drafter is
-confident (top-1 probability at least ``p_min``), and measures what each verified token actually
-costs: if speculative cycles deliver fewer tokens per second than plain steps, it falls back to
-plain decoding and re-probes after a while, so speculation never makes generation slower for long.
+``fixed`` always drafts ``draft_max`` tokens from one source (the EAGLE drafter when loaded, else
+n-gram lookup; tests and benchmarks). ``auto`` (the default) maximises expected tokens per second:
+
+    rate(source, k) = (1 + E[accepted | k, source]) / (V(k + 1) + drafting(source, k) + overhead)
+
+with ``V`` the cost model's verify seconds by batch size (calibrated, refreshed live), drafting the
+drafter's measured step time times ``k`` (lookup: nothing), and ``E[accepted]`` the sum over
+positions of the product of live conditional acceptance rates, per source (lookup: per length of
+the matched n-gram, scored on every cycle whether verified or not, see ``lookup.ShadowScore``).
+It compares the best option with a plain step ``1 / (V(1) + overhead)`` and decodes plain when
+nothing beats it by a margin. The drafter's acceptance is only learned by drafting, so while it is
+not chosen it is probed now and then, one draft deep, at intervals that double after each probe
+that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
 """
 
 from __future__ import annotations
@@ -12,15 +21,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .costmodel import CostModel
+
 POLICIES = ("auto", "fixed")
+SOURCES = ("auto", "eagle", "lookup")
+EAGLE, LOOKUP = "eagle", "lookup"
+MAX_DEPTH = 32
+LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16)  # lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16+
+DECAY = 0.97           # weight of past observations, per observation of a position
+MARGIN = 1.03          # speculation must beat plain decoding by this factor
+PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 
 
 @dataclass
 class PolicyConfig:
     name: str = "auto"
-    draft_max: int = 4
-    p_min: float = 0.3          # auto: stop drafting below this drafter confidence
-    probe_every: int = 16       # auto: cycles of plain decoding before trying drafts again
+    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this)
+    p_min: float = 0.3          # drafter: stop drafting below this confidence
+    probe_every: int = 16       # auto: first interval (cycles) between drafter probes
+    source: str = "auto"        # auto (both), eagle (drafter only), lookup (n-gram lookup only)
 
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
@@ -31,40 +50,145 @@ def top1_probability(logits: np.ndarray) -> tuple[int, float]:
     return best, 1.0 / total
 
 
+class Acceptance:
+    """Decayed per-position counts: the conditional probability that draft ``i`` is accepted
+    given drafts ``1..i-1`` were."""
+
+    __slots__ = ("hit", "seen")
+
+    def __init__(self, prior: list[float], weight: float = 2.0) -> None:
+        self.hit = [p * weight for p in prior]
+        self.seen = [weight] * len(prior)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        hit, seen = self.hit, self.seen
+        for i in range(min(drafted, accepted + 1, len(seen))):
+            seen[i] = seen[i] * DECAY + 1.0
+            hit[i] = hit[i] * DECAY + (1.0 if i < accepted else 0.0)
+
+    def expected(self, k_max: int) -> list[float]:
+        """``out[k]`` = expected accepted drafts with depth ``k`` (out[0] = 0)."""
+        out = [0.0]
+        run = 1.0
+        hit, seen = self.hit, self.seen
+        for i in range(min(k_max, len(seen))):
+            run *= hit[i] / seen[i]
+            out.append(out[-1] + run)
+        return out
+
+    def rates(self) -> list[float]:
+        return [h / s for h, s in zip(self.hit, self.seen)]
+
+
+def _bucket(match: int) -> int:
+    i = 0
+    while i + 1 < len(LOOKUP_BUCKETS) and match >= LOOKUP_BUCKETS[i + 1]:
+        i += 1
+    return i
+
+
+def _prior(first: float, rest: float) -> list[float]:
+    return [first] + [min(rest, 0.95)] * (MAX_DEPTH - 1)
+
+
+class Learned:
+    """Live acceptance statistics, kept by the engine from one generation to the next (a drafter's
+    quality, and how often this model copies its context, change slowly)."""
+
+    def __init__(self) -> None:
+        self.eagle = Acceptance(_prior(0.5, 0.6))
+        # first-draft priors by matched length: a long match (copying a passage) usually goes on
+        self.lookup = [Acceptance(_prior(p, p + 0.1)) for p in (0.15, 0.3, 0.45, 0.6, 0.75, 0.85)]
+
+
 class DraftPolicy:
-    def __init__(self, config: PolicyConfig) -> None:
+    """One generation's decisions. ``plan`` before each cycle, ``observe`` after it."""
+
+    def __init__(self, config: PolicyConfig, cost: CostModel | None = None, *,
+                 eagle: bool = False, lookup: bool = False, learned: Learned | None = None) -> None:
         self.config = config
-        self._plain_rate = 0.0   # EMA of tokens/s in plain cycles
-        self._spec_rate = 0.0    # EMA of tokens/s in speculative cycles
-        self._plain_left = 2     # cycles of plain decoding before the next probe; the first
-                                 # ones measure what a plain step delivers on this machine
+        self.cost = cost
+        self.eagle = eagle and config.source in ("auto", EAGLE)
+        self.lookup = lookup and config.source in ("auto", LOOKUP)
+        learned = learned or Learned()
+        self.eagle_acc = learned.eagle
+        self.lookup_acc = learned.lookup
+        self.overhead = 0.0          # seconds per cycle outside llama.cpp (EMA)
+        self._probe_interval = config.probe_every
+        self._since_eagle = 0
+        self._probing = False
+        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0}
 
     @property
     def fixed(self) -> bool:
         return self.config.name == "fixed"
 
-    def depth(self, room: int) -> int:
-        """How many tokens to draft at most this cycle (0: a plain step)."""
-        k = min(self.config.draft_max, room)
-        if self.fixed or k <= 0:
-            return max(k, 0)
-        if self._plain_left > 0:
-            self._plain_left -= 1
-            return 0
-        return k
+    @property
+    def active(self) -> bool:
+        return self.eagle or self.lookup
+
+    # -- choosing ---------------------------------------------------------------------------------
+    def plan(self, room: int, lookup_len: int = 0, lookup_n: int = 0) -> tuple[str | None, int]:
+        """(source, depth) for this cycle; (None, 0) is a plain step. ``lookup_len``: drafts the
+        lookup source has ready, ``lookup_n``: the length of its matched n-gram."""
+        k_max = min(self.config.draft_max, room, MAX_DEPTH)
+        if k_max <= 0 or not self.active:
+            return None, 0
+        if self.fixed:
+            if self.eagle:
+                return EAGLE, k_max
+            if lookup_len:
+                return LOOKUP, min(k_max, lookup_len)
+            return None, 0
+        cost = self.cost
+        if cost is None:
+            return None, 0
+        o = self.overhead
+        best_rate = MARGIN / (cost.verify(1) + o)
+        best = (None, 0)
+        if self.lookup and lookup_len:
+            acc = self.lookup_acc[_bucket(lookup_n)].expected(min(k_max, lookup_len))
+            for k in range(1, len(acc)):
+                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + o)
+                if rate > best_rate:
+                    best_rate, best = rate, (LOOKUP, k)
+        if self.eagle:
+            d = cost.drafter_step or 0.0
+            acc = self.eagle_acc.expected(k_max)
+            eagle_best = None
+            for k in range(1, len(acc)):
+                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + k * d + o)
+                if rate > best_rate:
+                    best_rate, best, eagle_best = rate, (EAGLE, k), k
+            if eagle_best is not None:
+                self._since_eagle = 0
+                self._probe_interval = self.config.probe_every
+            else:
+                self._since_eagle += 1
+                if self._since_eagle >= self._probe_interval:
+                    self._since_eagle = 0
+                    self._probe_interval = min(2 * self._probe_interval, PROBE_MAX)
+                    best = (EAGLE, 1)
+        return best
 
     def keep_drafting(self, probability: float) -> bool:
         return self.fixed or probability >= self.config.p_min
 
-    def observe(self, drafted: int, emitted: int, seconds: float) -> None:
-        if self.fixed or seconds <= 0:
-            return
-        rate = emitted / seconds
-        alpha = 0.2
-        if drafted == 0:
-            self._plain_rate = rate if self._plain_rate == 0 else (1 - alpha) * self._plain_rate + alpha * rate
-            return
-        self._spec_rate = rate if self._spec_rate == 0 else (1 - alpha) * self._spec_rate + alpha * rate
-        if self._plain_rate > 0 and self._spec_rate < self._plain_rate:
-            self._plain_left = self.config.probe_every
-            self._spec_rate = 0.0  # the next probe starts fresh
+    # -- learning ---------------------------------------------------------------------------------
+    def observe_lookup(self, bucket: int, proposed: int, accepted: int) -> None:
+        """A lookup proposal scored against the committed tokens (see ShadowScore)."""
+        self.lookup_acc[_bucket(bucket)].observe(proposed, accepted)
+
+    def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
+                drafter_seconds: float, cycle_seconds: float) -> None:
+        self.choices[source or "plain"] += 1
+        cost = self.cost
+        if cost is not None:
+            cost.observe_verify(drafted + 1, verify_seconds)
+            if source == EAGLE and drafted:
+                cost.observe_drafter(drafted, drafter_seconds)
+        if source == EAGLE and drafted:
+            self.eagle_acc.observe(drafted, accepted)
+        extra = cycle_seconds - verify_seconds - drafter_seconds
+        if extra > 0:
+            self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra

@@ -1,0 +1,203 @@
+"""What a cycle costs on this machine: target verify time by batch size, drafter time per step.
+
+Calibrated at load (one target decode of each batch size 1..``CALIBRATE_MAX``, a few repeats, the
+median) and cached in ``user_dir()/calibration.json`` under a key naming the machine (platform,
+CPU count, threads, offloaded layers) and the model files (path, size, mtime), so later loads
+cost nothing. During generation every verify and every drafting step refreshes the figures (an
+exponential moving average of measured/calibrated per batch size); a global drift factor carries
+what the live measurements say to batch sizes not seen lately. When the live figures drift away
+from the cached ones, :meth:`CostModel.save` writes them back.
+
+Verify cost is not linear in batch size on CPUs (DESIGN.md section 4: Q4_0 verifies 4 tokens for
+~2x one token, 8 for ~3x, and multiples of 4 are sweet spots), and on GPUs it is almost flat: the
+policy only ever asks :meth:`CostModel.verify`, so one policy fits both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+CALIBRATE_MAX = 9      # batch sizes measured at load: 1..9 (verify of up to 8 drafts)
+EXTRA_SIZES = (16,)    # measured too, so deep chains interpolate instead of extrapolating
+REPEATS = 3
+BUDGET_SECONDS = 3.0   # calibration stops here (the sizes measured so far; not cached)
+ALPHA = 0.15           # EMA weight of one live measurement
+DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
+CACHE_VERSION = 1
+
+
+def _file_key(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    p = Path(path)
+    try:
+        st = p.stat()
+        return f"{p.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+    except OSError:
+        return str(p)
+
+
+def machine_key(n_threads: int, n_gpu_layers: int) -> str:
+    return f"{platform.system()}-{platform.machine()}-cpu{os.cpu_count()}-t{n_threads}-gpu{n_gpu_layers}"
+
+
+class CostModel:
+    """Seconds per target verify of ``b`` tokens and per drafter step, calibrated then refreshed live."""
+
+    def __init__(self, verify: dict[int, float], drafter_step: float | None = None, *, key: str = "",
+                 cache: Path | None = None) -> None:
+        if 1 not in verify:
+            raise ValueError("a cost model needs the one-token verify cost")
+        self.key = key
+        self.cache = cache
+        self._base = dict(sorted(verify.items()))  # calibrated seconds by batch size
+        self._sizes = sorted(self._base)
+        self._ratio: dict[int, float] = {}          # live measured / calibrated, by batch size
+        self._drift = 1.0                           # live / calibrated over all sizes
+        self.drafter_step = drafter_step
+        self._drafter_base = drafter_step
+        self._table: list[float] = []
+        self._seen = 0
+        self._rebuild()
+
+    # -- reading ----------------------------------------------------------------------------
+    def _calibrated(self, b: int) -> float:
+        base, sizes = self._base, self._sizes
+        if b in base:
+            return base[b]
+        lo = max((s for s in sizes if s < b), default=sizes[0])
+        hi = min((s for s in sizes if s > b), default=None)
+        if hi is None:  # beyond the largest measured size: linear in the last segment's slope
+            if len(sizes) < 2:
+                return base[lo] * b / lo
+            a, c = sizes[-2], sizes[-1]
+            slope = max((base[c] - base[a]) / (c - a), 0.0)
+            return base[c] + slope * (b - c)
+        t = (b - lo) / (hi - lo)
+        return base[lo] + t * (base[hi] - base[lo])
+
+    def _rebuild(self) -> None:
+        top = max(self._sizes[-1], 40)
+        self._table = [0.0] + [self._calibrated(b) * self._ratio.get(b, self._drift) for b in range(1, top + 1)]
+
+    def verify(self, b: int) -> float:
+        """Expected seconds for one target decode of ``b`` tokens with logits for all."""
+        table = self._table
+        if b < len(table):
+            return table[b]
+        return self._calibrated(b) * self._ratio.get(b, self._drift)
+
+    def curve(self, n: int = CALIBRATE_MAX) -> list[float]:
+        return [self.verify(b) for b in range(1, n + 1)]
+
+    # -- live refresh -------------------------------------------------------------------------
+    def observe_verify(self, b: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        r = seconds / self._calibrated(b)
+        old = self._ratio.get(b)
+        self._ratio[b] = r if old is None else (1 - ALPHA) * old + ALPHA * r
+        self._drift = (1 - ALPHA / 4) * self._drift + (ALPHA / 4) * r
+        self._table_set(b)
+
+    def _table_set(self, b: int) -> None:
+        table = self._table
+        if b < len(table):
+            table[b] = self._calibrated(b) * self._ratio[b]
+        # sizes without live data follow the drift, refreshed cheaply every so often
+        self._seen += 1
+        if self._seen % 32 == 0:
+            self._rebuild()
+
+    def observe_drafter(self, steps: int, seconds: float) -> None:
+        if steps <= 0 or seconds <= 0:
+            return
+        per = seconds / steps
+        self.drafter_step = per if self.drafter_step is None else (1 - ALPHA) * self.drafter_step + ALPHA * per
+
+    # -- persistence ----------------------------------------------------------------------------
+    def live(self) -> dict:
+        """The current figures, in the cache's form."""
+        sizes = sorted(set(self._sizes))
+        return {"verify": {str(b): self.verify(b) for b in sizes}, "drafter_step": self.drafter_step}
+
+    def drifted(self) -> bool:
+        moved = [abs(r - 1.0) for r in self._ratio.values()]
+        if self._drafter_base and self.drafter_step:
+            moved.append(abs(self.drafter_step / self._drafter_base - 1.0))
+        return bool(moved) and max(moved) > DRIFT_SAVE
+
+    def save(self) -> None:
+        if self.cache is None or not self.key:
+            return
+        try:
+            data = json.loads(self.cache.read_text()) if self.cache.is_file() else {}
+            if data.get("version") != CACHE_VERSION:
+                data = {"version": CACHE_VERSION, "entries": {}}
+        except (OSError, ValueError):
+            data = {"version": CACHE_VERSION, "entries": {}}
+        entry = self.live()
+        entry["measured_at"] = time.time()
+        data["entries"][self.key] = entry
+        tmp = self.cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.cache)
+
+    def save_if_drifted(self) -> None:
+        if self.drifted():
+            try:
+                self.save()
+            except OSError:
+                pass
+
+    def to_dict(self) -> dict:
+        return {"verify_ms": [round(v * 1e3, 3) for v in self.curve()],
+                "drafter_step_ms": round(self.drafter_step * 1e3, 3) if self.drafter_step else None}
+
+
+def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
+            stop: Callable[[], bool] | None = None) -> dict[int, float]:
+    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (other processes on a
+    shared machine only ever add time; the live refresh brings in what they cost), after one
+    unmeasured warm-up. ``stop()`` true ends it early (the sizes measured so far)."""
+    sizes = list(sizes)
+    run(sizes[0])
+    out = {}
+    for b in sizes:
+        if stop is not None and out and stop():
+            break
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(b)
+            times.append(time.perf_counter() - t0)
+        out[b] = min(times)
+    return out
+
+
+def load_or_calibrate(key: str, cache: Path, calibrate: Callable[[], tuple[dict[int, float], float | None, bool]],
+                      *, refresh: bool = False) -> CostModel:
+    """The cached figures for ``key``, else a fresh calibration (written to the cache)."""
+    if not refresh and cache.is_file():
+        try:
+            data = json.loads(cache.read_text())
+            entry = data.get("entries", {}).get(key) if data.get("version") == CACHE_VERSION else None
+            if entry:
+                verify = {int(b): float(s) for b, s in entry["verify"].items()}
+                if 1 in verify and all(s > 0 for s in verify.values()):
+                    return CostModel(verify, entry.get("drafter_step"), key=key, cache=cache)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    verify, drafter_step, complete = calibrate()
+    model = CostModel(verify, drafter_step, key=key, cache=cache)
+    if complete:  # an interrupted calibration serves this engine only
+        try:
+            model.save()
+        except OSError:
+            pass
+    return model

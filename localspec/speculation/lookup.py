@@ -1,0 +1,110 @@
+"""N-gram lookup drafts ("prompt lookup"): continue the text the way it continued before.
+
+The history is the prompt plus every committed token. For the longest suffix of the history
+(``max_n`` tokens down to ``min_n``) that occurred earlier, the proposal is what followed its most
+recent earlier occurrence. Drafts are a deterministic function of the history, so the engine's
+acceptance rule stays exact for sampling too.
+
+The index maps each n-gram to the position right after its latest occurrence that has a
+continuation; it is updated as tokens arrive (``max_n`` dictionary writes per token), so a proposal
+costs a few dictionary reads, whatever the length of the history.
+
+Shadow scoring: a proposal is free, so every cycle's proposal is scored against the tokens that are
+actually committed after it, whether or not it was verified. The policy thus knows lookup's
+per-depth acceptance even while it decodes plain, and comes back to lookup as soon as it pays.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+MAX_N = 4
+MIN_N = 1
+MATCH_CAP = 32   # proposals report how far back their match really goes, up to this many tokens
+
+
+class NgramLookup:
+    def __init__(self, tokens: Sequence[int] = (), *, max_n: int = MAX_N, min_n: int = MIN_N) -> None:
+        self.max_n = max_n
+        self.min_n = min_n
+        self.tokens: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        toks, index, max_n = self.tokens, self._index, self.max_n
+        for tok in tokens:
+            i = len(toks)  # the new token's position: it continues every n-gram ending at i-1
+            for n in range(1, min(max_n, i) + 1):
+                index[tuple(toks[i - n:i])] = i
+            toks.append(tok)
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        """Up to ``k`` draft tokens after the history, and the length of the matched suffix (0: no
+        match, no drafts): found through the index for up to ``max_n`` tokens, then followed
+        backwards up to ``MATCH_CAP`` tokens, since a long match (copying a passage) predicts
+        its continuation far better than a short one."""
+        toks = self.tokens
+        size = len(toks)
+        if k <= 0 or size == 0:
+            return [], 0
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            start = self._index.get(tuple(toks[size - n:]))
+            if start is None:
+                continue
+            if n == self.max_n:
+                a, b = start - n - 1, size - n - 1
+                while a >= 0 and n < MATCH_CAP and toks[a] == toks[b]:
+                    a -= 1
+                    b -= 1
+                    n += 1
+            avail = size - start
+            if avail >= k:
+                return toks[start:start + k], n
+            # the continuation runs into the present: it repeats with period size - start
+            out = toks[start:]
+            while len(out) < k:
+                out.append(out[len(out) - avail])
+            return out, n
+        return [], 0
+
+
+class ShadowScore:
+    """Scores proposals against the tokens committed after them: per-depth acceptance of a source
+    whose drafts cost nothing to produce, verified or not."""
+
+    __slots__ = ("_open", "sink")
+
+    def __init__(self, sink) -> None:
+        self._open: list[list] = []  # [proposal, matched so far, bucket]
+        self.sink = sink             # sink(bucket, proposal_length, accepted)
+
+    def add(self, proposal: list[int], bucket: int) -> None:
+        if proposal:
+            self._open.append([proposal, 0, bucket])
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        if not self._open:
+            return
+        still = []
+        for entry in self._open:
+            proposal, done, bucket = entry
+            m = len(proposal)
+            for tok in tokens:
+                if proposal[done] != tok:
+                    self.sink(bucket, m, done)
+                    break
+                done += 1
+                if done == m:
+                    self.sink(bucket, m, done)
+                    break
+            else:
+                entry[1] = done
+                still.append(entry)
+        self._open = still
+
+    def clear(self) -> None:
+        self._open = []

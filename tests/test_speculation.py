@@ -1,0 +1,232 @@
+"""Draft sources, cost model and policy in isolation; the engine with n-gram lookup drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, PolicyConfig, SamplingParams
+from localspec.paths import user_dir
+from localspec.speculation import costmodel
+from localspec.speculation.costmodel import CostModel, load_or_calibrate
+from localspec.speculation.lookup import NgramLookup, ShadowScore
+from localspec.speculation.policy import Acceptance, DraftPolicy
+from test_engine import PROMPTS, assert_lossless, run
+from tiny_models import build_drafter, build_target
+
+
+# -- n-gram lookup -------------------------------------------------------------------------------
+
+def test_lookup_proposes_the_continuation_of_the_longest_recent_match():
+    lk = NgramLookup([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7, 1, 2, 3, 4])
+    # suffix 1 2 3 4 occurred at 0..3 (continued by 5); 2 3 4 at 7..9 is more recent but shorter
+    assert lk.propose(3) == ([5, 9, 9], 4)
+    long = NgramLookup([8, 1, 2, 3, 4, 5, 6, 0, 8, 1, 2, 3, 4, 5, 6])
+    assert long.propose(2) == ([0, 8], 7)  # the whole 8 1 2 3 4 5 6 matched
+    lk.extend([8])
+    assert lk.propose(2) == ([], 0)  # 8 never seen before
+    lk.extend([2, 3])
+    assert lk.propose(2) == ([4, 8], 2)  # the most recent "2 3" (positions 13..14) was followed by 4 8
+
+
+def test_lookup_is_incremental_and_matches_a_brute_force_search():
+    import random
+
+    rng = random.Random(5)
+    tokens = [rng.randrange(6) for _ in range(400)]
+    lk = NgramLookup()
+    for i, tok in enumerate(tokens):
+        lk.extend([tok])
+        hist = tokens[: i + 1]
+        got, n = lk.propose(4)
+        expect = ([], 0)
+        for m in range(min(4, len(hist)), 0, -1):  # index part (match lengths checked below)
+            suffix = hist[-m:]
+            starts = [j + m for j in range(len(hist) - m) if hist[j:j + m] == suffix]
+            if starts:
+                s = starts[-1]
+                cont = hist[s:]
+                while len(cont) < 4:
+                    cont.append(cont[len(cont) - (len(hist) - s)])
+                if m == 4:  # the reported match length follows the match backwards
+                    a, b = s - m - 1, len(hist) - m - 1
+                    while a >= 0 and m < 32 and hist[a] == hist[b]:
+                        a, b, m = a - 1, b - 1, m + 1
+                expect = (cont[:4], m)
+                break
+        assert (got, n) == expect, i
+
+
+def test_lookup_extends_a_repeating_continuation_periodically():
+    lk = NgramLookup([7, 1, 2, 1, 2])
+    assert lk.propose(5) == ([1, 2, 1, 2, 1], 2)  # "1 2" at 1..2, continued by 1 2 (period 2)
+
+
+def test_shadow_score_counts_accepted_prefixes():
+    seen = []
+    sh = ShadowScore(lambda bucket, m, acc: seen.append((bucket, m, acc)))
+    sh.add([1, 2, 3], 2)
+    sh.add([5], 1)
+    sh.commit([1])          # second proposal fails at once
+    assert seen == [(1, 1, 0)]
+    sh.commit([2, 9])       # first accepted 2 then fails
+    assert seen[-1] == (2, 3, 2)
+    sh.add([4, 4], 3)
+    sh.commit([4, 4, 4])
+    assert seen[-1] == (3, 2, 2)
+
+
+# -- cost model ----------------------------------------------------------------------------------
+
+def test_cost_model_interpolates_refreshes_and_extrapolates():
+    cm = CostModel({1: 0.005, 2: 0.009, 4: 0.010, 8: 0.014})
+    assert cm.verify(3) == pytest.approx(0.0095)
+    assert cm.verify(16) == pytest.approx(0.014 + 8 * 0.001)
+    for _ in range(60):
+        cm.observe_verify(1, 0.010)   # the machine got twice as slow
+    assert cm.verify(1) == pytest.approx(0.010, rel=0.05)
+    assert cm.verify(4) > 0.010 * 1.5  # unseen sizes follow the drift
+    cm.observe_drafter(4, 0.004)
+    assert cm.drafter_step == pytest.approx(0.001)
+    assert cm.drifted()
+
+
+def test_calibration_is_cached_per_key(tmp_path):
+    calls = []
+
+    def calibrate():
+        calls.append(1)
+        return {1: 0.005, 2: 0.008}, 0.001, True
+
+    cache = tmp_path / "calibration.json"
+    a = load_or_calibrate("m1", cache, calibrate)
+    b = load_or_calibrate("m1", cache, calibrate)
+    assert len(calls) == 1 and b.verify(2) == pytest.approx(0.008) and b.drafter_step == pytest.approx(0.001)
+    load_or_calibrate("m2", cache, calibrate)
+    assert len(calls) == 2 and set(json.loads(cache.read_text())["entries"]) == {"m1", "m2"}
+    cache.write_text("not json")
+    load_or_calibrate("m1", cache, calibrate)
+    assert len(calls) == 3
+    for _ in range(20):
+        a.observe_verify(1, 0.02)
+        a.observe_verify(2, 0.02)
+    a.save_if_drifted()
+    assert json.loads(cache.read_text())["entries"]["m1"]["verify"]["1"] > 0.01
+
+
+# -- policy --------------------------------------------------------------------------------------
+
+def test_acceptance_expectation_and_decay():
+    acc = Acceptance([0.5] * 4, weight=1.0)
+    assert acc.expected(3) == pytest.approx([0, 0.5, 0.75, 0.875])
+    for _ in range(200):
+        acc.observe(4, 4)
+    assert acc.expected(4)[4] > 3.9
+
+
+def _policy(verify, lookup_rate, *, draft_max=8):
+    cost = CostModel(verify)
+    pol = DraftPolicy(PolicyConfig("auto", draft_max), cost, lookup=True)
+    for _ in range(300):
+        pol.observe_lookup(4, 8, 8 if lookup_rate == 1.0 else 0)
+    return pol
+
+
+CPU = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015}
+GPU = {b: 0.020 + 0.0002 * b for b in range(1, 10)}
+
+
+def test_auto_policy_drafts_deep_when_lookup_copies_and_plain_when_it_fails():
+    assert _policy(CPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
+    assert _policy(CPU, 1.0, draft_max=5).plan(100, 8, 4) == ("lookup", 3)  # verify 4: a sweet spot
+    assert _policy(CPU, 0.0).plan(100, 8, 4) == (None, 0)
+    assert _policy(GPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
+    assert _policy(CPU, 1.0).plan(2, 8, 4)[1] <= 2                   # room left
+
+
+def test_auto_policy_weighs_drafter_cost_and_probes_a_bad_drafter_rarely():
+    cost = CostModel(CPU, 0.002)
+    pol = DraftPolicy(PolicyConfig("auto", 8, probe_every=4), cost, eagle=True, lookup=False)
+    for _ in range(300):
+        pol.eagle_acc.observe(1, 0)
+    plans = [pol.plan(100) for _ in range(200)]
+    probes = [p for p in plans if p[0] == "eagle"]
+    assert probes and all(p == ("eagle", 1) for p in probes) and len(probes) <= 7  # 4, 8, 16, ... cycles apart
+    good = DraftPolicy(PolicyConfig("auto", 8), CostModel(GPU, 0.0005), eagle=True, lookup=False)
+    for _ in range(300):
+        good.eagle_acc.observe(8, 8)
+    assert good.plan(100) == ("eagle", 8)
+
+
+# -- engine with lookup drafts -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tinyspec")
+    paths = {k: build_target(d / f"{k}.gguf", k, noise=0.006) if k == "noisy" else build_target(d / f"{k}.gguf", k)
+             for k in ("repeat", "noisy", "random")}
+    paths["d_repeat"] = build_drafter(d / "d_repeat.gguf", paths["repeat"], "repeat")
+    return paths
+
+
+COPY = "a b c d e f g a b c d e f g a b c"
+
+
+@pytest.mark.parametrize("target", ["repeat", "noisy", "random"])
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, source="lookup"), PolicyConfig("fixed", 8, source="lookup"),
+                                    PolicyConfig("auto", 8, source="lookup"), PolicyConfig("auto", 8)])
+def test_lookup_drafts_are_lossless_without_a_drafter(tiny, target, policy):
+    with Engine(tiny[target], n_ctx=1024) as engine:
+        for prompt in PROMPTS + [COPY]:
+            plain = run(engine, prompt, max_tokens=40, spec=False, record_margins=True)
+            spec = run(engine, prompt, max_tokens=40, policy=policy)
+            assert_lossless(plain, spec)
+            assert spec.stats.spec
+            if policy.name == "fixed":
+                assert spec.stats.sources.get("lookup", [0, 0, 0])[1] == spec.stats.drafted
+
+
+def test_lookup_on_a_repeating_target_accepts_everything(tiny):
+    with Engine(tiny["repeat"], n_ctx=512) as engine:
+        done = run(engine, "Hello world", max_tokens=41, policy=PolicyConfig("fixed", 8, source="lookup"))
+    assert done.stats.drafted > 0 and done.stats.acceptance_rate == 1.0
+    assert done.stats.tokens_per_cycle > 6
+
+
+def test_both_sources_mixed_are_lossless(tiny):
+    with Engine(tiny["noisy"], tiny["d_repeat"], n_ctx=1024) as engine:
+        for prompt in PROMPTS + [COPY]:
+            plain = run(engine, prompt, max_tokens=48, spec=False, record_margins=True)
+            for policy in (PolicyConfig("auto", 8), PolicyConfig("auto", 3, source="eagle"),
+                           PolicyConfig("fixed", 5, source="lookup"), PolicyConfig("fixed", 3, source="eagle")):
+                assert_lossless(plain, run(engine, prompt, max_tokens=48, policy=policy))
+
+
+def test_auto_uses_the_drafter_where_it_pays_and_records_sources(tiny):
+    # a perfect drafter and lookup on a repeating target: auto speculates and reports per source
+    with Engine(tiny["repeat"], tiny["d_repeat"], n_ctx=1024) as engine:
+        events = list(engine.generate("Hello world", GenerationConfig(max_tokens=80)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    srcs = {e.source for e in events if isinstance(e, CycleEvent)}
+    assert srcs & {"eagle", "lookup"}
+    assert sum(done.stats.policy_choices.values()) == done.stats.cycles
+    d = done.stats.to_dict()
+    assert set(d["sources"]) <= {"eagle", "lookup"} and d["verify_ms_by_batch"]
+    assert (user_dir() / "calibration.json").is_file()
+
+
+def test_sampling_with_lookup_keeps_the_distribution_rule(tiny):
+    """Seeded sampling: lookup drafts go through the same exact rejection rule (checked
+    statistically in test_sampling); here, drafts are both accepted and rejected."""
+    with Engine(tiny["noisy"], n_ctx=512) as engine:
+        cfg = GenerationConfig(max_tokens=60, policy=PolicyConfig("fixed", 4, source="lookup"),
+                               sampling=SamplingParams(temperature=0.5, top_k=8, top_p=1.0, min_p=0.0, seed=3))
+        done = [e for e in engine.generate(COPY, cfg) if isinstance(e, DoneEvent)][0]
+    assert 0 < done.stats.accepted < done.stats.drafted
+
+
+def test_bad_source():
+    with pytest.raises(LocalspecError, match="draft source"):
+        GenerationConfig(policy=PolicyConfig(source="magic"))
