@@ -28,7 +28,8 @@ def train(
     max_new: int = typer.Option(320, "--max-new", help="Response length limit while generating."),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Draft vocabulary size."),
     ttt_steps: int = typer.Option(4, "--ttt-steps", help="Training-time test unroll depth."),
-    lr: float = typer.Option(6e-4, "--lr"),
+    lr: float = typer.Option(1e-3, "--lr"),
+    batch_tokens: int = typer.Option(2048, "--batch-tokens", help="Tokens per training batch."),
     outtype: str = typer.Option("f16", "--outtype", help="Drafter weights: f16, bf16, q8_0 or f32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp threads (generation, features)."),
     train_threads: Optional[int] = typer.Option(None, "--train-threads", help="torch threads."),
@@ -44,13 +45,13 @@ def train(
     from ..train.pipeline import TrainOptions, parse_duration, run
     from .train_progress import ProgressView
 
-    if parallel < 1 or max_new < 1 or draft_vocab < 16 or ttt_steps < 1:
-        raise LocalspecError("--parallel, --max-new, --ttt-steps must be positive and --draft-vocab at least 16")
+    if parallel < 1 or max_new < 1 or draft_vocab < 16 or ttt_steps < 1 or batch_tokens < 64:
+        raise LocalspecError("--parallel, --max-new, --ttt-steps must be positive, --draft-vocab at least 16, --batch-tokens at least 64")
     opts = TrainOptions(
         target=target or default_target(), out=out, prompts=prompts, data=data, work_dir=work_dir, device=device,
         time_budget_s=parse_duration(time_budget), gen_time_s=parse_duration(gen_time) if gen_time else None,
         max_steps=max_steps, resume=resume, n_seq=parallel, max_new=max_new, draft_vocab=draft_vocab,
-        ttt_steps=ttt_steps, lr=lr, outtype=outtype, threads=threads, train_threads=train_threads, seed=seed,
+        ttt_steps=ttt_steps, lr=lr, batch_tokens=batch_tokens, outtype=outtype, threads=threads, train_threads=train_threads, seed=seed,
         save_data=save_data)
     with ProgressView(enabled=not quiet) as view:
         opts.log = view.log

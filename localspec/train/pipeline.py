@@ -43,14 +43,14 @@ class TrainOptions:
     draft_vocab: int = 8192
     top_k: int = 16
     ttt_steps: int = 4
-    batch_tokens: int = 4096
-    lr: float = 6e-4
+    batch_tokens: int = 2048
+    lr: float = 1e-3
     outtype: str = "f16"
     threads: int | None = None        # llama.cpp threads (generation, features)
     train_threads: int | None = None  # torch threads
     seed: int = 0
     save_data: Path | None = None     # also write the dataset, compressed, here
-    eval_every_s: float = 90.0
+    eval_every_s: float = 180.0
     log: Callable[[str], None] = print
     progress: Callable[[dict], None] | None = None
 
