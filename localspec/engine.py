@@ -263,7 +263,7 @@ class Engine:
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1)
             drafts: list[int] = []
             proposal, match = lookup.propose(min(pcfg.draft_max, room)) if lookup is not None else ([], 0)
-            source, k = policy.plan(room, len(proposal), match)
+            source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 1)
             if shadow is not None:
                 shadow.add(proposal, match)
             d_t0 = drafter.seconds if drafter is not None else 0.0
@@ -271,7 +271,7 @@ class Engine:
                 drafts = proposal[:k]
             elif source == EAGLE:
                 if d_logits is None:  # feed the rows committed since the last draft
-                    d_logits, d_state = drafter.catch_up()
+                    d_logits, d_state = drafter.catch_up(policy.catch_up_rows)
                 logits, state = d_logits, d_state
                 while len(drafts) < k:
                     tok, prob = top1_probability(logits)

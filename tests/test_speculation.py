@@ -146,17 +146,26 @@ def test_auto_policy_drafts_deep_when_lookup_copies_and_plain_when_it_fails():
 
 
 def test_auto_policy_weighs_drafter_cost_and_probes_a_bad_drafter_rarely():
-    cost = CostModel(CPU, 0.002)
-    pol = DraftPolicy(PolicyConfig("auto", 8, probe_every=4), cost, eagle=True, lookup=False)
-    for _ in range(300):
-        pol.eagle_acc.observe(1, 0)
-    plans = [pol.plan(100) for _ in range(200)]
+    def bad(verify):
+        pol = DraftPolicy(PolicyConfig("auto", 8, probe_every=4), CostModel(verify, 0.0005), eagle=True)
+        for _ in range(300):
+            pol.eagle_acc.observe(1, 0)
+        return pol, [pol.plan(100) for _ in range(200)]
+
+    _, plans = bad(GPU)  # a better drafter would pay here: probe, one draft deep, ever more rarely
     probes = [p for p in plans if p[0] == "eagle"]
     assert probes and all(p == ("eagle", 1) for p in probes) and len(probes) <= 7  # 4, 8, 16, ... cycles apart
+    _, plans = bad(CPU)  # even a much better drafter would not pay: never probe
+    assert all(p == (None, 0) for p in plans)
     good = DraftPolicy(PolicyConfig("auto", 8), CostModel(GPU, 0.0005), eagle=True, lookup=False)
     for _ in range(300):
         good.eagle_acc.observe(8, 8)
     assert good.plan(100) == ("eagle", 8)
+    # a long backlog of rows to write first makes the same drafter less attractive on a CPU
+    cpu = DraftPolicy(PolicyConfig("auto", 8), CostModel(CPU, 0.002), eagle=True)
+    for _ in range(300):
+        cpu.eagle_acc.observe(8, 8)
+    assert cpu.plan(100, backlog=1)[0] == "eagle" and cpu.plan(100, backlog=500) == (None, 0)
 
 
 # -- engine with lookup drafts -------------------------------------------------------------------
@@ -225,6 +234,22 @@ def test_sampling_with_lookup_keeps_the_distribution_rule(tiny):
                                sampling=SamplingParams(temperature=0.5, top_k=8, top_p=1.0, min_p=0.0, seed=3))
         done = [e for e in engine.generate(COPY, cfg) if isinstance(e, DoneEvent)][0]
     assert 0 < done.stats.accepted < done.stats.drafted
+
+
+def test_windowed_catch_up_after_plain_stretches_is_lossless(tiny):
+    """auto writes only the last rows to the drafter after plain decoding; drafts change, output not."""
+    from localspec.speculation import policy as P
+
+    with Engine(tiny["noisy"], tiny["d_repeat"], n_ctx=1024) as engine:
+        prompt = " ".join(f"w{i}" for i in range(60))
+        plain = run(engine, prompt, max_tokens=40, spec=False, record_margins=True)
+        old = P.CATCH_UP_ROWS
+        try:
+            P.CATCH_UP_ROWS = 4
+            spec = run(engine, prompt, max_tokens=40, policy=PolicyConfig("auto", 4, source="eagle"))
+        finally:
+            P.CATCH_UP_ROWS = old
+        assert_lossless(plain, spec)
 
 
 def test_bad_source():

@@ -181,16 +181,24 @@ class EagleDrafter:
     def pending(self) -> int:
         return len(self._pending_tokens)
 
-    def catch_up(self) -> tuple[np.ndarray, np.ndarray]:
-        """Write every recorded pair (dropping the speculative entries after them) and return the
-        logits and fed-back state for the first draft of the next cycle."""
+    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Write the recorded pairs (dropping the speculative entries after them) and return the
+        logits and fed-back state for the first draft of the next cycle.
+
+        Every drafter row costs about one drafting step (llama.cpp's eagle3 graph computes the
+        vocabulary logits of every row), so after a long stretch of plain decoding ``max_rows``
+        writes only the most recent rows: the older positions stay empty in the drafter's cache
+        (it attends to what is there; drafts only get a little worse, never the output)."""
         if self._pending_start is None:
             raise LocalspecError("internal: the drafter has no committed rows to draft from")
         feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
-        g = self.encode(feats)
         start, tokens = self._pending_start, self._pending_tokens
         self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
         self.ctx.seq_rm(start)
+        if max_rows is not None and len(tokens) > max_rows:
+            cut = len(tokens) - max_rows
+            feats, tokens, start = feats[cut:], tokens[cut:], start + cut
+        g = self.encode(feats)
         return self.decode(tokens, g, start)
 
     def reset(self, keep: int) -> None:

@@ -31,6 +31,8 @@ LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16)  # lookup statistics by matched length: 1, 
 DECAY = 0.97           # weight of past observations, per observation of a position
 MARGIN = 1.03          # speculation must beat plain decoding by this factor
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
+CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
+OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
 
 
 @dataclass
@@ -128,9 +130,10 @@ class DraftPolicy:
         return self.eagle or self.lookup
 
     # -- choosing ---------------------------------------------------------------------------------
-    def plan(self, room: int, lookup_len: int = 0, lookup_n: int = 0) -> tuple[str | None, int]:
+    def plan(self, room: int, lookup_len: int = 0, lookup_n: int = 0, backlog: int = 1) -> tuple[str | None, int]:
         """(source, depth) for this cycle; (None, 0) is a plain step. ``lookup_len``: drafts the
-        lookup source has ready, ``lookup_n``: the length of its matched n-gram."""
+        lookup source has ready, ``lookup_n``: the length of its matched n-gram; ``backlog``: rows
+        the drafter must write before it drafts (each costs about one drafter step)."""
         k_max = min(self.config.draft_max, room, MAX_DEPTH)
         if k_max <= 0 or not self.active:
             return None, 0
@@ -154,10 +157,11 @@ class DraftPolicy:
                     best_rate, best = rate, (LOOKUP, k)
         if self.eagle:
             d = cost.drafter_step or 0.0
+            rows = min(max(backlog, 1), CATCH_UP_ROWS) - 1  # catch-up beyond the first step
             acc = self.eagle_acc.expected(k_max)
             eagle_best = None
             for k in range(1, len(acc)):
-                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + k * d + o)
+                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + (k + rows) * d + o)
                 if rate > best_rate:
                     best_rate, best, eagle_best = rate, (EAGLE, k), k
             if eagle_best is not None:
@@ -165,11 +169,29 @@ class DraftPolicy:
                 self._probe_interval = self.config.probe_every
             else:
                 self._since_eagle += 1
-                if self._since_eagle >= self._probe_interval:
+                if self._since_eagle >= self._probe_interval and self._probe_could_pay(k_max, d, o):
                     self._since_eagle = 0
                     self._probe_interval = min(2 * self._probe_interval, PROBE_MAX)
                     best = (EAGLE, 1)
         return best
+
+    def _probe_could_pay(self, k_max: int, d: float, o: float) -> bool:
+        """Would the drafter pay with clearly better acceptance than measured? If not even that
+        (a slow drafter, a costly verify), probing it only costs time."""
+        cost = self.cost
+        plain = MARGIN / (cost.verify(1) + o)
+        run, total = 1.0, 0.0
+        for i, r in enumerate(self.eagle_acc.rates()[:k_max]):
+            run *= min(1.0, r + OPTIMISM)
+            total += run
+            if (1.0 + total) / (cost.verify(i + 2) + (i + 1) * d + o) > plain:
+                return True
+        return False
+
+    @property
+    def catch_up_rows(self) -> int | None:
+        """Most rows the drafter writes before drafting (None: all, as ``fixed`` does)."""
+        return None if self.fixed else CATCH_UP_ROWS
 
     def keep_drafting(self, probability: float) -> bool:
         return self.fixed or probability >= self.config.p_min
