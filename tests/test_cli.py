@@ -101,3 +101,25 @@ def test_bench_rejects_bad_prompt_files(pair, tmp_path):
 def test_usage_errors_exit_2():
     proc = cli("generate")
     assert proc.returncode == 2 and "--prompt" in proc.stderr
+
+
+def test_bench_modes_profile_and_json(pair, tmp_path):
+    target, drafter = pair
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a b c a b c a b", "category": "copy"}) + "\n")
+    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+               "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,llama-lookup", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert BENCH_FIELDS <= set(out)
+    assert set(out["modes"]) == {"plain", "auto", "lookup", "fixed1", "fixed2", "lookup4", "llama-lookup"}
+    for name in ("auto", "lookup", "fixed1", "fixed2", "lookup4"):
+        m = out["modes"][name]
+        assert m["greedy_identical"] and {"bound", "speedup_over_bound", "time_split"} <= set(m)
+    assert set(out["per_prompt"][0]["modes"]) == set(out["modes"])
+    proc = cli("bench", "--target", str(target), "--prompts", str(prompts), "--max-tokens", "8",
+               "--modes", "fixed2,lookup", "--profile")
+    assert proc.returncode == 0, proc.stderr
+    assert "fixed2: skipped (no drafter)" in proc.stdout and "bound" in proc.stdout
+    proc = cli("bench", "--target", str(target), "--prompts", str(prompts), "--modes", "nope")
+    assert proc.returncode == 1 and "unknown bench mode" in proc.stderr
