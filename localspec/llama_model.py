@@ -186,6 +186,7 @@ class Context:
         n_threads: int | None = None,
         ctx_other: "Context | None" = None,
         n_seq_max: int = 1,
+        kv_unified: bool = False,
         precise_attention: bool = False,
         kv_type: int | None = None,
         n_outputs_max: int = 0,
@@ -196,6 +197,7 @@ class Context:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
+        params.kv_unified = kv_unified
         threads = n_threads or default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -216,6 +218,7 @@ class Context:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.n_seq_max = n_seq_max
         # llama.cpp may lower n_batch (never above n_ctx); a larger batch would abort the process
         n_batch = self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
         self.n_outputs_max = n_outputs_max or n_batch
@@ -245,6 +248,27 @@ class Context:
         self._out[n - 1] = 1
         self._batch.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise _llama_failure(f"llama_decode failed (code {rc})")
+
+    def decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Decode rows of several sequences at once: (seq, token, pos, wants_logits) each; read a
+        row's logits with :meth:`logits` at its index in ``rows``."""
+        n = len(rows)
+        if n > self.n_batch:
+            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
+        seq_id = self._batch.seq_id
+        for i, (seq, tok, pos, out) in enumerate(rows):
+            self._tok[i] = tok
+            self._pos[i] = pos
+            self._out[i] = 1 if out else 0
+            seq_id[i][0] = seq
+        self._batch.n_tokens = n
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        finally:
+            for i in range(n):  # decode() writes sequence 0 only
+                seq_id[i][0] = 0
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 

@@ -1,7 +1,8 @@
 """Batched greedy generation: many sequences per llama.cpp decode.
 
-One context with ``n_seq_max = B`` (one KV stream per sequence, ``kv_unified`` off so attention of
-each sequence only spans its own cells), one ``llama_batch`` whose rows carry their own ``seq_id``.
+One :class:`~localspec.llama_model.Context` with ``n_seq_max = B`` (one KV stream per sequence,
+``kv_unified`` off, so each sequence attends only to its own cells); each batch row carries its own
+``seq_id``.
 Each step decodes one token for every active sequence; a finished slot (EOS or length) is cleared
 and refilled with the next prompt, whose prefill rides in the same decode as the others' tokens.
 """
@@ -12,11 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-import llama_cpp
 import numpy as np
 
-from ..errors import LocalspecError
-from ..llama_model import Model, _llama_failure, default_threads
+from ..llama_model import Context, Model
 
 
 @dataclass
@@ -31,71 +30,6 @@ class GenResult:
     prompt: list[int]
     response: list[int]
     finish: str  # "stop" or "length"
-
-
-class MultiSeqContext:
-    """A llama.cpp context decoding up to ``n_seq`` independent sequences, one batch per step."""
-
-    def __init__(self, model: Model, *, n_seq: int, n_ctx_seq: int, n_batch: int = 512,
-                 n_threads: int | None = None, unified: bool = False) -> None:
-        self.model = model
-        self.n_seq = n_seq
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_seq * n_ctx_seq
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq
-        params.kv_unified = unified
-        threads = n_threads or default_threads()
-        params.n_threads = params.n_threads_batch = threads
-        params.no_perf = True
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            raise _llama_failure(f"llama.cpp could not create a {n_seq}-sequence context for {model.path.name}")
-        self.n_ctx_seq = int(llama_cpp.llama_n_ctx(self.ptr)) // n_seq
-        self.n_batch = n_batch
-        self.memory = llama_cpp.llama_get_memory(self.ptr)
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
-        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
-        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))[:] = 1
-
-    def decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
-        """rows: (seq, token, pos, wants_logits); read a row's logits with :meth:`logits` (its batch index)."""
-        n = len(rows)
-        if n > self.n_batch:
-            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
-        for i, (seq, tok, pos, out) in enumerate(rows):
-            self._tok[i] = tok
-            self._pos[i] = pos
-            self._out[i] = 1 if out else 0
-            self._batch.seq_id[i][0] = seq
-        self._batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self.ptr, self._batch)
-        if rc != 0:
-            raise _llama_failure(f"llama_decode failed (code {rc})")
-
-    def logits(self, row: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits_ith(self.ptr, row)
-        if not ptr:
-            raise _llama_failure("llama.cpp returned no logits")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
-
-    def clear_seq(self, seq: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self.memory, seq, -1, -1)
-
-    def close(self) -> None:
-        if self.ptr:
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self.ptr)
-            self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 @dataclass
@@ -114,7 +48,9 @@ def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int
     """Greedy responses to ``requests``, ``n_seq`` at a time; yields results as sequences finish.
 
     Prompts longer than ``n_ctx_seq - 16`` are skipped (logged as finish "skipped")."""
-    ctx = MultiSeqContext(model, n_seq=n_seq, n_ctx_seq=n_ctx_seq, n_batch=max(512, n_seq), n_threads=n_threads)
+    # one KV stream per sequence (kv_unified off): each sequence attends only to its own cells
+    ctx = Context(model, n_ctx=n_seq * n_ctx_seq, n_batch=max(512, n_seq), n_threads=n_threads, n_seq_max=n_seq)
+    n_ctx_seq = ctx.n_ctx // n_seq
     it = iter(requests)
     slots: list[_Slot | None] = [None] * n_seq
     prefill_budget = ctx.n_batch - n_seq
@@ -125,10 +61,10 @@ def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int
             if req is None:
                 slots[i] = None
                 return
-            if len(req.tokens) + 16 > ctx.n_ctx_seq:
+            if len(req.tokens) + 16 > n_ctx_seq:
                 yield_later.append(GenResult(req.key, req.tokens, [], "skipped"))
                 continue
-            ctx.clear_seq(i)
+            ctx.seq_rm(-1, -1, seq=i)
             slots[i] = _Slot(req, list(req.tokens), 0, [])
             return
 
@@ -161,7 +97,7 @@ def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int
                     rows.append((i, s.last, s.pos, True))
                     s.pos += 1
                     owners.append((len(rows) - 1, i))
-            ctx.decode(rows)
+            ctx.decode_rows(rows)
             for row, i in owners:
                 s = slots[i]
                 tok = int(np.argmax(ctx.logits(row)))
@@ -171,7 +107,7 @@ def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int
                 else:
                     s.response.append(tok)
                     s.last = tok
-                    if len(s.response) >= max_new or s.pos + 1 >= ctx.n_ctx_seq:
+                    if len(s.response) >= max_new or s.pos + 1 >= n_ctx_seq:
                         done = "length"
                 if done:
                     result = GenResult(s.req.key, list(s.req.tokens), s.response, done)
