@@ -263,14 +263,16 @@ class Engine:
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1)
             drafts: list[int] = []
             proposal, match = lookup.propose(min(pcfg.draft_max, room)) if lookup is not None else ([], 0)
-            source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 1)
+            source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
             if shadow is not None:
                 shadow.add(proposal, match)
             d_t0 = drafter.seconds if drafter is not None else 0.0
+            d_steps = 0
             if source == LOOKUP:
                 drafts = proposal[:k]
             elif source == EAGLE:
                 if d_logits is None:  # feed the rows committed since the last draft
+                    d_steps = drafter.pending if policy.catch_up_rows is None else min(drafter.pending, policy.catch_up_rows)
                     d_logits, d_state = drafter.catch_up(policy.catch_up_rows)
                 logits, state = d_logits, d_state
                 while len(drafts) < k:
@@ -280,6 +282,7 @@ class Engine:
                     drafts.append(tok)
                     if len(drafts) < k:
                         logits, state = drafter.decode([tok], state[None, :], n_past + len(drafts) - 1)
+                        d_steps += 1
 
             batch = [last] + drafts
             t0 = time.perf_counter()
@@ -313,7 +316,10 @@ class Engine:
             self._kv_tokens.extend(batch[: accepted + 1])
             committed = [t for t, _ in pending]
             if drafter is not None:
-                drafter.observe(committed, accepted + 1, n_past)
+                if policy.wants_features:
+                    drafter.observe(committed, accepted + 1, n_past)
+                else:  # the drafter will not draft soon: skip the copy (it restarts from later rows)
+                    drafter.drop_pending()
                 d_logits = d_state = None
                 self._drafter_pairs = n_past + accepted + 1
             if lookup is not None:
@@ -322,11 +328,13 @@ class Engine:
                     shadow.commit(committed)
             n_past += accepted + 1
             last = correction
+            if source == EAGLE and not drafts:
+                policy.eagle_declined()
             source = source if drafts else None
             stats.record_cycle(len(drafts), accepted, source)
             policy.observe(source, len(drafts), accepted, verify_seconds=t_verify,
                            drafter_seconds=(drafter.seconds - d_t0) if drafter is not None else 0.0,
-                           cycle_seconds=time.perf_counter() - t_cycle)
+                           cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=d_steps)
             cycle = (len(drafts), accepted, source)
 
         tail = stream.flush()

@@ -252,6 +252,28 @@ def test_windowed_catch_up_after_plain_stretches_is_lossless(tiny):
         assert_lossless(plain, spec)
 
 
+def test_idle_drafter_skips_feature_copies_and_resumes_losslessly(tiny):
+    """While the drafter is neither used nor about to be probed, its features are not copied; when
+    acceptance turns good mid-generation it drafts again from the rows recorded after the gap."""
+    with Engine(tiny["noisy"], tiny["d_repeat"], n_ctx=1024) as engine:
+        prompt = "The quick brown fox"
+        plain = run(engine, prompt, max_tokens=120, spec=False, record_margins=True)
+        engine.cost = CostModel(GPU, 1e-7)  # the live refresh brings verify down to the tiny model's cost
+        eagle = engine.learned.eagle
+        eagle.hit, eagle.seen = [0.0] * len(eagle.seen), [50.0] * len(eagle.seen)  # looks useless
+        skipped, events = 0, []
+        cfg = GenerationConfig(max_tokens=120, policy=PolicyConfig("auto", 4, p_min=0.0, probe_every=4, source="eagle"))
+        for e in engine.generate(prompt, cfg):
+            events.append(e)
+            if isinstance(e, CycleEvent):
+                skipped += engine.drafter.pending == 0
+                if len(events) > 150:  # the drafter turns out good
+                    eagle.hit = [50.0] * len(eagle.seen)
+        done = events[-1]
+        assert skipped > 0 and done.stats.drafted > 0
+        assert_lossless(plain, done)
+
+
 def test_bad_source():
     with pytest.raises(LocalspecError, match="draft source"):
         GenerationConfig(policy=PolicyConfig(source="magic"))

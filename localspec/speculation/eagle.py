@@ -68,6 +68,7 @@ class EagleDrafter:
         self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
         self._pending_tokens: list[int] = []
         self._pending_start: int | None = None
+        self._written_until = 0   # committed pairs are written below this position; drafts above
         self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
 
     # -- target side -------------------------------------------------------------------------
@@ -177,6 +178,11 @@ class EagleDrafter:
         self._pending_feats.append(self.features(n_rows))
         self._pending_tokens.extend(tokens_next[:n_rows])
 
+    def drop_pending(self) -> None:
+        """Forget the recorded rows (the next ``observe`` may start at any later position; the
+        positions in between stay empty in the drafter's cache)."""
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+
     @property
     def pending(self) -> int:
         return len(self._pending_tokens)
@@ -194,16 +200,19 @@ class EagleDrafter:
         feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
         start, tokens = self._pending_start, self._pending_tokens
         self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-        self.ctx.seq_rm(start)
+        # drop speculative pairs of earlier drafts, also those below a gap left by drop_pending
+        self.ctx.seq_rm(min(start, self._written_until))
         if max_rows is not None and len(tokens) > max_rows:
             cut = len(tokens) - max_rows
             feats, tokens, start = feats[cut:], tokens[cut:], start + cut
         g = self.encode(feats)
+        self._written_until = start + len(tokens)
         return self.decode(tokens, g, start)
 
     def reset(self, keep: int) -> None:
         """Forget drafter pairs (written or recorded) at positions >= keep."""
         self.ctx.seq_rm(keep)
+        self._written_until = min(self._written_until, keep)
         if self._pending_start is not None:
             n = max(0, keep - self._pending_start)
             if n == 0:

@@ -118,7 +118,7 @@ class DraftPolicy:
         self.overhead = 0.0          # seconds per cycle outside llama.cpp (EMA)
         self._probe_interval = config.probe_every
         self._since_eagle = 0
-        self._probing = False
+        self.wants_features = True   # the engine records target features for the drafter
         self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0}
 
     @property
@@ -155,9 +155,9 @@ class DraftPolicy:
                 rate = (1.0 + acc[k]) / (cost.verify(k + 1) + o)
                 if rate > best_rate:
                     best_rate, best = rate, (LOOKUP, k)
-        if self.eagle:
+        if self.eagle and backlog > 0:
             d = cost.drafter_step or 0.0
-            rows = min(max(backlog, 1), CATCH_UP_ROWS) - 1  # catch-up beyond the first step
+            rows = min(backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
             acc = self.eagle_acc.expected(k_max)
             eagle_best = None
             for k in range(1, len(acc)):
@@ -167,12 +167,20 @@ class DraftPolicy:
             if eagle_best is not None:
                 self._since_eagle = 0
                 self._probe_interval = self.config.probe_every
+                self.wants_features = True
             else:
                 self._since_eagle += 1
-                if self._since_eagle >= self._probe_interval and self._probe_could_pay(k_max, d, o):
+                near = self._since_eagle >= self._probe_interval - CATCH_UP_ROWS
+                could = near and self._probe_could_pay(k_max, d, o)
+                if could and self._since_eagle >= self._probe_interval:
                     self._since_eagle = 0
                     self._probe_interval = min(2 * self._probe_interval, PROBE_MAX)
                     best = (EAGLE, 1)
+                # features are only worth copying when the drafter may draft within CATCH_UP_ROWS
+                # cycles (rows older than that are not written anyway)
+                self.wants_features = could or best[0] == EAGLE
+        elif self.eagle:
+            self.wants_features = True  # nothing recorded yet: record this cycle's rows
         return best
 
     def _probe_could_pay(self, k_max: int, d: float, o: float) -> bool:
@@ -197,18 +205,23 @@ class DraftPolicy:
         return self.fixed or probability >= self.config.p_min
 
     # -- learning ---------------------------------------------------------------------------------
+    def eagle_declined(self) -> None:
+        """The drafter was asked but was not confident enough for even one draft: for the
+        policy, a first draft that would not have been accepted (it cost a catch-up)."""
+        self.eagle_acc.observe(1, 0)
+
     def observe_lookup(self, bucket: int, proposed: int, accepted: int) -> None:
         """A lookup proposal scored against the committed tokens (see ShadowScore)."""
         self.lookup_acc[_bucket(bucket)].observe(proposed, accepted)
 
     def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
-                drafter_seconds: float, cycle_seconds: float) -> None:
+                drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0) -> None:
         self.choices[source or "plain"] += 1
         cost = self.cost
         if cost is not None:
             cost.observe_verify(drafted + 1, verify_seconds)
             if source == EAGLE and drafted:
-                cost.observe_drafter(drafted, drafter_seconds)
+                cost.observe_drafter(drafter_steps or drafted, drafter_seconds)
         if source == EAGLE and drafted:
             self.eagle_acc.observe(drafted, accepted)
         extra = cycle_seconds - verify_seconds - drafter_seconds
