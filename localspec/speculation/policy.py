@@ -90,7 +90,7 @@ def _bucket(match: int) -> int:
 
 
 def _prior(first: float, rest: float) -> list[float]:
-    return [first] + [min(rest, 0.95)] * (MAX_DEPTH - 1)
+    return [first] + [min(rest, 0.9)] * (MAX_DEPTH - 1)
 
 
 class Learned:
@@ -100,7 +100,8 @@ class Learned:
     def __init__(self) -> None:
         self.eagle = Acceptance(_prior(0.5, 0.6))
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
-        self.lookup = [Acceptance(_prior(p, p + 0.1)) for p in (0.15, 0.3, 0.45, 0.6, 0.75, 0.85)]
+        # (modest: one deep draft that fails costs as much as several plain steps)
+        self.lookup = [Acceptance(_prior(p, p + 0.05)) for p in (0.15, 0.3, 0.45, 0.6, 0.7, 0.8)]
 
 
 class DraftPolicy:
