@@ -204,6 +204,7 @@ class Engine:
         cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
                 else None)
         sampler = Sampler(config.sampling)
+        self.learned.new_generation()
         policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
         stream = _TextStream(config.stop)

@@ -125,6 +125,17 @@ def test_acceptance_expectation_and_decay():
     assert acc.expected(4)[4] > 3.9
 
 
+def test_learned_acceptance_carries_over_as_a_few_observations():
+    acc = Acceptance([0.5] * 4)
+    for _ in range(100):
+        acc.observe(4, 4)
+    acc.carry(4.0)
+    assert acc.seen[0] == pytest.approx(6.0) and acc.rates()[0] == pytest.approx((1.0 + 4.0) / 6.0, abs=0.02)
+    for _ in range(10):
+        acc.observe(1, 0)
+    assert acc.rates()[0] < 0.4  # the new text's failures take over quickly
+
+
 def _policy(verify, lookup_rate, *, draft_max=8):
     cost = CostModel(verify)
     pol = DraftPolicy(PolicyConfig("auto", draft_max), cost, lookup=True)
@@ -252,12 +263,15 @@ def test_windowed_catch_up_after_plain_stretches_is_lossless(tiny):
         assert_lossless(plain, spec)
 
 
-def test_idle_drafter_skips_feature_copies_and_resumes_losslessly(tiny):
+def test_idle_drafter_skips_feature_copies_and_resumes_losslessly(tiny, monkeypatch):
     """While the drafter is neither used nor about to be probed, its features are not copied; when
     acceptance turns good mid-generation it drafts again from the rows recorded after the gap."""
     with Engine(tiny["noisy"], tiny["d_repeat"], n_ctx=1024) as engine:
         prompt = "The quick brown fox"
         plain = run(engine, prompt, max_tokens=120, spec=False, record_margins=True)
+        from localspec.speculation import policy as P
+
+        monkeypatch.setattr(P, "CARRY", 1000.0)  # keep the useless-drafter record below in full
         engine.cost = CostModel(GPU, 1e-7)  # the live refresh brings verify down to the tiny model's cost
         eagle = engine.learned.eagle
         eagle.hit, eagle.seen = [0.0] * len(eagle.seen), [50.0] * len(eagle.seen)  # looks useless

@@ -33,6 +33,7 @@ MARGIN = 1.03          # speculation must beat plain decoding by this factor
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
+CARRY = 4.0            # observations per position carried from one generation to the next
 
 
 @dataclass
@@ -56,11 +57,25 @@ class Acceptance:
     """Decayed per-position counts: the conditional probability that draft ``i`` is accepted
     given drafts ``1..i-1`` were."""
 
-    __slots__ = ("hit", "seen")
+    __slots__ = ("hit", "seen", "prior", "weight")
 
     def __init__(self, prior: list[float], weight: float = 2.0) -> None:
+        self.prior, self.weight = prior, weight
         self.hit = [p * weight for p in prior]
         self.seen = [weight] * len(prior)
+
+    def carry(self, evidence: float | None = None) -> None:
+        """A new generation: keep what was learned as ``evidence`` observations per position at
+        most, on top of the prior, so the new text's own outcomes take over within a few cycles."""
+        w = self.weight
+        evidence = CARRY if evidence is None else evidence
+        for i, seen in enumerate(self.seen):
+            learned = seen - w
+            if learned > evidence:
+                rate = (self.hit[i] - self.prior[i] * w) / learned if learned > 0 else self.prior[i]
+                rate = min(max(rate, 0.0), 1.0)
+                self.seen[i] = w + evidence
+                self.hit[i] = self.prior[i] * w + rate * evidence
 
     def observe(self, drafted: int, accepted: int) -> None:
         hit, seen = self.hit, self.seen
@@ -102,6 +117,11 @@ class Learned:
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
         self.lookup = [Acceptance(_prior(p, p + 0.05)) for p in (0.15, 0.3, 0.45, 0.6, 0.7, 0.8)]
+
+    def new_generation(self) -> None:
+        self.eagle.carry()
+        for acc in self.lookup:
+            acc.carry()
 
 
 class DraftPolicy:
