@@ -48,8 +48,9 @@ class GenerationStats:
 
     @property
     def tokens_per_cycle(self) -> float:
-        """Tokens emitted per target verification step (the first token comes from the prompt pass)."""
-        return (self.generated_tokens - 1) / self.cycles if self.cycles else 0.0
+        """Tokens chosen per target verification step: 1 + accepted drafts per cycle (exactly 1.0
+        for plain decoding; a stop inside a cycle does not lower it)."""
+        return (self.cycles + self.accepted) / self.cycles if self.cycles else 0.0
 
     @property
     def overhead_seconds(self) -> float:

@@ -83,7 +83,7 @@ class ChatSettings:
     top_k: int = 40
     top_p: float = 0.95
     policy: str = "auto"
-    draft_max: int = 4
+    draft_max: int = PolicyConfig().draft_max  # auto chooses the depth up to this
 
     def config(self, spec: bool) -> GenerationConfig:
         return GenerationConfig(
