@@ -107,6 +107,7 @@ class Model:
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP  # as llama-cpp-python's Llama loads (not "auto")
         if no_alloc:  # metadata only, allocations simulated (llama.cpp needs no mmap for that)
             params.no_alloc = True
             params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
