@@ -7,7 +7,6 @@ step, with running statistics) and closed by one :class:`DoneEvent`.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 
@@ -160,18 +159,3 @@ class DoneEvent:
 
 
 Event = TokenEvent | CycleEvent | DoneEvent
-
-
-class Clock:
-    """Accumulates wall time into named buckets of a GenerationStats."""
-
-    __slots__ = ("t0",)
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt = now - self.t0
-        self.t0 = now
-        return dt
