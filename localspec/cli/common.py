@@ -24,8 +24,9 @@ VramOpt = typer.Option(None, "--vram", show_default=False,
 
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
-                vram: Optional[str] = None) -> tuple[ModelSpec, Engine]:
-    spec = resolve(model, target=target, draft=draft)
+                vram: Optional[str] = None, spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
+    """Build the engine for MODEL (or an already resolved ``spec``) from the memory plan."""
+    spec = spec or resolve(model, target=target, draft=draft)
     # the memory plan (localspec.fit) chooses offload, KV type and verify-sized buffers by default
     from ..fit import plan_for
 

@@ -91,8 +91,9 @@ def generate(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Generate a reply to one prompt."""
+    resolved = resolve(model, target=target, draft=draft)
     (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, policy, draft_max) = apply_model_defaults(
-        resolve(model, target=target, draft=draft),
+        resolved,
         dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
              stop=stop, ctx=ctx, policy=policy, draft_max=draft_max),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
@@ -100,7 +101,7 @@ def generate(
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
                           source=source)
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
-                               vram=vram)
+                               vram=vram, spec=resolved)
     with engine:
         if raw:
             request = prompt

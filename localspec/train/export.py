@@ -40,6 +40,8 @@ def checkpoint_config(cfg: DrafterConfig, draft_vocab: int) -> dict:
         "tie_word_embeddings": False,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.target_layers)},
         "norm_output": bool(cfg.norm_output),
+        # marks llama.cpp's layer-id convention for the converter, whatever else writes this file
+        "localspec": {"layer_ids": "input"},
     }
 
 
