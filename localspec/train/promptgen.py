@@ -199,8 +199,12 @@ def _math_values(rng: random.Random) -> dict:
             "e": rng.randint(2, 20), "p": rng.choice([5, 10, 15, 20, 25, 30, 40, 50])}
 
 
-def build(seed: int = 0) -> list[dict]:
+def build(seed: int = 0, *, full: bool = False) -> list[dict]:
+    """The prompt set; ``full``: every template with every topic instead of a sample of them."""
     rng = random.Random(seed)
+
+    def pick(templates: list[str], n: int) -> list[str]:
+        return list(templates) if full else rng.sample(templates, n)
     items: list[dict] = []
 
     def add(category: str, prompt: str, *, history: tuple = ()) -> None:
@@ -214,22 +218,22 @@ def build(seed: int = 0) -> list[dict]:
         items.append({"category": category, "messages": messages})
 
     for t in CHAT_TOPICS:
-        for tpl in rng.sample(CHAT_TEMPLATES, 5):
+        for tpl in pick(CHAT_TEMPLATES, 5):
             add("chat", tpl.format(t=t))
     for t in KNOWLEDGE_TOPICS:
-        for tpl in rng.sample(KNOWLEDGE_TEMPLATES, 4):
+        for tpl in pick(KNOWLEDGE_TEMPLATES, 4):
             add("knowledge", tpl.format(t=t))
     for t in CODE_TASKS:
-        for tpl in rng.sample(CODE_TEMPLATES, 3):
+        for tpl in pick(CODE_TEMPLATES, 3):
             add("coding", tpl.format(t=t, lang=rng.choice(LANGUAGES)))
     for t in CODE_CONCEPTS:
         for tpl in CODE_CONCEPT_TEMPLATES:
             add("coding", tpl.format(t=t))
     for t in WRITING_SUBJECTS:
-        for tpl in rng.sample(WRITING_TEMPLATES, 4):
+        for tpl in pick(WRITING_TEMPLATES, 4):
             add("writing", tpl.format(t=t))
     for t in PRACTICAL_WRITING:
-        for tpl in rng.sample(PRACTICAL_TEMPLATES, 2):
+        for tpl in pick(PRACTICAL_TEMPLATES, 2):
             add("writing", tpl.format(t=t))
     for tpl in MATH_TEMPLATES:
         for _ in range(8):
