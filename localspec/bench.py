@@ -1,7 +1,8 @@
 """Plain vs speculative decoding on the same prompts, side by side in one run.
 
 Besides the contract pair (plain, and the chosen ``--policy``), ``modes`` runs more ways of decoding
-on each prompt back to back: ``auto``, ``fixedK`` (EAGLE chain of depth K), ``lookup`` (the auto
+on each prompt back to back: ``auto``, ``chain`` (auto without draft trees), ``fixedK`` (EAGLE
+chain of depth K), ``treeK`` (EAGLE draft tree of depth K, see ``speculation.tree``), ``lookup`` (the auto
 policy with n-gram lookup drafts only), ``lookupK`` (lookup drafts of depth K, no policy), ``eagle``
 (the auto policy with the drafter only) and ``llama-lookup`` (llama-cpp-python's own prompt-lookup
 decoding, ``LlamaPromptLookupDecoding`` as the ``draft_model`` of ``llama_cpp.Llama``). With
@@ -25,8 +26,8 @@ from .events import DoneEvent, GenerationStats
 from .speculation.policy import PolicyConfig
 
 LLAMA_LOOKUP = "llama-lookup"
-DEFAULT_MODES = ("plain", "auto", "lookup", "lookup8", "fixed1", "fixed2", "fixed3", "fixed4", "fixed6",
-                 "fixed8", LLAMA_LOOKUP)
+DEFAULT_MODES = ("plain", "auto", "chain", "lookup", "lookup8", "fixed1", "fixed2", "fixed3", "fixed4", "fixed6",
+                 "fixed8", "tree2", "tree4", "tree6", LLAMA_LOOKUP)
 
 
 @dataclass
@@ -309,15 +310,17 @@ def mode_config(name: str, base: GenerationConfig) -> GenerationConfig | None:
     dm = base.policy.draft_max
     if name == "plain":
         return GenerationConfig(spec=False, record_margins=True, **common)
-    if name in ("auto", "eagle", "lookup"):
-        source = "auto" if name == "auto" else name
-        return GenerationConfig(policy=PolicyConfig("auto", dm, base.policy.p_min, base.policy.probe_every, source),
-                                **common)
-    m = re.fullmatch(r"(fixed|lookup)(\d+)", name)
+    if name in ("auto", "eagle", "lookup", "chain"):
+        source = name if name in ("eagle", "lookup") else "auto"
+        return GenerationConfig(policy=PolicyConfig("auto", dm, base.policy.p_min, base.policy.probe_every, source,
+                                                    tree="off" if name == "chain" else "auto"), **common)
+    m = re.fullmatch(r"(fixed|lookup|tree)(\d+)", name)
     if m and 1 <= int(m.group(2)) <= 32:
-        source = "eagle" if m.group(1) == "fixed" else "lookup"
-        return GenerationConfig(policy=PolicyConfig("fixed", int(m.group(2)), source=source), **common)
-    raise LocalspecError(f"unknown bench mode '{name}' (plain, auto, eagle, lookup, fixedK, lookupK, {LLAMA_LOOKUP})")
+        source = "lookup" if m.group(1) == "lookup" else "eagle"
+        return GenerationConfig(policy=PolicyConfig("fixed", int(m.group(2)), source=source,
+                                                    tree="on" if m.group(1) == "tree" else "off"), **common)
+    raise LocalspecError(f"unknown bench mode '{name}' (plain, auto, chain, eagle, lookup, fixedK, lookupK, treeK, "
+                         f"{LLAMA_LOOKUP})")
 
 
 def parse_modes(text: str) -> list[str]:
@@ -326,7 +329,7 @@ def parse_modes(text: str) -> list[str]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        m = re.fullmatch(r"(fixed|lookup)(\d+)\.\.(\d+)", part)
+        m = re.fullmatch(r"(fixed|lookup|tree)(\d+)\.\.(\d+)", part)
         names = [f"{m.group(1)}{k}" for k in range(int(m.group(2)), int(m.group(3)) + 1)] if m else [part]
         for name in names:
             mode_config(name, GenerationConfig())  # validates

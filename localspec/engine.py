@@ -34,10 +34,18 @@ from .paths import user_dir
 from .speculation import costmodel
 from .speculation.eagle import DRAFTER_BATCH, EagleDrafter
 from .speculation.lookup import NgramLookup, ShadowScore
-from .speculation.policy import (EAGLE, LOOKUP, POLICIES, SOURCES, DraftPolicy, Learned, PolicyConfig,
-                                 top1_probability)
+from .speculation import tree
+from .speculation.policy import (EAGLE, LOOKUP, POLICIES, SOURCES, TREE, TREES, DraftPolicy, Learned,
+                                 PolicyConfig, top1_probability)
 
 PROMPT_BATCH = 512
+
+
+def target_context(with_drafter: bool) -> dict:
+    """Sequence settings of the target context (localspec.fit reserves the same): with a drafter,
+    draft trees are verified in one batch, each leaf a sequence of one unified cache (the tree's
+    rows share the prefix cells; see speculation.tree)."""
+    return dict(n_seq_max=1 + tree.MAX_NODES, kv_unified=True) if with_drafter else {}
 
 
 @dataclass
@@ -58,6 +66,12 @@ class GenerationConfig:
             raise LocalspecError(f"unknown draft source '{self.policy.source}' (auto, eagle or lookup)")
         if not 1 <= self.policy.draft_max <= 32:
             raise LocalspecError("draft-max must be between 1 and 32")
+        if self.policy.tree not in TREES:
+            raise LocalspecError(f"unknown tree setting '{self.policy.tree}' (auto, on or off)")
+        if not 1 <= self.policy.tree_width <= tree.MAX_WIDTH:
+            raise LocalspecError(f"tree width must be between 1 and {tree.MAX_WIDTH}")
+        if not 1 <= self.policy.tree_nodes <= tree.MAX_NODES:
+            raise LocalspecError(f"tree nodes must be between 1 and {tree.MAX_NODES}")
 
 
 def _margin(logits) -> float:
@@ -136,7 +150,8 @@ class Engine:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=n_threads,
-                           kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max)
+                           kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
+                           **target_context(self.drafter_info is not None))
         self.drafter: EagleDrafter | None = None
         try:
             if self.drafter_info is not None:
@@ -153,6 +168,7 @@ class Engine:
         self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
         self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
+        self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
         self._kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
         self._drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
         self._lock = threading.Lock()
@@ -228,6 +244,7 @@ class Engine:
         cycle: tuple[int, int, str | None] | None = None  # (drafted, accepted, source) of the last cycle
         last = first                        # at position n_past, not yet in the target KV
         n_past = len(prompt)
+        carry: list[int] = []               # committed tokens before ``last``, not yet in the KV
 
         while True:
             # emit what the last cycle committed
@@ -261,7 +278,8 @@ class Engine:
 
             # --- one cycle: choose, draft, verify in one target batch, accept ---
             t_cycle = time.perf_counter()
-            room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1)
+            room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1,
+                       ctx.n_outputs_max - 1 - len(carry))  # rows with logits in one batch
             drafts: list[int] = []
             proposal, match = lookup.propose(min(pcfg.draft_max, room)) if lookup is not None else ([], 0)
             source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
@@ -269,6 +287,7 @@ class Engine:
                 shadow.add(proposal, match)
             d_t0 = drafter.seconds if drafter is not None else 0.0
             d_steps = 0
+            draft_tree = None
             if source == LOOKUP:
                 drafts = proposal[:k]
             elif source == EAGLE:
@@ -276,7 +295,15 @@ class Engine:
                     d_steps = drafter.pending if policy.catch_up_rows is None else min(drafter.pending, policy.catch_up_rows)
                     d_logits, d_state = drafter.catch_up(policy.catch_up_rows)
                 logits, state = d_logits, d_state
-                while len(drafts) < k:
+                shape = policy.tree_plan(k, room)
+                if shape is not None:
+                    draft_tree = tree.build(drafter, logits, state, n_past, depth=k, width=shape[0],
+                                            max_nodes=shape[1])
+                    if not policy.fixed:  # cut to the size with the best expected rate
+                        draft_tree = tree.prune(draft_tree, self.tree_calibration, cost.verify,
+                                                drafter.seconds - d_t0 + policy.overhead)
+                    source = TREE
+                while draft_tree is None and len(drafts) < k:
                     tok, prob = top1_probability(logits)
                     if not policy.keep_drafting(prob):
                         break
@@ -285,40 +312,51 @@ class Engine:
                         logits, state = drafter.decode([tok], state[None, :], n_past + len(drafts) - 1)
                         d_steps += 1
 
-            batch = [last] + drafts
+            # the batch: committed tokens not yet in the KV cache (``carry``: a tree's accepted
+            # path beyond the rows kept in place), the last token, then the drafts
+            base = len(carry)
+            kv_start = n_past - base
             t0 = time.perf_counter()
-            ctx.decode(batch, n_past, all_logits=bool(drafts))
+            if draft_tree is not None:
+                path, kept, correction = self._verify_tree(carry, last, draft_tree, n_past, sampler)
+                drafts = [draft_tree.tokens[i] for i in path]
+                order = draft_tree.preorder()
+                row_of = {node: base + 1 + r for r, node in enumerate(order)}
+                rows = [base] + [row_of[i] for i in path]   # the batch rows of the committed tokens
+                accepted = len(path)
+                n_drafted = len(draft_tree)
+            else:
+                ctx.decode(carry + [last] + drafts, kv_start, all_logits=bool(drafts))
+                accepted, correction = 0, -1
+                for i, d in enumerate(drafts):
+                    ok, tok = sampler.verify(ctx.logits(base + i), d)
+                    if not ok:
+                        correction = tok
+                        break
+                    accepted += 1
+                if correction < 0:
+                    correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1))
+                if accepted < len(drafts):
+                    ctx.seq_rm(n_past + accepted + 1)
+                rows = list(range(base, base + accepted + 1))
+                kept = accepted
+                n_drafted = len(drafts)
             t_verify = time.perf_counter() - t0
-            stats.record_verify(len(batch), t_verify)
-
-            accepted = 0
-            pending = []
-            correction = -1
-            for i, d in enumerate(drafts):
-                ok, tok = sampler.verify(ctx.logits(i), d)
-                if not ok:
-                    correction = tok
-                    break
-                accepted += 1
-                pending.append((d, True))
-            if correction < 0:
-                correction = sampler.choose(ctx.logits(len(drafts) if drafts else -1))
-            pending.append((correction, False))
+            stats.record_verify(base + n_drafted + 1, t_verify)
+            pending = [(d, True) for d in drafts[:accepted]] + [(correction, False)]
             if margins is not None:  # bench bookkeeping, not counted as generation time
                 t_m = time.perf_counter()
-                rows = range(accepted + 1) if drafts else [-1]
-                margins.extend(_margin(ctx.logits(i)) for i in rows)
+                margins.extend(_margin(ctx.logits(i)) for i in (rows if drafts or draft_tree else [-1]))
                 t_gen += time.perf_counter() - t_m
                 t_cycle += time.perf_counter() - t_m
 
-            if accepted < len(drafts):
-                ctx.seq_rm(n_past + accepted + 1)
-            del self._kv_tokens[n_past:]
-            self._kv_tokens.extend(batch[: accepted + 1])
+            del self._kv_tokens[kv_start:]
+            self._kv_tokens.extend(carry + [last] + drafts[:kept])
+            carry = drafts[kept:accepted]
             committed = [t for t, _ in pending]
             if drafter is not None:
                 if policy.wants_features:
-                    drafter.observe(committed, accepted + 1, n_past)
+                    drafter.observe(committed, accepted + 1, n_past, rows)
                 else:  # the drafter will not draft soon: skip the copy (it restarts from later rows)
                     drafter.drop_pending()
                 d_logits = d_state = None
@@ -331,12 +369,14 @@ class Engine:
             last = correction
             if source == EAGLE and not drafts:
                 policy.eagle_declined()
-            source = source if drafts else None
-            stats.record_cycle(len(drafts), accepted, source)
-            policy.observe(source, len(drafts), accepted, verify_seconds=t_verify,
+            source = source if n_drafted else None
+            stats.record_cycle(n_drafted, accepted, source,
+                               depth=draft_tree.depth if draft_tree is not None else None)
+            policy.observe(source, n_drafted, accepted, verify_seconds=t_verify,
                            drafter_seconds=(drafter.seconds - d_t0) if drafter is not None else 0.0,
-                           cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=d_steps)
-            cycle = (len(drafts), accepted, source)
+                           cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=d_steps,
+                           depth=draft_tree.depth if draft_tree is not None else None)
+            cycle = (n_drafted, accepted, source)
 
         tail = stream.flush()
         if tail:
@@ -345,6 +385,43 @@ class Engine:
         stats.policy_choices = dict(policy.choices)
         yield DoneEvent(stream.text, out, finish, stats.snapshot(),
                         margins[: len(out)] if margins is not None else None)
+
+    def _verify_tree(self, carry: list[int], last: int, draft_tree: tree.DraftTree, n_past: int,
+                     sampler: Sampler) -> tuple[list[int], int, int]:
+        """Verify ``carry + [last]`` and the tree (depth-first, most probable chain first) in one
+        target decode. Returns (accepted nodes, how many of them keep their KV rows, the target's
+        next token).
+
+        Only an accepted path that fills the rows right after ``last`` keeps its KV rows in place:
+        the cells of rejected rows before an accepted one would be refilled later by later
+        positions, and attention over cells out of position order sums in another order (on
+        SmolLM2 that alone moves logits by up to ~0.8). The rest of the path goes back into the
+        next batch (``carry``), so the cache always reads as plain decoding wrote it."""
+        ctx = self.ctx
+        base = len(carry)
+        sets = draft_tree.leaf_sets()
+        order = draft_tree.preorder()
+        n_leaves = len(sets[0])
+        for s in range(1, n_leaves + 1):  # every leaf's sequence sees the committed prefix
+            ctx.seq_cp(0, s)
+        head = [1 + x for x in sets[0]]
+        try:
+            ctx.decode_tree(carry + [last] + [draft_tree.tokens[i] for i in order],
+                            list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
+                            [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order])
+            row_of = {node: base + 1 + r for r, node in enumerate(order)}
+            path, correction = tree.walk(draft_tree, lambda node: sampler.choose(
+                ctx.logits(base if node < 0 else row_of[node])))
+            kept = 0
+            while kept < len(path) and row_of[path[kept]] == base + 1 + kept:
+                kept += 1
+            leaf = 1 + sets[path[-1] + 1 if path else 0][0]  # its sequence holds the whole path
+            ctx.seq_cp(leaf, 0, n_past - base, n_past + kept + 1)
+        finally:
+            for s in range(1, n_leaves + 1):  # frees the other rows' cells
+                ctx.seq_rm(-1, -1, seq=s)
+        self.tree_calibration.learn(draft_tree, path)
+        return path, kept, correction
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:
@@ -359,9 +436,11 @@ class Engine:
                                                 lambda: self._calibrate(cancel), refresh=refresh)
         return self.cost
 
-    def _calibrate(self, cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None, bool]:
-        """Time target decodes of each batch size (logits for every row) after a short context, and
-        one drafter step: (seconds by batch size, drafter step, complete). Leaves both caches empty."""
+    def _calibrate(self, cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None,
+                                                                          float | None, bool]:
+        """Time target decodes of each batch size (logits for every row) after a short context, one
+        drafter step and one step of ``tree.WIDTH`` branches: (seconds by batch size, drafter step,
+        branch step / drafter step, complete). Leaves both caches empty."""
         deadline = time.perf_counter() + costmodel.BUDGET_SECONDS
 
         def stop() -> bool:  # an oversubscribed machine can make decodes 100x slower: keep what we have
@@ -384,7 +463,7 @@ class Engine:
 
         verify_costs = costmodel.measure(verify, sizes, stop=stop)
         ctx.seq_rm(0)
-        drafter_step = None
+        drafter_step = drafter_width = None
         if self.drafter is not None:
             d = self.drafter
             g = np.zeros((1, d.n_embd), dtype=np.float32)
@@ -395,7 +474,16 @@ class Engine:
 
             drafter_step = costmodel.measure(step, [1])[1]
             d.reset(0)
-        return verify_costs, drafter_step, len(verify_costs) == len(sizes)
+            seqs = list(range(1, tree.WIDTH + 1))
+            gw = np.zeros((tree.WIDTH, d.n_embd), dtype=np.float32)
+
+            def branches(_b: int) -> None:
+                d.decode_branches([tok] * tree.WIDTH, gw, 0, seqs)
+                for s in seqs:
+                    d.forget(s)
+
+            drafter_width = costmodel.measure(branches, [1])[1] / drafter_step
+        return verify_costs, drafter_step, drafter_width, len(verify_costs) == len(sizes)
 
     def _prefill(self, prompt: list[int], sampler: Sampler, drafter: EagleDrafter | None) -> int:
         """Bring the target KV cache to the prompt (the drafter records the new rows); return the

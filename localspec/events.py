@@ -69,7 +69,9 @@ class GenerationStats:
             entry[0] += 1
             entry[1] += seconds
 
-    def record_cycle(self, drafted: int, accepted: int, source: str | None = None) -> None:
+    def record_cycle(self, drafted: int, accepted: int, source: str | None = None, *, depth: int | None = None) -> None:
+        """``depth``: a draft tree's depth (``drafted`` counts its nodes; per-position figures
+        count positions down to ``depth``)."""
         self.cycles += 1
         if not drafted:
             return
@@ -82,10 +84,11 @@ class GenerationStats:
             entry[2] += accepted
         self.drafted += drafted
         self.accepted += accepted
-        while len(self.drafted_per_position) < drafted:
+        positions = drafted if depth is None else depth
+        while len(self.drafted_per_position) < positions:
             self.drafted_per_position.append(0)
             self.accepted_per_position.append(0)
-        for i in range(drafted):
+        for i in range(positions):
             self.drafted_per_position[i] += 1
             if i < accepted:
                 self.accepted_per_position[i] += 1

@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 from . import gguf_consts as K
 from .errors import LocalspecError
 from .gguf_info import GGUFInfo, TensorInfo, check_pair, check_target, read_gguf
-from .speculation.eagle import DRAFTER_BATCH
+from .speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -456,19 +456,21 @@ class LlamaCompute:
         return self._cache[key]
 
     def _reserve(self, n_ctx: int, kv: str, ngl: int, dngl: int) -> tuple[int, int]:
+        from .engine import target_context
         from .llama_model import Context, Model
 
         tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True)
         tc = dm = dc = None
         try:
             tc = Context(tm, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=self.n_threads,
-                         kv_type=KV_TYPES[kv][0], n_outputs_max=VERIFY_OUTPUTS_MAX)
+                         kv_type=KV_TYPES[kv][0], n_outputs_max=VERIFY_OUTPUTS_MAX,
+                         **target_context(self.drafter is not None))
             t_bufs = parse_buffers(tc.load_log)
             d_bufs: list = []
             if self.drafter:
                 dm = Model(self.drafter, n_gpu_layers=dngl, no_alloc=True)
                 dc = Context(dm, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads, ctx_other=tc,
-                             precise_attention=True)
+                             **DRAFTER_CONTEXT)
                 d_bufs = parse_buffers(dc.load_log)
         finally:
             for obj in (dc, dm, tc, tm):

@@ -225,7 +225,7 @@ class Context:
         self.n_outputs_max = n_outputs_max or n_batch
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self._views: dict[int, np.ndarray] = {}
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -273,6 +273,36 @@ class Context:
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 
+    def decode_tree(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]]) -> None:
+        """Decode a draft tree in one batch, logits for every row: row ``i`` holds ``tokens[i]`` at
+        ``positions[i]`` and belongs to the sequences ``seqs[i]`` (the leaves below it). A row
+        attends to the cells of its first sequence, so each sequence must already hold the
+        committed prefix (:meth:`seq_cp`) and list the rows of one root-to-leaf path."""
+        n = len(tokens)
+        if n > self.n_batch or n > self.n_outputs_max:
+            raise LocalspecError(f"internal: tree of {n} rows exceeds the batch ({self.n_batch}/{self.n_outputs_max})")
+        n_seq = self._batch.n_seq_id
+        seq_id = self._batch.seq_id
+        for i in range(n):
+            row = seqs[i]
+            if not 0 < len(row) <= self.n_seq_max:
+                raise LocalspecError(f"internal: tree row {i} has {len(row)} sequences")
+            self._tok[i] = tokens[i]
+            self._pos[i] = positions[i]
+            self._out[i] = 1
+            n_seq[i] = len(row)
+            for j, s in enumerate(row):
+                seq_id[i][j] = s
+        self._batch.n_tokens = n
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        finally:
+            for i in range(n):
+                n_seq[i] = 1
+                seq_id[i][0] = 0
+        if rc != 0:
+            raise _llama_failure(f"llama_decode failed (code {rc})")
+
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row ``i`` of the last batch (-1: the last), a view valid until the next decode."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
@@ -290,6 +320,11 @@ class Context:
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
             raise LocalspecError("internal: could not trim the KV cache")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add sequence ``dst`` to the cells of ``src`` in positions [p0, p1) (a unified cache
+        shares the cells: no data moves)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
     def pos_max(self, seq: int = 0) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))

@@ -91,7 +91,7 @@ def resolve(name: str | None = None, *, target: str | Path | None = None,
 OPTION_FOR_PARAMETER = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
     "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx",
-    "draft_max": "draft_max", "draft_policy": "policy",
+    "draft_max": "draft_max", "draft_policy": "policy", "draft_tree": "tree", "draft_p_min": "p_min",
 }
 
 
@@ -108,6 +108,8 @@ def apply_model_defaults(spec: ModelSpec, options: dict, is_default) -> dict:
         current = out[opt]
         if param == "stop":
             value = list(value)
+        elif param == "draft_tree":             # a Modelfile bool: trees always, or chains only
+            value = type(current)("on" if value else "off")
         elif isinstance(current, Enum):
             value = type(current)(value)       # e.g. the CLI's Policy enum
         out[opt] = value

@@ -40,6 +40,22 @@ def test_generate_json_contract_with_a_drafter(pair):
     assert out["tokens_per_cycle"] >= 1.0
 
 
+def test_generate_with_draft_trees(pair):
+    target, drafter = pair
+    out = {}
+    for tree in ("on", "off"):
+        proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
+                   "--raw", "--policy", "fixed", "--draft-max", "3", "--tree", tree, "--max-tokens", "24", "--json")
+        assert proc.returncode == 0, proc.stderr
+        out[tree] = json.loads(proc.stdout)
+    assert out["on"]["text"] == out["off"]["text"]
+    assert "tree" in out["on"]["sources"] and "tree" not in out["off"]["sources"]
+    proc = cli("generate", "--target", str(target), "--prompt", "x", "--tree", "sometimes")
+    assert proc.returncode == 2
+    proc = cli("generate", "--target", str(target), "--prompt", "x", "--p-min", "2")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--p-min" in proc.stderr
+
+
 def test_generate_no_spec_and_streaming(pair):
     target, drafter = pair
     proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "Hello", "--raw",
@@ -108,12 +124,14 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "a b c a b c a b", "category": "copy"}) + "\n")
     proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
-               "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,llama-lookup", "--json")
+               "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,tree3,chain,llama-lookup", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert BENCH_FIELDS <= set(out)
-    assert set(out["modes"]) == {"plain", "auto", "lookup", "fixed1", "fixed2", "lookup4", "llama-lookup"}
-    for name in ("auto", "lookup", "fixed1", "fixed2", "lookup4"):
+    assert BENCH_FIELDS <= set(out) and out["tree"] == "auto"
+    assert set(out["modes"]) == {"plain", "auto", "lookup", "fixed1", "fixed2", "lookup4", "tree3", "chain",
+                                 "llama-lookup"}
+    assert out["modes"]["tree3"]["policy_choices"]["tree"] > 0
+    for name in ("auto", "lookup", "fixed1", "fixed2", "lookup4", "tree3", "chain"):
         m = out["modes"][name]
         assert m["greedy_identical"] and {"bound", "speedup_over_bound", "time_split"} <= set(m)
     assert set(out["per_prompt"][0]["modes"]) == set(out["modes"])

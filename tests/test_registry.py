@@ -286,12 +286,14 @@ def test_apply_model_defaults():
 
     spec = ModelSpec("m", Path("t.gguf"), parameters={"temperature": 0.3, "num_predict": 7, "num_ctx": 512,
                                                        "stop": ["x"], "mirostat": 1, "num_predict_x": 1},
-                     draft_params={"draft_max": 3, "draft_policy": "fixed"})
-    from localspec.cli.generate import Policy
+                     draft_params={"draft_max": 3, "draft_policy": "fixed", "draft_tree": False, "draft_p_min": 0.5})
+    from localspec.cli.generate import Policy, Tree
 
-    opts = dict(max_tokens=256, temperature=0.0, stop=[], ctx=4096, policy=Policy.auto, draft_max=4)
+    opts = dict(max_tokens=256, temperature=0.0, stop=[], ctx=4096, policy=Policy.auto, draft_max=4, tree=Tree.auto,
+                p_min=0.3)
     out = apply_model_defaults(spec, opts, lambda name: name != "temperature")
-    assert out == dict(max_tokens=7, temperature=0.0, stop=["x"], ctx=512, policy=Policy.fixed, draft_max=3)
+    assert out == dict(max_tokens=7, temperature=0.0, stop=["x"], ctx=512, policy=Policy.fixed, draft_max=3,
+                       tree=Tree.off, p_min=0.5)
     assert list(out) == list(opts)
 
 

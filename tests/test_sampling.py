@@ -61,11 +61,13 @@ def test_seeded_sampling_is_reproducible(tmp_path):
     assert a == b
 
 
-def test_speculative_sampling_matches_plain_sampling_end_to_end(tmp_path):
+@pytest.mark.parametrize("tree", ["off", "on"])
+def test_speculative_sampling_matches_plain_sampling_end_to_end(tmp_path, tree):
     """Marginal distributions of generated tokens 3..6, plain vs speculative, over many seeds.
 
     The noisy target repeats its last token often but not always, and the repeat drafter proposes
-    that repetition, so drafts are both accepted and rejected (and resampled) at those positions."""
+    that repetition, so drafts are both accepted and rejected (and resampled) at those positions;
+    with ``tree`` on, drafts are trees of the drafter's top tokens (speculation.tree)."""
     target = build_target(tmp_path / "t.gguf", "noisy", noise=0.006)
     drafter = build_drafter(tmp_path / "d.gguf", target, "repeat")
     params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
@@ -75,7 +77,7 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(tmp_path):
     with Engine(target, drafter, n_ctx=256) as engine:
         for spec in (False, True):
             for seed in range(n):
-                cfg = GenerationConfig(max_tokens=6, spec=spec, policy=PolicyConfig("fixed", 2),
+                cfg = GenerationConfig(max_tokens=6, spec=spec, policy=PolicyConfig("fixed", 2, tree=tree),
                                        sampling=SamplingParams(seed=seed + (0 if spec else 10_000), **params))
                 done = [e for e in engine.generate("The quick brown fox", cfg) if isinstance(e, DoneEvent)][0]
                 samples[spec].append(tuple(done.tokens))

@@ -97,7 +97,7 @@ def test_calibration_is_cached_per_key(tmp_path):
 
     def calibrate():
         calls.append(1)
-        return {1: 0.005, 2: 0.008}, 0.001, True
+        return {1: 0.005, 2: 0.008}, 0.001, 1.2, True
 
     cache = tmp_path / "calibration.json"
     a = load_or_calibrate("m1", cache, calibrate)

@@ -15,7 +15,7 @@ from ..engine import GenerationConfig
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
-from .generate import Policy, Source, default_draft_max
+from .generate import Policy, Source, Tree, TreeOpt, default_draft_max
 
 
 @app.command()
@@ -29,9 +29,11 @@ def bench(
     draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
                                             help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
     source: Source = typer.Option(Source.auto, "--source", help="Draft source of the compared policy."),
+    tree: Tree = TreeOpt,
     modes: Optional[str] = typer.Option(
         None, "--modes", show_default=False,
         help="More modes to run on each prompt, comma-separated: auto, eagle, lookup, fixed1..8 (EAGLE chains), "
+             "tree1..8 (EAGLE draft trees of that depth), chain (auto without trees), "
              "lookup8 (lookup drafts of fixed depth), llama-lookup (llama-cpp-python's prompt lookup); "
              "'all' for a standard set."),
     repeats: int = typer.Option(1, "--repeats", help="Runs of each prompt and mode, interleaved; the fastest counts."),
@@ -51,7 +53,8 @@ def bench(
     items = load_prompts(prompts)
     draft_max = default_draft_max(policy, draft_max)
     config = GenerationConfig(max_tokens=max_tokens,
-                              policy=PolicyConfig(name=policy.value, draft_max=draft_max, source=source.value))
+                              policy=PolicyConfig(name=policy.value, draft_max=draft_max, source=source.value,
+                                                  tree=tree.value))
     mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
     if repeats < 1:
         from ..errors import LocalspecError
@@ -71,7 +74,7 @@ def bench(
         report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline, modes=mode_list,
                            repeats=repeats)
     summary = report.to_dict()
-    summary.update(model=spec.name, policy=policy.value, source=source.value, draft_max=draft_max,
+    summary.update(model=spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
                    max_tokens=max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))

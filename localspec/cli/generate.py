@@ -12,6 +12,7 @@ import typer
 
 from ..chat_format import Message
 from ..engine import GenerationConfig
+from ..errors import LocalspecError
 from ..events import DoneEvent, TokenEvent
 from ..models import apply_model_defaults, resolve
 from ..sampling import SamplingParams
@@ -38,15 +39,30 @@ class Source(str, Enum):
     lookup = "lookup"
 
 
+class Tree(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+TreeOpt = typer.Option(Tree.auto, "--tree",
+                       help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
+                            "on (always), off (chains only).")
+
+
 def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                  seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
-                 draft_max: Optional[int], source: Source = Source.auto) -> GenerationConfig:
+                 draft_max: Optional[int], source: Source = Source.auto, tree: Tree = Tree.auto,
+                 p_min: float = PolicyConfig.p_min) -> GenerationConfig:
+    if not 0.0 <= p_min <= 1.0:
+        raise LocalspecError("--p-min must be in [0, 1]")
     return GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
         stop=tuple(stop),
         spec=not no_spec,
-        policy=PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max), source=source.value),
+        policy=PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max), source=source.value,
+                            tree=tree.value, p_min=p_min),
     )
 
 
@@ -74,6 +90,9 @@ def generate(
                                             help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
     source: Source = typer.Option(Source.auto, "--source",
                                   help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    tree: Tree = TreeOpt,
+    p_min: float = typer.Option(PolicyConfig.p_min, "--p-min",
+                                help="auto: the drafter stops drafting below this confidence."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
     top_k: int = typer.Option(40, "--top-k"),
@@ -92,14 +111,14 @@ def generate(
 ) -> None:
     """Generate a reply to one prompt."""
     resolved = resolve(model, target=target, draft=draft)
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, policy, draft_max) = apply_model_defaults(
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, policy, draft_max, tree, p_min) = apply_model_defaults(
         resolved,
         dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-             stop=stop, ctx=ctx, policy=policy, draft_max=draft_max),
+             stop=stop, ctx=ctx, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
-                          source=source)
+                          source=source, tree=tree, p_min=p_min)
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                vram=vram, spec=resolved)
     with engine:

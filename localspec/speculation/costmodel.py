@@ -28,7 +28,7 @@ REPEATS = 3
 BUDGET_SECONDS = 3.0   # calibration stops here (the sizes measured so far; not cached)
 ALPHA = 0.15           # EMA weight of one live measurement
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
-CACHE_VERSION = 1
+CACHE_VERSION = 2      # 2: the drafter's cost of a step of tree branches
 
 
 def _file_key(path: Path | None) -> str:
@@ -50,7 +50,7 @@ class CostModel:
     """Seconds per target verify of ``b`` tokens and per drafter step, calibrated then refreshed live."""
 
     def __init__(self, verify: dict[int, float], drafter_step: float | None = None, *, key: str = "",
-                 cache: Path | None = None) -> None:
+                 cache: Path | None = None, drafter_width: float | None = None) -> None:
         if 1 not in verify:
             raise ValueError("a cost model needs the one-token verify cost")
         self.key = key
@@ -61,6 +61,8 @@ class CostModel:
         self._drift = 1.0                           # live / calibrated over all sizes
         self.drafter_step = drafter_step
         self._drafter_base = drafter_step
+        # a drafter step of speculation.tree.WIDTH branches (one decode) over a one-branch step
+        self.drafter_width = drafter_width
         self._table: list[float] = []
         self._seen = 0
         self._rebuild()
@@ -124,7 +126,8 @@ class CostModel:
     def live(self) -> dict:
         """The current figures, in the cache's form."""
         sizes = sorted(set(self._sizes))
-        return {"verify": {str(b): self.verify(b) for b in sizes}, "drafter_step": self.drafter_step}
+        return {"verify": {str(b): self.verify(b) for b in sizes}, "drafter_step": self.drafter_step,
+                "drafter_width": self.drafter_width}
 
     def drifted(self) -> bool:
         moved = [abs(r - 1.0) for r in self._ratio.values()]
@@ -157,7 +160,8 @@ class CostModel:
 
     def to_dict(self) -> dict:
         return {"verify_ms": [round(v * 1e3, 3) for v in self.curve()],
-                "drafter_step_ms": round(self.drafter_step * 1e3, 3) if self.drafter_step else None}
+                "drafter_step_ms": round(self.drafter_step * 1e3, 3) if self.drafter_step else None,
+                "drafter_width_ratio": round(self.drafter_width, 3) if self.drafter_width else None}
 
 
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
@@ -180,7 +184,8 @@ def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
     return out
 
 
-def load_or_calibrate(key: str, cache: Path, calibrate: Callable[[], tuple[dict[int, float], float | None, bool]],
+def load_or_calibrate(key: str, cache: Path,
+                      calibrate: Callable[[], tuple[dict[int, float], float | None, float | None, bool]],
                       *, refresh: bool = False) -> CostModel:
     """The cached figures for ``key``, else a fresh calibration (written to the cache)."""
     if not refresh and cache.is_file():
@@ -190,11 +195,12 @@ def load_or_calibrate(key: str, cache: Path, calibrate: Callable[[], tuple[dict[
             if entry:
                 verify = {int(b): float(s) for b, s in entry["verify"].items()}
                 if 1 in verify and all(s > 0 for s in verify.values()):
-                    return CostModel(verify, entry.get("drafter_step"), key=key, cache=cache)
+                    return CostModel(verify, entry.get("drafter_step"), key=key, cache=cache,
+                                     drafter_width=entry.get("drafter_width"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
-    verify, drafter_step, complete = calibrate()
-    model = CostModel(verify, drafter_step, key=key, cache=cache)
+    verify, drafter_step, drafter_width, complete = calibrate()
+    model = CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
     if complete:  # an interrupted calibration serves this engine only
         try:
             model.save()

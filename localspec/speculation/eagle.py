@@ -25,6 +25,7 @@ from .. import llama_ext
 from ..errors import LocalspecError
 from ..gguf_info import GGUFInfo, read_tensor
 from ..llama_model import Context, Model, _llama_failure
+from .tree import MAX_WIDTH
 
 
 # Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
@@ -32,6 +33,12 @@ ALL_OUTPUT_ROWS = 16
 # The drafter's batch size: llama.cpp sizes its output buffer (full-vocabulary logits) by it, and
 # prompt chunks are written without outputs in pieces of this size.
 DRAFTER_BATCH = 64
+# Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
+TREE_SEQS = MAX_WIDTH
+# The drafter context's settings (localspec.fit reserves the same). One layer of attention: exact
+# arithmetic costs little and keeps the drafter within 1e-6 of its torch reference (flash attention
+# on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
+DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + TREE_SEQS, kv_unified=True)
 
 
 def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
@@ -47,10 +54,9 @@ class EagleDrafter:
         self.info = info
         self.target = target
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
-        # One layer of attention: exact arithmetic costs little and keeps the drafter within
-        # 1e-6 of its torch reference (flash attention on CPU rounds Q to F16: 1e-4 off).
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
-                           precise_attention=True)
+                           **DRAFTER_CONTEXT)
+        self.tree_seqs = TREE_SEQS
         self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
         if tuple(self.layers) != tuple(info.target_layers or ()):
             raise LocalspecError(f"{info.path.name}: llama.cpp reads target layers {self.layers}, metadata says {info.target_layers}")
@@ -72,16 +78,19 @@ class EagleDrafter:
         self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
 
     # -- target side -------------------------------------------------------------------------
-    def features(self, n_rows: int) -> np.ndarray:
-        """The three target layer inputs of the first ``n_rows`` rows of the target's last batch."""
-        out = np.empty((n_rows, 3 * self.n_embd_tgt), dtype=np.float32)
+    def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
+        """The three target layer inputs of the first ``n_rows`` rows of the target's last batch
+        (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
+        n_out = n_rows if rows is None else len(rows)
+        n_batch = n_rows if rows is None else max(rows) + 1
+        out = np.empty((n_out, 3 * self.n_embd_tgt), dtype=np.float32)
         for k, lid in enumerate(self.layers):
             ptr = llama_ext.get_embeddings_layer_inp(self.target.ptr, lid)
             if not ptr:
                 raise LocalspecError(f"llama.cpp extracted no features for target layer {lid}")
-            rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd_tgt))
+            src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd_tgt))
             block = out[:, k * self.n_embd_tgt:(k + 1) * self.n_embd_tgt]
-            block[:] = rows
+            block[:] = src if rows is None else src[rows]
             if self.info.fc_norm:
                 block[:] = _rms_normalize(block, self.fc_norm_eps)
         return out
@@ -120,17 +129,20 @@ class EagleDrafter:
             out[start:start + m] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
         return out
 
-    def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool) -> int:
+    def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
+                     seqs: list[int] | None = None) -> int:
+        """Rows at consecutive positions from ``start_pos`` in sequence 0, or (``seqs``) each in
+        its own sequence, all at ``start_pos``."""
         llama_cpp.llama_batch_ext_clear(self._batch)
         idx = -1
         for i, tok in enumerate(tokens):
-            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0, tok)
+            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0 if seqs is None else seqs[i], tok)
             if idx < 0:
                 raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
             row = g[i]
             embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
             llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-            self._pos.value = start_pos + i
+            self._pos.value = start_pos + (i if seqs is None else 0)
             llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
             llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
         self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
@@ -154,33 +166,54 @@ class EagleDrafter:
                 self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False)
             tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
         idx = self._decode_rows(tokens, g, start_pos, output=True)
-        logits = self.ctx.logits(idx)
+        return self.ctx.logits(idx), self._state(idx)
+
+    def _state(self, idx: int) -> np.ndarray:
         ptr = llama_ext.get_embeddings_nextn_ith(self.ctx.ptr, idx)
         if not ptr:
             raise LocalspecError("the drafter returned no hidden state")
         state = np.array(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)))
         if self.out_norm is not None:
             state = _rms_normalize(state, self.out_norm_eps) * self.out_norm
-        return logits, state
+        return state
+
+    # -- draft trees (speculation.tree) --------------------------------------------------------
+    def fork(self, src: int, dst: int) -> None:
+        """Sequence ``dst`` sees what ``src`` sees (sequence 0: the committed pairs)."""
+        self.ctx.seq_cp(src, dst)
+
+    def forget(self, seq: int) -> None:
+        """Drop a branch sequence (cells no other sequence holds are freed)."""
+        self.ctx.seq_rm(-1, -1, seq=seq)
+
+    def decode_branches(self, tokens: list[int], g: np.ndarray, pos: int,
+                        seqs: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One decode of several tree branches, all at ``pos``, row ``i`` in sequence ``seqs[i]``:
+        per row a copy of its logits and its fed-back state."""
+        if len(tokens) > ALL_OUTPUT_ROWS:
+            raise LocalspecError(f"internal: {len(tokens)} branches exceed {ALL_OUTPUT_ROWS} rows")
+        self._decode_rows(tokens, np.ascontiguousarray(g, dtype=np.float32), pos, True, seqs)
+        return [(np.array(self.ctx.logits(i)), self._state(i)) for i in range(len(tokens))]
 
     # -- cycle-level API used by the engine ----------------------------------------------------
     # The target's features must be read right after each target decode, but feeding them to the
     # drafter can wait until the next draft: while the policy decodes plain, committed rows only
     # accumulate here (a copy of 3 x n_embd floats per token), and one catch-up writes them all.
 
-    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int) -> None:
+    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
         """Record the committed rows of the target's last batch: ``n_rows`` positions from
-        ``start_pos``; ``tokens_next[i]`` is the token at ``start_pos + i + 1``."""
+        ``start_pos`` (the batch's first rows, or its rows ``rows``); ``tokens_next[i]`` is the
+        token at ``start_pos + i + 1``."""
         if self._pending_start is None:
             self._pending_start = start_pos
         elif start_pos != self._pending_start + len(self._pending_tokens):
             raise LocalspecError("internal: drafter rows recorded out of order")
-        self._pending_feats.append(self.features(n_rows))
+        self._pending_feats.append(self.features(n_rows, rows))
         self._pending_tokens.extend(tokens_next[:n_rows])
 
     def drop_pending(self) -> None:
         """Forget the recorded rows (the next ``observe`` may start at any later position; the
-        positions in between stay empty in the drafter's cache)."""
+        drafter's cache then restarts from there, see catch_up)."""
         self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
 
     @property
@@ -193,18 +226,20 @@ class EagleDrafter:
 
         Every drafter row costs about one drafting step (llama.cpp's eagle3 graph computes the
         vocabulary logits of every row), so after a long stretch of plain decoding ``max_rows``
-        writes only the most recent rows: the older positions stay empty in the drafter's cache
-        (it attends to what is there; drafts only get a little worse, never the output)."""
+        writes only the most recent rows, and the drafter forgets the older ones (it attends to what
+        is there; drafts only get a little worse, never the output)."""
         if self._pending_start is None:
             raise LocalspecError("internal: the drafter has no committed rows to draft from")
         feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
         start, tokens = self._pending_start, self._pending_tokens
         self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-        # drop speculative pairs of earlier drafts, also those below a gap left by drop_pending
-        self.ctx.seq_rm(min(start, self._written_until))
         if max_rows is not None and len(tokens) > max_rows:
             cut = len(tokens) - max_rows
             feats, tokens, start = feats[cut:], tokens[cut:], start + cut
+        # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
+        # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
+        # drafter then attends to the recent rows only
+        self.ctx.seq_rm(start if start <= self._written_until else 0)
         g = self.encode(feats)
         self._written_until = start + len(tokens)
         return self.decode(tokens, g, start)

@@ -25,7 +25,8 @@ from .costmodel import CostModel
 
 POLICIES = ("auto", "fixed")
 SOURCES = ("auto", "eagle", "lookup")
-EAGLE, LOOKUP = "eagle", "lookup"
+TREES = ("auto", "on", "off")
+EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
 MAX_DEPTH = 32
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16)  # lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16+
 DECAY = 0.97           # weight of past observations, per observation of a position
@@ -34,6 +35,8 @@ PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
 CARRY = 4.0            # observations per position carried from one generation to the next
+TREE_DRAFT_RATIO = 1.5   # auto: trees only where a drafter step of WIDTH branches costs at most this
+TREE_VERIFY_RATIO = 1.5  # ... and verifying a full tree at most this, times the chain's cost
 
 
 @dataclass
@@ -43,6 +46,9 @@ class PolicyConfig:
     p_min: float = 0.3          # drafter: stop drafting below this confidence
     probe_every: int = 16       # auto: first interval (cycles) between drafter probes
     source: str = "auto"        # auto (both), eagle (drafter only), lookup (n-gram lookup only)
+    tree: str = "auto"          # drafter trees: auto (where batching is cheap), on (always), off (chains)
+    tree_width: int = 4         # branches expanded per depth, children offered by each
+    tree_nodes: int = 24        # most draft nodes in a tree
 
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
@@ -140,7 +146,7 @@ class DraftPolicy:
         self._probe_interval = config.probe_every
         self._since_eagle = 0
         self.wants_features = True   # the engine records target features for the drafter
-        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0}
+        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0}
 
     @property
     def fixed(self) -> bool:
@@ -222,6 +228,25 @@ class DraftPolicy:
         """Most rows the drafter writes before drafting (None: all, as ``fixed`` does)."""
         return None if self.fixed else CATCH_UP_ROWS
 
+    def tree_plan(self, depth: int, cells: int) -> tuple[int, int] | None:
+        """(width, most nodes) of a draft tree for a drafter cycle of ``depth``, or None for a
+        chain. ``auto`` grows trees only where the cost model says width is nearly free (a GPU:
+        a drafter step of ``width`` branches and a verify of the whole tree cost little more than
+        a chain's); :func:`speculation.tree.prune` then cuts each tree to its best expected rate.
+        ``cells``: free KV cells for the drafted rows."""
+        cfg = self.config
+        width, nodes = cfg.tree_width, min(cfg.tree_nodes, cells)
+        if cfg.tree == "off" or depth < 1 or nodes <= depth or width * depth > cells:
+            return None
+        if cfg.tree == "on":
+            return width, nodes
+        cost = self.cost
+        if cost is None or not cost.drafter_width:
+            return None
+        cheap_draft = cost.drafter_width <= TREE_DRAFT_RATIO
+        cheap_verify = cost.verify(nodes + 1) <= TREE_VERIFY_RATIO * cost.verify(depth + 1)
+        return (width, nodes) if cheap_draft and cheap_verify else None
+
     def keep_drafting(self, probability: float) -> bool:
         return self.fixed or probability >= self.config.p_min
 
@@ -236,15 +261,17 @@ class DraftPolicy:
         self.lookup_acc[_bucket(bucket)].observe(proposed, accepted)
 
     def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
-                drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0) -> None:
+                drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0,
+                depth: int | None = None) -> None:
+        """After a cycle; ``depth``: a draft tree's depth (``drafted`` counts its nodes)."""
         self.choices[source or "plain"] += 1
         cost = self.cost
         if cost is not None:
             cost.observe_verify(drafted + 1, verify_seconds)
             if source == EAGLE and drafted:
                 cost.observe_drafter(drafter_steps or drafted, drafter_seconds)
-        if source == EAGLE and drafted:
-            self.eagle_acc.observe(drafted, accepted)
+        if source in (EAGLE, TREE) and drafted:  # a tree counts as a chain of its depth
+            self.eagle_acc.observe(depth or drafted, accepted)
         extra = cycle_seconds - verify_seconds - drafter_seconds
         if extra > 0:
             self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra
