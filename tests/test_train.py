@@ -168,3 +168,14 @@ def test_prompt_file_formats(tmp_path):
     items = load_prompts(p)
     assert [len(i.messages) for i in items] == [1, 3] and items[0].category == "chat"
     assert len(load_prompts(None)) >= 500
+
+
+def test_default_prompt_set_is_promptgen_output_and_disjoint_from_the_held_out_bench():
+    from localspec.train import promptgen
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = [json.loads(line) for line in (root / "localspec" / "data" / "train_prompts.jsonl").read_text().splitlines()]
+    assert shipped == promptgen.default_set() and len(shipped) > 2000
+    assert {p.category for p in load_prompts(None)} >= {"chat", "coding", "math", "writing", "multi-turn"}
+    held = {json.loads(line)["prompt"] for line in (root / "bench" / "heldout.jsonl").read_text().splitlines() if line}
+    assert not held & {m["content"] for it in shipped for m in it["messages"]}

@@ -263,9 +263,21 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
     return unique
 
 
+def default_set() -> list[dict]:
+    """The shipped set: the sampled one, then every template with every topic (other system
+    prompts and numbers), without repeats."""
+    seen, items = set(), []
+    for it in build() + build(1, full=True):
+        key = json.dumps(it["messages"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            items.append(it)
+    return items
+
+
 def main() -> None:
     out = Path(__file__).resolve().parent.parent / "data" / "train_prompts.jsonl"
-    items = build()
+    items = default_set()
     heldout = Path(__file__).resolve().parents[2] / "bench" / "heldout.jsonl"
     if heldout.is_file():
         held = {json.loads(line)["prompt"] for line in heldout.read_text().splitlines() if line.strip()}
