@@ -1,11 +1,12 @@
 """Held-out evaluation of a drafter: tokens per cycle by category, against a bigram baseline.
 
     .venv/bin/python bench/eval_drafter.py --draft localspec/data/smollm2-135m-eagle3.1.gguf \
-        --data localspec/data/smollm2-135m-train.jsonl.gz [--prompts bench/heldout.jsonl] [--json]
+        --data localspec/data/smollm2-135m-train.jsonl.gz [--prompts bench/heldout.jsonl] [--tree] [--json]
 
 Runs the same comparison as ``localspec bench --policy fixed --draft-max 4`` (plain, then
 speculative greedy decoding of each prompt) and simulates a bigram drafter (the most frequent next
-token in the training data, chained to the same depth) on the plain greedy responses.
+token in the training data, chained to the same depth) on the plain greedy responses. ``--tree``
+also drafts EAGLE-2 trees of the same depth (bench mode ``treeK``) and reports their tokens per cycle.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tree", action="store_true", help="also draft trees of the same depth (mode treeK)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -41,9 +43,11 @@ def main() -> int:
     table = bigram_table([s.prompt + s.response for s in seqs])
     with Engine(args.target or default_target(), args.draft, n_ctx=2048, n_threads=args.threads) as eng:
         cfg = GenerationConfig(max_tokens=args.max_tokens, policy=PolicyConfig(name="fixed", draft_max=args.depth))
-        report = run_bench(eng, prompts, cfg)
+        tree_mode = f"tree{args.depth}"
+        report = run_bench(eng, prompts, cfg, modes=[tree_mode] if args.tree else [])
         rows = defaultdict(lambda: {"tokens": 0, "cycles": 0, "bigram_tokens": 0, "bigram_cycles": 0.0, "n": 0,
-                                    "identical": True, "plain_tps": [], "spec_tps": []})
+                                    "identical": True, "plain_tps": [], "spec_tps": [], "tree_tokens": 0,
+                                    "tree_cycles": 0})
         for r in report.results:
             c = rows[r.prompt.category]
             s = r.spec.stats
@@ -51,6 +55,11 @@ def main() -> int:
             c["tokens"] += s.generated_tokens
             c["cycles"] += s.cycles
             c["identical"] &= r.divergence is None
+            if tree_mode in r.modes:
+                t = r.modes[tree_mode]
+                c["tree_tokens"] += t.stats.generated_tokens
+                c["tree_cycles"] += t.stats.cycles
+                c["identical"] &= t.divergence is None
             c["plain_tps"].append(r.plain.stats.tokens_per_second)
             c["spec_tps"].append(s.tokens_per_second)
             messages = ([{"role": "system", "content": r.prompt.system}] if r.prompt.system else []) + \
@@ -70,19 +79,24 @@ def main() -> int:
             "greedy_identical": c["identical"],
             "speedup": round(sum(c["spec_tps"]) / max(sum(c["plain_tps"]), 1e-9), 3),
         }
+        if args.tree:
+            out[cat]["tree_tokens_per_cycle"] = round(c["tree_tokens"] / max(c["tree_cycles"], 1), 3)
     total = report.to_dict()
     bt = sum(c["bigram_tokens"] for c in rows.values())
     bc = sum(c["bigram_cycles"] for c in rows.values())
     out["all"] = {"prompts": total["prompts"], "tokens_per_cycle": total["tokens_per_cycle"],
                   "bigram_tokens_per_cycle": round(bt / max(bc, 1e-9), 3), "greedy_identical": total["greedy_identical"],
                   "speedup": total["speedup"], "acceptance_rate": total["acceptance_rate"]}
+    if args.tree:
+        out["all"]["tree_tokens_per_cycle"] = round(sum(c["tree_tokens"] for c in rows.values())
+                                                    / max(sum(c["tree_cycles"] for c in rows.values()), 1), 3)
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{'category':10} {'prompts':>7} {'tok/cycle':>9} {'bigram':>7} {'speedup':>8} identical")
+        print(f"{'category':10} {'prompts':>7} {'tok/cycle':>9} {'bigram':>7} {'tree':>6} {'speedup':>8} identical")
         for cat, c in out.items():
             print(f"{cat:10} {c['prompts']:7d} {c['tokens_per_cycle']:9.3f} {c['bigram_tokens_per_cycle']:7.3f} "
-                  f"{c['speedup']:8.3f} {c['greedy_identical']}")
+                  f"{c.get('tree_tokens_per_cycle', 0):6.3f} {c['speedup']:8.3f} {c['greedy_identical']}")
     return 0
 
 
