@@ -181,3 +181,35 @@ def test_trees_on_the_default_pair_are_lossless_and_accept_more_than_chains(smol
             chain_tpc.append(chain.stats.tokens_per_cycle)
             tree_tpc.append(treed.stats.tokens_per_cycle)
     assert sum(tree_tpc) > sum(chain_tpc) + 0.1 * len(prompts)
+
+
+def test_each_tree_row_sees_exactly_its_ancestors(smollm2):
+    """One tree decode gives every node the logits of decoding its own path as a chain."""
+    from localspec.llama_model import Context, Model
+
+    model = Model(smollm2)
+    ctx = Context(model, n_ctx=512, n_batch=512, n_threads=1, n_seq_max=1 + T.MAX_NODES, kv_unified=True)
+    try:
+        prompt = model.tokenize("The capital of France is Paris. The capital of Italy is", add_special=True)
+        n_past, last = len(prompt) - 1, prompt[-1]
+        toks = model.tokenize(" Rome Milan is was the", add_special=False)
+        t = sample_tree()
+        t.tokens = [toks[i % len(toks)] for i in range(len(t))]
+        ctx.decode(prompt[:-1], 0, all_logits=False)
+        sets = t.leaf_sets()
+        for s in range(1, len(sets[0]) + 1):
+            ctx.seq_cp(0, s)
+        ctx.decode_tree([last] + t.tokens, [n_past] + [n_past + d for d in t.depths],
+                        [[1 + x for x in leaves] for leaves in sets])
+        rows = [np.array(ctx.logits(i)) for i in range(len(t) + 1)]
+        for s in range(1, len(sets[0]) + 1):
+            ctx.seq_rm(-1, -1, seq=s)
+        assert ctx.pos_max(0) == n_past - 1        # the tree left the committed cache as it was
+        for node in range(-1, len(t)):
+            path = [] if node < 0 else t.path_to(node)
+            ctx.seq_rm(n_past)
+            ctx.decode([last] + [t.tokens[i] for i in path], n_past, all_logits=True)
+            assert np.abs(np.array(ctx.logits(len(path))) - rows[node + 1]).max() < 1e-3, node
+    finally:
+        ctx.close()
+        model.close()
