@@ -318,11 +318,8 @@ class Engine:
             kv_start = n_past - base
             t0 = time.perf_counter()
             if draft_tree is not None:
-                path, kept, correction = self._verify_tree(carry, last, draft_tree, n_past, sampler)
+                path, rows, kept, correction = self._verify_tree(carry, last, draft_tree, n_past, sampler)
                 drafts = [draft_tree.tokens[i] for i in path]
-                order = draft_tree.preorder()
-                row_of = {node: base + 1 + r for r, node in enumerate(order)}
-                rows = [base] + [row_of[i] for i in path]   # the batch rows of the committed tokens
                 accepted = len(path)
                 n_drafted = len(draft_tree)
             else:
@@ -387,10 +384,10 @@ class Engine:
                         margins[: len(out)] if margins is not None else None)
 
     def _verify_tree(self, carry: list[int], last: int, draft_tree: tree.DraftTree, n_past: int,
-                     sampler: Sampler) -> tuple[list[int], int, int]:
+                     sampler: Sampler) -> tuple[list[int], list[int], int, int]:
         """Verify ``carry + [last]`` and the tree (depth-first, most probable chain first) in one
-        target decode. Returns (accepted nodes, how many of them keep their KV rows, the target's
-        next token).
+        target decode. Returns (accepted nodes, the batch rows of ``last`` and of those nodes, how
+        many of the nodes keep their KV rows, the target's next token).
 
         Only an accepted path that fills the rows right after ``last`` keeps its KV rows in place:
         the cells of rejected rows before an accepted one would be refilled later by later
@@ -421,7 +418,7 @@ class Engine:
             for s in range(1, n_leaves + 1):  # frees the other rows' cells
                 ctx.seq_rm(-1, -1, seq=s)
         self.tree_calibration.learn(draft_tree, path)
-        return path, kept, correction
+        return path, [base] + [row_of[i] for i in path], kept, correction
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:

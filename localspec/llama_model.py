@@ -255,41 +255,32 @@ class Context:
     def decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode rows of several sequences at once: (seq, token, pos, wants_logits) each; read a
         row's logits with :meth:`logits` at its index in ``rows``."""
-        n = len(rows)
-        if n > self.n_batch:
-            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
-        seq_id = self._batch.seq_id
-        for i, (seq, tok, pos, out) in enumerate(rows):
-            self._tok[i] = tok
-            self._pos[i] = pos
-            self._out[i] = 1 if out else 0
-            seq_id[i][0] = seq
-        self._batch.n_tokens = n
-        try:
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
-        finally:
-            for i in range(n):  # decode() writes sequence 0 only
-                seq_id[i][0] = 0
-        if rc != 0:
-            raise _llama_failure(f"llama_decode failed (code {rc})")
+        self._decode_seqs([r[1] for r in rows], [r[2] for r in rows], [(r[0],) for r in rows],
+                          [r[3] for r in rows])
 
     def decode_tree(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]]) -> None:
         """Decode a draft tree in one batch, logits for every row: row ``i`` holds ``tokens[i]`` at
         ``positions[i]`` and belongs to the sequences ``seqs[i]`` (the leaves below it). A row
         attends to the cells of its first sequence, so each sequence must already hold the
         committed prefix (:meth:`seq_cp`) and list the rows of one root-to-leaf path."""
+        if len(tokens) > self.n_outputs_max:
+            raise LocalspecError(f"internal: tree of {len(tokens)} rows exceeds n_outputs_max {self.n_outputs_max}")
+        self._decode_seqs(tokens, positions, seqs, [True] * len(tokens))
+
+    def _decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
+                     outputs: Sequence[bool]) -> None:
         n = len(tokens)
-        if n > self.n_batch or n > self.n_outputs_max:
-            raise LocalspecError(f"internal: tree of {n} rows exceeds the batch ({self.n_batch}/{self.n_outputs_max})")
+        if n > self.n_batch:
+            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         n_seq = self._batch.n_seq_id
         seq_id = self._batch.seq_id
         for i in range(n):
             row = seqs[i]
             if not 0 < len(row) <= self.n_seq_max:
-                raise LocalspecError(f"internal: tree row {i} has {len(row)} sequences")
+                raise LocalspecError(f"internal: batch row {i} has {len(row)} sequences")
             self._tok[i] = tokens[i]
             self._pos[i] = positions[i]
-            self._out[i] = 1
+            self._out[i] = 1 if outputs[i] else 0
             n_seq[i] = len(row)
             for j, s in enumerate(row):
                 seq_id[i][j] = s
@@ -297,7 +288,7 @@ class Context:
         try:
             rc = llama_cpp.llama_decode(self._ctx, self._batch)
         finally:
-            for i in range(n):
+            for i in range(n):  # decode() writes sequence 0 only
                 n_seq[i] = 1
                 seq_id[i][0] = 0
         if rc != 0:

@@ -21,6 +21,7 @@ with each node's acceptance estimated from its draft probability through :class:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -205,7 +206,7 @@ class Calibration:
 
     @staticmethod
     def band(p: float) -> int:
-        return int(np.searchsorted(BANDS, p, side="right"))
+        return bisect.bisect_right(BANDS, p)
 
     def rate(self, p: float) -> float:
         b = self.band(p)
