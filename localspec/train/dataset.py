@@ -41,6 +41,7 @@ class Sequence:
     prompt: list[int]
     response: list[int]
     finish: str = "stop"
+    group: str = ""        # prompts of one topic share a group; held-out splits go by group
 
     @property
     def tokens(self) -> list[int]:
@@ -50,8 +51,11 @@ class Sequence:
         return hashlib.sha1(json.dumps([self.prompt, self.response]).encode()).hexdigest()
 
     def to_json(self) -> str:
-        return json.dumps({"key": self.key, "category": self.category, "prompt": self.prompt,
-                           "response": self.response, "finish": self.finish}, separators=(",", ":"))
+        obj = {"key": self.key, "category": self.category, "prompt": self.prompt, "response": self.response,
+               "finish": self.finish}
+        if self.group:
+            obj["group"] = self.group
+        return json.dumps(obj, separators=(",", ":"))
 
 
 def prompt_key(tokens: list[int]) -> str:
@@ -78,7 +82,8 @@ def load_sequences(path: Path) -> list[Sequence]:
         try:
             obj = json.loads(line)
             seq = Sequence(str(obj["key"]), str(obj.get("category", "")), [int(t) for t in obj["prompt"]],
-                           [int(t) for t in obj["response"]], str(obj.get("finish", "stop")))
+                           [int(t) for t in obj["response"]], str(obj.get("finish", "stop")),
+                           str(obj.get("group", "")))
         except (ValueError, KeyError, TypeError):
             if lineno == len(lines):
                 continue

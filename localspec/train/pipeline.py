@@ -23,7 +23,7 @@ from ..gguf_info import check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
 from .prompts import load_prompts
 
-HELD_OUT_MOD = 20   # 1 in 20 prompts (by key) is held out for the acceptance estimate
+HELD_OUT_MOD = 20   # 1 in 20 prompt groups (topics; a prompt alone where none) is held out for the estimate
 
 
 @dataclass
@@ -137,14 +137,19 @@ def drafter_config(info, layers):
         source_layout="localspec-train", source=info.path.name)
 
 
-def feature_tag(info, layers, top_k: int, max_len: int, pairs) -> str:
-    """Identifies a feature set: target file, layers, top-k, truncation and the exact token ids."""
+def feature_tag(info, layers, top_k: int, max_len: int) -> str:
+    """Identifies how features were made: target file, layers, top-k and truncation."""
     import hashlib
 
-    h = hashlib.sha1(json.dumps([str(info.path.resolve()), info.size_bytes, list(layers), top_k, max_len]).encode())
-    for toks, n_prompt in pairs:
-        h.update(np.asarray(toks, dtype=np.int32).tobytes() + n_prompt.to_bytes(4, "little"))
-    return h.hexdigest()
+    return hashlib.sha1(json.dumps([str(info.path.resolve()), info.size_bytes, list(layers), top_k,
+                                    max_len]).encode()).hexdigest()
+
+
+def sequence_id(tokens, n_prompt: int) -> str:
+    """Identifies one sequence's features: its (truncated) token ids and prompt length."""
+    import hashlib
+
+    return hashlib.sha1(np.asarray(tokens, dtype=np.int32).tobytes() + int(n_prompt).to_bytes(4, "little")).hexdigest()
 
 
 def save_feature_cache(path: Path, tag: str, feats) -> None:
@@ -161,26 +166,36 @@ def save_feature_cache(path: Path, tag: str, feats) -> None:
     tmp.replace(path)
 
 
-def load_feature_cache(path: Path, tag: str):
+def load_feature_cache(path: Path, tag: str) -> dict:
+    """The cached features made the same way (``tag``), by :func:`sequence_id`; {} when none."""
     from .features import SeqFeatures
 
     if not path.is_file():
-        return None
+        return {}
     try:
         z = np.load(path)
         if str(z["tag"]) != tag:
-            return None
+            return {}
         arrays = {k: z[k] for k in ("tokens", "feats", "top_ids", "top_logits")}
         ends = np.cumsum(z["lens"])
         starts = ends - z["lens"]
-        return [SeqFeatures(arrays["tokens"][a:b], int(n), arrays["feats"][a:b], arrays["top_ids"][a:b],
-                            arrays["top_logits"][a:b]) for a, b, n in zip(starts, ends, z["n_prompt"])]
+        out = {}
+        for a, b, n in zip(starts, ends, z["n_prompt"]):
+            f = SeqFeatures(arrays["tokens"][a:b], int(n), arrays["feats"][a:b], arrays["top_ids"][a:b],
+                            arrays["top_logits"][a:b])
+            out[sequence_id(f.tokens, f.n_prompt)] = f
+        return out
     except (OSError, ValueError, KeyError):
-        return None
+        return {}
 
 
-def is_held_out(key: str) -> bool:
-    return int(key[:8], 16) % HELD_OUT_MOD == 0
+def is_held_out(seq) -> bool:
+    """Whole groups (topics) are held out, so the estimate sees topics training never saw."""
+    import hashlib
+
+    if seq.group:
+        return int(hashlib.sha1(seq.group.encode()).hexdigest()[:8], 16) % HELD_OUT_MOD == 0
+    return int(seq.key[:8], 16) % HELD_OUT_MOD == 0
 
 
 def run(opts: TrainOptions) -> TrainSummary:
@@ -232,8 +247,8 @@ def run(opts: TrainOptions) -> TrainSummary:
             raise LocalspecError("too little data to train on (fewer than 2 responses)")
         summary.sequences = len(seqs)
         summary.response_tokens = sum(len(s.response) for s in seqs)
-        held = [s for s in seqs if is_held_out(s.key)]
-        train_set = [s for s in seqs if not is_held_out(s.key)]
+        held = [s for s in seqs if is_held_out(s)]
+        train_set = [s for s in seqs if not is_held_out(s)]
         if not held or not train_set:
             held, train_set = seqs[:max(1, len(seqs) // HELD_OUT_MOD)], seqs[max(1, len(seqs) // HELD_OUT_MOD):]
         log(f"data: {len(train_set)} training / {len(held)} held-out sequences, "
@@ -244,15 +259,23 @@ def run(opts: TrainOptions) -> TrainSummary:
         layers = default_layers(info.n_layer)
         t0 = time.perf_counter()
         max_len = 1024
-        pairs = [(s.tokens, len(s.prompt)) for s in train_set + held]
+        pairs = [(s.tokens[:max_len], len(s.prompt)) for s in train_set + held]
+        ids = [sequence_id(t, n) for t, n in pairs]
         cache = work / "features.npz"
-        tag = feature_tag(info, layers, opts.top_k, max_len, pairs)
-        feats = load_feature_cache(cache, tag) if opts.resume else None
-        if feats is None:
-            feats = extract_all(model, layers, pairs, top_k=opts.top_k, max_len=max_len, n_threads=opts.threads,
+        tag = feature_tag(info, layers, opts.top_k, max_len)
+        cached = load_feature_cache(cache, tag) if opts.resume else {}
+        todo = [i for i, k in enumerate(ids) if k not in cached]
+        if todo:
+            log(f"features: {len(todo)} sequences to prefill ({len(ids) - len(todo)} cached)")
+            fresh = extract_all(model, layers, [pairs[i] for i in todo], top_k=opts.top_k, max_len=max_len,
+                                n_threads=opts.threads,
                                 progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
                                 if opts.progress else None)
+            cached.update(zip((ids[i] for i in todo), fresh))
+        feats = [cached[k] for k in ids]
+        if todo:
             save_feature_cache(cache, tag, feats)
+        del cached
         summary.feature_seconds = time.perf_counter() - t0
         log(f"features: {sum(len(f.tokens) for f in feats)} positions in {summary.feature_seconds:.0f}s")
         train_feats, held_feats = feats[:len(train_set)], feats[len(train_set):]
@@ -312,17 +335,15 @@ def run(opts: TrainOptions) -> TrainSummary:
     return summary
 
 
-def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: TrainSummary, t_start: float):
+def prompt_token_ids(info, model, prompts):
+    """Each prompt rendered with the target's chat template (plain text without one) as token ids."""
     from ..chat_format import ChatFormatter
-    from .datagen import GenRequest, generate_batched
 
     formatter = ChatFormatter(
         info.chat_template,
         bos_token=model.piece(model.bos).decode("utf-8", "replace") if model.bos >= 0 else "",
         eos_token=model.piece(model.eos).decode("utf-8", "replace") if model.eos >= 0 else "")
-    requests: list[GenRequest] = []
-    category: dict[str, str] = {}
-    seen = set()
+    out = []
     for p in prompts:
         if info.chat_template:
             text = formatter.render(p.messages, add_generation_prompt=True)
@@ -331,11 +352,24 @@ def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: Tra
                 toks = toks[1:]
         else:
             toks = model.tokenize("\n".join(m["content"] for m in p.messages), add_special=True, parse_special=False)
+        out.append(toks)
+    return out
+
+
+def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: TrainSummary, t_start: float):
+    from .datagen import GenRequest, generate_batched
+
+    requests: list[GenRequest] = []
+    category: dict[str, str] = {}
+    group: dict[str, str] = {}
+    seen = set()
+    for p, toks in zip(prompts, prompt_token_ids(info, model, prompts)):
         key = prompt_key(toks)
         if key in seen:
             continue
         seen.add(key)
         category[key] = p.category
+        group[key] = p.group
         requests.append(GenRequest(key, toks))
     writer = DatasetWriter(work / "sequences.jsonl", resume=opts.resume)
     todo = [r for r in requests if r.key not in writer.keys]
@@ -351,7 +385,7 @@ def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: Tra
                                   n_threads=opts.threads, should_stop=lambda: time.perf_counter() - t0 > limit):
             if r.finish == "skipped":
                 continue
-            writer.add(Sequence(r.key, category.get(r.key, ""), r.prompt, r.response, r.finish))
+            writer.add(Sequence(r.key, category.get(r.key, ""), r.prompt, r.response, r.finish, group.get(r.key, "")))
             n_tok += len(r.response)
             if opts.progress:
                 opts.progress({"event": "gen", "done": len(writer.sequences), "total": len(requests),
@@ -360,6 +394,9 @@ def _generate(opts: TrainOptions, info, model, prompts, work: Path, summary: Tra
         writer.close()
     summary.gen_seconds = time.perf_counter() - t0
     summary.gen_tokens = n_tok
+    for s in writer.sequences:  # sequences of an earlier run (or an older prompt file) learn their group
+        if not s.group:
+            s.group = group.get(s.key, "")
     if n_tok:
         opts.log(f"generated {n_tok} tokens in {summary.gen_seconds:.0f}s ({n_tok / summary.gen_seconds:.0f} tok/s)")
     return writer.sequences

@@ -190,6 +190,126 @@ MULTI_TURN = [
     ("How can I learn to draw?", "Start with simple shapes, practice every day, and copy drawings you like.",
      "How long until I get good at it?"),
 ]
+# A second, larger pool (stop 11): the first set had 50 chat topics, and held-out chat stayed at
+# 1.7 tokens per cycle while topics seen in training read 2.8. More topics, more phrasings.
+CHAT_TOPICS_2 = [
+    "asking for a raise", "negotiating rent with a landlord", "writing a budget for the month",
+    "paying off credit card debt", "opening a savings account", "buying a first home",
+    "working a night shift", "taking a gap year", "choosing a college major", "studying for a driving test",
+    "learning to type faster", "keeping a tidy desk", "packing lunch for work", "cooking for one person",
+    "eating more vegetables", "cutting down on sugar", "drinking less coffee", "stretching after exercise",
+    "starting yoga at home", "lifting weights safely", "walking ten thousand steps a day", "training for a 5k race",
+    "recovering from a cold", "dealing with seasonal allergies", "protecting skin from the sun",
+    "keeping teeth healthy", "taking care of your eyes while using screens", "sitting less during the day",
+    "waking up without an alarm", "taking power naps", "winding down before bed", "keeping a bedroom cool",
+    "potty training a toddler", "helping a child with homework", "choosing toys for a baby",
+    "talking to teenagers about phones", "planning a family holiday", "setting chores for kids",
+    "introducing a new cat to a dog", "training a puppy to sit", "feeding a goldfish", "walking a dog in the rain",
+    "caring for a pet rabbit", "cleaning a bird cage", "finding a good veterinarian",
+    "painting a bedroom", "fixing a leaky faucet", "hanging pictures on a wall", "unclogging a drain",
+    "choosing curtains", "saving energy at home", "keeping a house cool in summer", "getting rid of ants",
+    "washing a wool sweater", "ironing a shirt", "removing a coffee stain", "folding fitted sheets",
+    "choosing a backpack for commuting", "learning to drive a manual car", "keeping a car clean",
+    "taking the bus in a new city", "renting a car abroad", "surviving a long layover",
+    "dealing with jet lag", "packing a carry-on bag", "visiting a national park", "planning a road trip",
+    "staying at a hostel", "learning basic phrases before a trip", "exchanging money when traveling",
+    "writing a resume", "asking a teacher for help", "joining a sports team", "finding a mentor",
+    "switching careers at forty", "working in an open office", "running a team meeting",
+    "giving feedback to a colleague", "answering emails faster", "taking breaks at work",
+    "saying goodbye to coworkers", "working with a difficult boss", "preparing a presentation",
+    "learning to knit", "starting a stamp collection", "baking cookies with kids", "growing herbs on a windowsill",
+    "building a birdhouse", "learning chess", "doing a jigsaw puzzle", "starting to paint with watercolors",
+    "writing poetry as a hobby", "singing in a choir", "learning to dance salsa", "taking up fishing",
+    "keeping a reading habit", "listening to podcasts", "starting a blog", "making a photo album",
+    "throwing a baby shower", "choosing a wedding gift", "planning a small wedding", "writing a wedding speech",
+    "celebrating a friend's promotion", "cheering up a sad friend", "supporting a grieving friend",
+    "apologizing after an argument", "meeting a partner's parents", "going on a first date",
+    "living with roommates", "splitting bills with roommates", "being a good neighbor",
+    "welcoming a new neighbor", "talking to a shy child", "making small talk at a party",
+    "remembering people's names", "writing a condolence card", "asking for directions",
+    "shopping at a farmers market", "buying a used phone", "choosing a mattress", "picking a winter coat",
+    "returning an item to a store", "comparing phone plans", "avoiding online scams",
+    "creating strong passwords", "backing up family photos", "cleaning up a cluttered inbox",
+    "setting up a home Wi-Fi network", "learning to use a spreadsheet",
+    "preparing for a power outage", "making a first aid kit", "staying calm in an emergency",
+    "keeping a car ready for winter", "planting a tree", "composting food scraps", "using less plastic",
+    "getting involved in local politics", "donating old clothes", "starting a neighborhood cleanup",
+]
+CHAT_TEMPLATES_2 = [
+    "Any tips for {t}?", "I'd like some help with {t}.", "What's the easiest way to go about {t}?",
+    "Where do I even begin with {t}?", "What do experts recommend for {t}?",
+    "Could you walk me through {t} step by step?", "What should a beginner know about {t}?",
+    "I'm bad at {t}. How can I improve?", "What are the biggest challenges of {t}?",
+    "Quick question: what matters most when it comes to {t}?", "Give me a simple plan for {t}.",
+    "How much time does {t} usually take?", "What's your advice on {t}?",
+    "What would you suggest for someone who is nervous about {t}?",
+]
+SITUATIONS = [
+    "just moved to a city where I don't know anyone", "have a big exam next week and can't focus",
+    "keep procrastinating on a project", "feel lonely on weekends", "argued with my best friend",
+    "have too many meetings at work", "want to quit my job but I'm scared",
+    "can't decide between two apartments", "spend too much money on takeout", "have trouble waking up early",
+    "forgot my friend's birthday", "get nervous when I speak in class", "have a noisy upstairs neighbor",
+    "want to get back into exercise after a long break", "am starting university in the fall",
+    "have a job interview tomorrow", "feel stuck in my career", "am planning to adopt a cat",
+    "keep losing my keys", "have a messy garage", "want to learn to cook but have no time",
+    "am going camping for the first time", "have to give a speech at work", "want to save for a vacation",
+    "am hosting my in-laws for a week", "can't stop checking my phone", "have a toddler who won't sleep",
+    "am training for my first marathon", "got a bad grade on a test", "am moving in with my partner",
+    "feel tired after lunch every day", "want to make my small garden look nicer",
+    "have a coworker who takes credit for my work", "am retiring next year", "want to read more books",
+    "keep forgetting to drink water", "have a flight with a long layover", "want to write a novel",
+    "am nervous about a dentist appointment", "have a friend who is always late",
+]
+SITUATION_TEMPLATES = [
+    "I {t}. Any advice?", "I {t}. What should I do?", "I {t}. Can you help me think it through?",
+    "So I {t}... any ideas?",
+]
+KNOWLEDGE_TOPICS_2 = [
+    "how tornadoes form", "the life cycle of a butterfly", "how the heart pumps blood", "why the sky is blue",
+    "how bread rises", "the history of the bicycle", "how a refrigerator works", "the Amazon river",
+    "why leaves change color in autumn", "how batteries work", "the first moon landing", "how bees make honey",
+    "what causes thunder", "the history of chocolate", "how a compass works", "why we dream",
+    "the Silk Road", "how glaciers move", "why cats purr", "how solar panels work", "the Vikings",
+    "how the ear hears sound", "the invention of the telephone", "what makes a desert", "how submarines dive",
+    "the Maya civilization", "how fireworks get their colors", "why the ocean is salty", "how clouds form",
+    "how the eye sees color", "how a bill becomes a law", "how muscles grow", "the planet Mars",
+    "how a camera works", "the discovery of penicillin", "why we need sleep", "how trains stay on tracks",
+    "the Great Barrier Reef", "how recycling works", "the history of writing",
+]
+KNOWLEDGE_TEMPLATES_2 = [
+    "Can you explain {t}?", "I've always wondered about {t}. Can you explain it?",
+    "Give me a short overview of {t}.", "Teach me about {t} in a few paragraphs.",
+    "What are the key ideas behind {t}?",
+]
+WRITING_SUBJECTS_2 = [
+    "a penguin who wants to fly", "a secret door in a school", "the last day of summer camp",
+    "a knight who is afraid of the dark", "a garden that grows at night", "a message in a bottle",
+    "a bakery run by cats", "a snowman who wants to see summer", "an island with no name",
+    "a painter who loses her colors", "a bridge between two villages", "a kite caught in a tree",
+    "a whale singing in the deep sea", "a bus driver's ordinary day", "a forest after a fire",
+    "a detective who is a dog", "a wishing well", "a shy giant", "a city under the sea",
+    "an old man and his boat", "a firefly lost in a city", "a tiny house on a hill",
+    "a robot who wants a friend", "a music box", "the first snowfall in the mountains",
+    "a sunflower field", "a train that never stops", "a lantern in the fog",
+    "a girl who can talk to birds", "a squirrel preparing for winter",
+]
+WRITING_TEMPLATES_2 = [
+    "Write a short poem about {t}.", "Tell me a story about {t}.", "Write a bedtime story about {t}.",
+    "Write a four-line rhyme about {t}.", "Write a very short story (under 150 words) about {t}.",
+    "Write a scene about {t}.",
+]
+PRACTICAL_WRITING_2 = [
+    "a note to my child's teacher about a missed day", "a short bio for a conference", "a toast for my brother's birthday",
+    "an out-of-office reply", "a message asking a neighbor to water my plants", "a thank-you card for a teacher",
+    "a request for a refund from an online shop", "a reminder email about a team deadline",
+    "an invitation to a book club meeting", "a short ad for a lost dog", "a farewell message for a retiring colleague",
+    "a recommendation for a former intern", "a reply declining a meeting invitation",
+    "a post announcing a new cafe opening", "a text to reschedule a dinner", "a get-well-soon card",
+    "a letter to a pen pal", "a short speech for a school graduation", "a message congratulating a friend on a new baby",
+    "a note to thank a neighbor for help",
+]
+
 SYSTEMS = [None, None, None, None, "You are a helpful assistant.", "You are a friendly and concise assistant.",
            "You are a patient teacher."]
 
@@ -207,7 +327,7 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
         return list(templates) if full else rng.sample(templates, n)
     items: list[dict] = []
 
-    def add(category: str, prompt: str, *, history: tuple = ()) -> None:
+    def add(category: str, prompt: str, *, history: tuple = (), group: str | None = None) -> None:
         messages = []
         system = rng.choice(SYSTEMS)
         if system:
@@ -215,44 +335,79 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
         for i, text in enumerate(history):
             messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
         messages.append({"role": "user", "content": prompt})
-        items.append({"category": category, "messages": messages})
+        items.append({"category": category, "messages": messages, "group": f"{category}:{group or prompt}"})
 
     for t in CHAT_TOPICS:
         for tpl in pick(CHAT_TEMPLATES, 5):
-            add("chat", tpl.format(t=t))
+            add("chat", tpl.format(t=t), group=t)
     for t in KNOWLEDGE_TOPICS:
         for tpl in pick(KNOWLEDGE_TEMPLATES, 4):
-            add("knowledge", tpl.format(t=t))
+            add("knowledge", tpl.format(t=t), group=t)
     for t in CODE_TASKS:
         for tpl in pick(CODE_TEMPLATES, 3):
-            add("coding", tpl.format(t=t, lang=rng.choice(LANGUAGES)))
+            add("coding", tpl.format(t=t, lang=rng.choice(LANGUAGES)), group=t)
     for t in CODE_CONCEPTS:
         for tpl in CODE_CONCEPT_TEMPLATES:
-            add("coding", tpl.format(t=t))
+            add("coding", tpl.format(t=t), group=t)
     for t in WRITING_SUBJECTS:
         for tpl in pick(WRITING_TEMPLATES, 4):
-            add("writing", tpl.format(t=t))
+            add("writing", tpl.format(t=t), group=t)
     for t in PRACTICAL_WRITING:
         for tpl in pick(PRACTICAL_TEMPLATES, 2):
-            add("writing", tpl.format(t=t))
+            add("writing", tpl.format(t=t), group=t)
     for tpl in MATH_TEMPLATES:
         for _ in range(8):
-            add("math", tpl.format(**_math_values(rng)))
+            add("math", tpl.format(**_math_values(rng)), group=tpl)
     for t in MATH_CONCEPTS:
         for tpl in MATH_CONCEPT_TEMPLATES:
-            add("math", tpl.format(t=t))
-    for t in LONG_TEXTS:
+            add("math", tpl.format(t=t), group=t)
+    for i, t in enumerate(LONG_TEXTS):
         for tpl in LONG_TEMPLATES:
-            add("long", tpl.format(t=t))
+            add("long", tpl.format(t=t), group=f"text {i}")
     for p in SHORT_PROMPTS:
         add("short", p)
     for first, reply, follow in MULTI_TURN:
-        add("multi-turn", follow, history=(first, reply))
+        add("multi-turn", follow, history=(first, reply), group=first)
     # multi-turn built from the single-turn pools: a first question, a brief canned answer, a follow-up
     follow_ups = ["Can you explain that in more detail?", "Can you make it shorter?", "Give me an example.",
                   "Why is that?", "What else should I know?", "Can you summarize that in one sentence?"]
     for t in rng.sample(CHAT_TOPICS, 30) + rng.sample(KNOWLEDGE_TOPICS, 20):
-        add("multi-turn", rng.choice(follow_ups), history=(f"Tell me about {t}.", f"Sure, here is a short overview of {t}."))
+        add("multi-turn", rng.choice(follow_ups), history=(f"Tell me about {t}.", f"Sure, here is a short overview of {t}."),
+            group=t)
+    _dedup_shuffle(items, rng)
+    return items
+
+
+def build_more(seed: int = 2) -> list[dict]:
+    """The second pool (more chat topics, first-person situations, knowledge, writing)."""
+    rng = random.Random(seed)
+    items: list[dict] = []
+
+    def add(category: str, prompt: str, group: str) -> None:
+        system = rng.choice(SYSTEMS)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        items.append({"category": category, "messages": messages, "group": f"{category}:{group}"})
+
+    for t in CHAT_TOPICS_2:
+        for tpl in rng.sample(CHAT_TEMPLATES_2, 4):
+            add("chat", tpl.format(t=t), t)
+    for t in SITUATIONS:
+        for tpl in rng.sample(SITUATION_TEMPLATES, 3):
+            add("chat", tpl.format(t=t), t)
+    for t in KNOWLEDGE_TOPICS_2:
+        for tpl in rng.sample(KNOWLEDGE_TEMPLATES_2, 3):
+            add("knowledge", tpl.format(t=t), t)
+    for t in WRITING_SUBJECTS_2:
+        for tpl in rng.sample(WRITING_TEMPLATES_2, 3):
+            add("writing", tpl.format(t=t), t)
+    for t in PRACTICAL_WRITING_2:
+        for tpl in rng.sample(PRACTICAL_TEMPLATES, 2):
+            add("writing", tpl.format(t=t), t)
+    _dedup_shuffle(items, rng)
+    return items
+
+
+def _dedup_shuffle(items: list[dict], rng: random.Random) -> None:
     rng.shuffle(items)
     seen, unique = set(), []
     for it in items:
@@ -260,14 +415,14 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
         if key not in seen:
             seen.add(key)
             unique.append(it)
-    return unique
+    items[:] = unique
 
 
 def default_set() -> list[dict]:
     """The shipped set: the sampled one, then every template with every topic (other system
-    prompts and numbers), without repeats."""
+    prompts and numbers), then the second pool, without repeats."""
     seen, items = set(), []
-    for it in build() + build(1, full=True):
+    for it in build() + build(1, full=True) + build_more():
         key = json.dumps(it["messages"], sort_keys=True)
         if key not in seen:
             seen.add(key)

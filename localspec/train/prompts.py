@@ -2,7 +2,9 @@
 
 A prompt file is JSONL, one object per line with either ``"prompt"`` (one user turn, optional
 ``"system"``) or ``"messages"`` (a chat: ``[{"role", "content"}, ...]`` ending with a user turn),
-and an optional ``"category"``; or plain text (``.txt``), one prompt per line.
+an optional ``"category"`` and an optional ``"group"`` (prompts on one topic: the held-out estimate
+keeps whole groups out of training, so near-duplicates do not inflate it); or plain text
+(``.txt``), one prompt per line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ DEFAULT_PROMPTS = "train_prompts.jsonl"
 class TrainPrompt:
     category: str
     messages: list[dict]
+    group: str = ""   # prompts on one topic (held out together); "" for none
 
 
 def default_prompts_path() -> Path:
@@ -49,15 +52,16 @@ def load_prompts(path: str | Path | None = None) -> list[TrainPrompt]:
         if not isinstance(obj, dict):
             raise LocalspecError(f"{p}:{lineno}: expected a JSON object")
         category = str(obj.get("category", "default"))
+        group = str(obj.get("group", ""))
         if isinstance(obj.get("messages"), list) and obj["messages"]:
             msgs = obj["messages"]
             if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                        for m in msgs):
                 raise LocalspecError(f'{p}:{lineno}: "messages" must be a list of {{"role", "content"}} objects')
-            out.append(TrainPrompt(category, [{"role": m["role"], "content": m["content"]} for m in msgs]))
+            out.append(TrainPrompt(category, [{"role": m["role"], "content": m["content"]} for m in msgs], group))
         elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             msgs = [{"role": "system", "content": obj["system"]}] if isinstance(obj.get("system"), str) else []
-            out.append(TrainPrompt(category, msgs + [{"role": "user", "content": obj["prompt"]}]))
+            out.append(TrainPrompt(category, msgs + [{"role": "user", "content": obj["prompt"]}], group))
         else:
             raise LocalspecError(f'{p}:{lineno}: expected a non-empty "prompt" string or a "messages" list')
     if not out:

@@ -315,7 +315,9 @@ def train(ref: EagleReference, emb: np.ndarray, train_seqs: list[SeqFeatures], h
     def lr_at(step: int, elapsed: float) -> float:
         if step < cfg.warmup_steps:
             return cfg.lr * (step + 1) / cfg.warmup_steps
-        frac = min(1.0, elapsed / budget) if not cfg.max_steps else min(1.0, step / cfg.max_steps)
+        # anneal along whichever limit comes first: a step cap that the time budget cuts short still
+        # ends at the low learning rate
+        frac = min(1.0, max(elapsed / budget, step / cfg.max_steps if cfg.max_steps else 0.0))
         return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
     def checkpoint() -> None:
