@@ -117,6 +117,48 @@ def test_resume_after_interruption(tiny, monkeypatch):
     assert summary2.steps == 30
 
 
+def test_resume_with_more_prompts_prefills_only_the_new_sequences(tiny, monkeypatch):
+    d, target = tiny
+    work = d / "work-grow"
+    items = [json.loads(line) for line in load_prompts_lines()][:48]
+    first = d / "first.jsonl"
+    first.write_text("".join(json.dumps(i) + "\n" for i in items[:20]))
+    run(_opts(d, target, d / "grow.gguf", prompts=first, work_dir=work, max_steps=3))
+    n_first = sum(bool(json.loads(line)["response"]) for line in (work / "sequences.jsonl").read_text().splitlines())
+    from localspec.train import features as features_mod
+
+    real = features_mod.extract_all
+    prefilled: list[int] = []
+
+    def counting(model, layers, seqs, **kw):
+        prefilled.append(len(seqs))
+        return real(model, layers, seqs, **kw)
+
+    monkeypatch.setattr(features_mod, "extract_all", counting)
+    more = d / "more.jsonl"
+    more.write_text("".join(json.dumps(i) + "\n" for i in items[:32]))
+    summary = run(_opts(d, target, d / "grow.gguf", prompts=more, work_dir=work, resume=True, max_steps=6))
+    assert summary.sequences > n_first and prefilled == [summary.sequences - n_first]
+
+
+def test_held_out_split_keeps_whole_groups_out(tmp_path):
+    from localspec.train.dataset import Sequence, load_sequences, write_compressed
+    from localspec.train.pipeline import is_held_out
+
+    seqs = [Sequence(f"{i:016x}", "chat", [1, 2], [3 + i], group=f"chat:topic {i // 5}") for i in range(2000)]
+    by_group: dict[str, set] = {}
+    for s in seqs:
+        by_group.setdefault(s.group, set()).add(is_held_out(s))
+    assert all(len(v) == 1 for v in by_group.values())   # a topic is never split
+    held = sum(v == {True} for v in by_group.values())
+    assert 0.02 < held / len(by_group) < 0.1
+    # the group survives the dataset file; a sequence without one is split by its own key
+    path = write_compressed(seqs[:3] + [Sequence("ffff000000000000", "x", [1], [2])], tmp_path / "d.jsonl.gz")
+    back = load_sequences(path)
+    assert [s.group for s in back] == ["chat:topic 0"] * 3 + [""]
+    assert is_held_out(back[3]) == (int("ffff0000", 16) % 20 == 0)
+
+
 def test_unsupported_architecture(tmp_path):
     target = build_target(tmp_path / "qwen2.gguf", "noisy", arch="qwen2")
     with pytest.raises(LocalspecError, match="qwen2.*cannot export layer features"):
@@ -167,6 +209,9 @@ def test_prompt_file_formats(tmp_path):
                                             {"role": "user", "content": "c"}]}) + "\n")
     items = load_prompts(p)
     assert [len(i.messages) for i in items] == [1, 3] and items[0].category == "chat"
+    assert [i.group for i in items] == ["", ""]
+    p.write_text(json.dumps({"prompt": "hi", "group": "greetings"}) + "\n")
+    assert load_prompts(p)[0].group == "greetings"
     assert len(load_prompts(None)) >= 500
 
 
@@ -179,3 +224,23 @@ def test_default_prompt_set_is_promptgen_output_and_disjoint_from_the_held_out_b
     assert {p.category for p in load_prompts(None)} >= {"chat", "coding", "math", "writing", "multi-turn"}
     held = {json.loads(line)["prompt"] for line in (root / "bench" / "heldout.jsonl").read_text().splitlines() if line}
     assert not held & {m["content"] for it in shipped for m in it["messages"]}
+    # every prompt names its topic, and topics hold several prompts (the held-out split goes by topic)
+    groups = [it["group"] for it in shipped]
+    assert all(groups) and len(set(groups)) < len(groups) / 3
+    assert sum(it["category"] == "chat" for it in shipped) > 1000
+
+
+def test_datagen_throughput_bench_reports_batched_against_single_stream(tiny):
+    import subprocess
+    import sys
+
+    _, target = tiny
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "datagen_throughput.py"), "--target", str(target),
+                           "--parallel", "1,4", "--prompts", "8", "--max-new", "8", "--threads", "1",
+                           "--prefill-seconds", "0.5", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["tok_s"]) == {"1", "4"} and all(v > 0 for v in report["tok_s"].values())
+    assert report["prefill_tok_s"] > 0 and report["speedup"]["1"] == 1.0
+    assert report["ceiling_speedup"] == report["prefill_tok_s"] / report["tok_s"]["1"]
