@@ -297,6 +297,23 @@ def test_apply_model_defaults():
     assert list(out) == list(opts)
 
 
+def test_chat_starts_from_model_parameters(pair_dir):
+    from localspec.cli.chat import chat_settings
+
+    registry.create("tiny", load(pair_dir / "Modelfile"))
+    spec = resolve("tiny")
+    given = dict(max_tokens=512, temperature=0.0, ctx=4096)
+    settings, ctx = chat_settings(spec, system=None, given=given, is_default=lambda name: name != "temperature")
+    assert (settings.max_tokens, settings.temperature, settings.stop) == (3, 0.0, ("</s>", "<|im_end|>"))
+    assert (settings.draft_max, settings.p_min, ctx) == (2, 0.25, 4096)
+    assert settings.system == "Be brief.\nVery brief."
+    config = settings.config(True)
+    assert config.stop == ("</s>", "<|im_end|>") and config.policy.p_min == 0.25
+    # flags given on the command line win; --system wins over SYSTEM
+    settings, _ = chat_settings(spec, system="terse", given=given, is_default=lambda name: False)
+    assert (settings.max_tokens, settings.system, settings.draft_max) == (512, "terse", 2)
+
+
 def test_generate_uses_model_parameters(pair_dir, capsys):
     registry.create("tiny", load(pair_dir / "Modelfile"))
     assert main(["generate", "tiny", "-p", "hello", "--json", "--threads", "1", "--ctx", "256"]) == 0

@@ -100,6 +100,8 @@ def test_first_screen_snapshot_80x24(factory, store):
         app = make_app(factory, store)
         async with app.run_test(size=SIZE) as pilot:
             await loaded(pilot)
+            # the footer fills in on a later refresh (late on a busy machine)
+            await wait_for(pilot, lambda: "^q Quit" in screen_text(app).splitlines()[-1])
             assert app.query_one("#prompt", Input).has_focus
             assert_snapshot(app, "first_screen")
             text = screen_text(app)

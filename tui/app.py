@@ -84,13 +84,23 @@ class ChatSettings:
     top_p: float = 0.95
     policy: str = "auto"
     draft_max: int = PolicyConfig().draft_max  # auto chooses the depth up to this
+    # not in the settings dialog; a Modelfile's PARAMETERs set them
+    min_p: float = SamplingParams().min_p
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    tree: str = PolicyConfig().tree
+    p_min: float = PolicyConfig().p_min
 
     def config(self, spec: bool) -> GenerationConfig:
+        if not 0.0 <= self.p_min <= 1.0:
+            raise LocalspecError("draft p-min must be in [0, 1]")
         return GenerationConfig(
             max_tokens=self.max_tokens,
-            sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p),
+            sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                                    min_p=self.min_p, seed=self.seed),
+            stop=tuple(self.stop),
             spec=spec,
-            policy=PolicyConfig(name=self.policy, draft_max=self.draft_max),
+            policy=PolicyConfig(name=self.policy, draft_max=self.draft_max, tree=self.tree, p_min=self.p_min),
         )
 
 
@@ -256,7 +266,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             except ValueError:
                 raise LocalspecError(f"{label}: '{raw}' is not a{'n integer' if kind is int else ' number'}") from None
 
-        s = ChatSettings(
+        s = replace(
+            self.settings,   # what the dialog does not show stays as it was
             system=self.query_one("#set-system", TextArea).text.strip(),
             max_tokens=number("#set-max-tokens", int, "max tokens"),
             temperature=number("#set-temperature", float, "temperature"),
@@ -728,13 +739,17 @@ class ChatApp(App):
         self._closing = True
         if self._cancel is not None:
             self._cancel.set()
-        # the generate loop checks the cancel Event every cycle; wait for it before closing
-        self._idle.wait(timeout=10)
+        # the generate loop checks the cancel Event every cycle (and between calibration decodes);
+        # wait for it before closing
+        idle = self._idle.wait(timeout=30)
         reply = self._current
         if reply is not None and reply.message_id is not None:
             self._save(reply, "cancelled")   # quit mid-reply: keep what was shown
         if self.engine is not None:
-            self.engine.close()
+            if idle:
+                self.engine.close()
+            # else a decode is still running in the worker (a very slow machine): freeing the model
+            # under it would crash the process; the worker holds the engine, freed when it ends
             self.engine = None
         if self._own_store:
             self.store.close()

@@ -40,6 +40,25 @@ def _print_list(store) -> None:
         print(f"{c.id:>5}  {when:<16}  {c.n_messages:>4}  {c.model[:16]:<16}  {c.title}")
 
 
+def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tuple:
+    """The chat's starting settings and context size: the model's PARAMETERs (Modelfile) fill in
+    whatever the command line left at its default, as for ``generate``."""
+    from dataclasses import fields
+
+    from ..models import apply_model_defaults
+    from ..tui.app import ChatSettings
+
+    base = ChatSettings()
+    options = {f.name: getattr(base, f.name) for f in fields(ChatSettings) if f.name != "system"}
+    options.update(given)
+    values = apply_model_defaults(spec, options, lambda name: name not in given or is_default(name))
+    ctx = values.pop("ctx")
+    values["stop"] = tuple(values["stop"])
+    settings = ChatSettings(system=system if system is not None else (spec.system or ""), **values)
+    settings.config(True)  # validate before the UI starts
+    return settings, ctx
+
+
 def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
                    vram: Optional[str] = None,
                    verbose: bool = False):
@@ -56,6 +75,7 @@ def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_
 
 @app.command()
 def chat(
+    cli: typer.Context,
     model: Optional[str] = ModelArg,
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
@@ -73,7 +93,8 @@ def chat(
     vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """Chat in the terminal. Conversations are saved as they happen; --list shows them."""
+    """Chat in the terminal. Conversations are saved as they happen; --list shows them.
+    A model's Modelfile PARAMETERs are the defaults; the flags here override them."""
     from ..conversations import ConversationStore
 
     store = ConversationStore()
@@ -91,11 +112,11 @@ def chat(
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise LocalspecError("chat needs an interactive terminal (use `localspec generate` in scripts)")
 
-        from ..tui.app import ChatApp, ChatSettings
+        from ..tui.app import ChatApp
 
-        settings = ChatSettings(system=system if system is not None else (spec.system or ""),
-                                max_tokens=max_tokens, temperature=temperature)
-        settings.config(True)  # validate before the UI starts
+        settings, ctx = chat_settings(
+            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx),
+            is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
         factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
         chat_app = ChatApp(factory, model_name=spec.name, store=store, settings=settings, resume=resume_id)
