@@ -41,10 +41,21 @@ def prefill_rate(model: Model, n_threads: int | None, seconds: float = 4.0, n_ba
         ctx.close()
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts, e.g. 1,16,32 (got '{text}')") from None
+    if any(n < 1 or n > 256 for n in counts):
+        raise argparse.ArgumentTypeError("sequences per batch must be between 1 and 256")
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default=None)
-    ap.add_argument("--parallel", default="1,16,32", help="sequences per batch to measure (1 = single stream)")
+    ap.add_argument("--parallel", default="1,16,32", type=_counts,
+                    help="sequences per batch to measure (1 = single stream)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts per measurement (the default training set's first)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
@@ -58,7 +69,7 @@ def main() -> int:
     model = Model(target)
     prompts = prompt_token_ids(info, model, load_prompts()[:args.prompts])
     rows = {}
-    for n in [int(x) for x in args.parallel.split(",")]:
+    for n in args.parallel:
         rows[n] = measure_throughput(model, prompts, n_seq=n, max_new=args.max_new, n_threads=args.threads)
     ceiling = prefill_rate(model, args.threads, args.prefill_seconds)
     single = rows.get(1)

@@ -66,6 +66,8 @@ class GenerationConfig:
             raise LocalspecError(f"unknown draft source '{self.policy.source}' (auto, eagle or lookup)")
         if not 1 <= self.policy.draft_max <= 32:
             raise LocalspecError("draft-max must be between 1 and 32")
+        if not 0.0 <= self.policy.p_min <= 1.0:
+            raise LocalspecError("--p-min (draft_p_min) must be in [0, 1]")
         if self.policy.tree not in TREES:
             raise LocalspecError(f"unknown tree setting '{self.policy.tree}' (auto, on or off)")
         if not 1 <= self.policy.tree_width <= tree.MAX_WIDTH:

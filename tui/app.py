@@ -92,8 +92,6 @@ class ChatSettings:
     p_min: float = PolicyConfig().p_min
 
     def config(self, spec: bool) -> GenerationConfig:
-        if not 0.0 <= self.p_min <= 1.0:
-            raise LocalspecError("draft p-min must be in [0, 1]")
         return GenerationConfig(
             max_tokens=self.max_tokens,
             sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,

@@ -54,8 +54,6 @@ def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: floa
                  seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
                  draft_max: Optional[int], source: Source = Source.auto, tree: Tree = Tree.auto,
                  p_min: float = PolicyConfig.p_min) -> GenerationConfig:
-    if not 0.0 <= p_min <= 1.0:
-        raise LocalspecError("--p-min must be in [0, 1]")
     return GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),

@@ -328,14 +328,7 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
     items: list[dict] = []
 
     def add(category: str, prompt: str, *, history: tuple = (), group: str | None = None) -> None:
-        messages = []
-        system = rng.choice(SYSTEMS)
-        if system:
-            messages.append({"role": "system", "content": system})
-        for i, text in enumerate(history):
-            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-        messages.append({"role": "user", "content": prompt})
-        items.append({"category": category, "messages": messages, "group": f"{category}:{group or prompt}"})
+        items.append(_item(rng, category, prompt, group or prompt, history))
 
     for t in CHAT_TOPICS:
         for tpl in pick(CHAT_TEMPLATES, 5):
@@ -384,9 +377,7 @@ def build_more(seed: int = 2) -> list[dict]:
     items: list[dict] = []
 
     def add(category: str, prompt: str, group: str) -> None:
-        system = rng.choice(SYSTEMS)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        items.append({"category": category, "messages": messages, "group": f"{category}:{group}"})
+        items.append(_item(rng, category, prompt, group))
 
     for t in CHAT_TOPICS_2:
         for tpl in rng.sample(CHAT_TEMPLATES_2, 4):
@@ -407,27 +398,38 @@ def build_more(seed: int = 2) -> list[dict]:
     return items
 
 
-def _dedup_shuffle(items: list[dict], rng: random.Random) -> None:
-    rng.shuffle(items)
+def _item(rng: random.Random, category: str, prompt: str, group: str, history: tuple = ()) -> dict:
+    """One prompt: a random system prompt (or none), earlier turns, the user's message."""
+    messages = []
+    system = rng.choice(SYSTEMS)
+    if system:
+        messages.append({"role": "system", "content": system})
+    for i, text in enumerate(history):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    messages.append({"role": "user", "content": prompt})
+    return {"category": category, "messages": messages, "group": f"{category}:{group}"}
+
+
+def _unique(items: list[dict]) -> list[dict]:
+    """The items without repeated conversations, first one kept."""
     seen, unique = set(), []
     for it in items:
         key = json.dumps(it["messages"], sort_keys=True)
         if key not in seen:
             seen.add(key)
             unique.append(it)
-    items[:] = unique
+    return unique
+
+
+def _dedup_shuffle(items: list[dict], rng: random.Random) -> None:
+    rng.shuffle(items)
+    items[:] = _unique(items)
 
 
 def default_set() -> list[dict]:
     """The shipped set: the sampled one, then every template with every topic (other system
     prompts and numbers), then the second pool, without repeats."""
-    seen, items = set(), []
-    for it in build() + build(1, full=True) + build_more():
-        key = json.dumps(it["messages"], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            items.append(it)
-    return items
+    return _unique(build() + build(1, full=True) + build_more())
 
 
 def main() -> None:
