@@ -310,6 +310,102 @@ PRACTICAL_WRITING_2 = [
     "a note to thank a neighbor for help",
 ]
 
+CHAT_TOPICS_3 = [
+    "keeping a conversation going on the phone", "choosing a gym membership", "getting along with a new stepparent",
+    "making friends at a new school", "keeping plants alive while on vacation", "planning meals for a busy week",
+    "starting a small side business", "selling old furniture online", "preparing a child for a new sibling",
+    "visiting a friend in the hospital", "taking care of a sunburn", "dealing with a noisy roommate",
+    "choosing a name for a pet", "throwing a surprise party on a budget", "keeping a long-distance friendship alive",
+    "finding a hobby you enjoy", "cooking rice properly", "storing fresh herbs", "making coffee at home",
+    "choosing a good watermelon", "packing a picnic", "planning a kids' birthday party", "writing a grocery list",
+    "learning to juggle", "taking notes in a lecture", "reading faster", "memorizing a poem", "learning to draw faces",
+    "keeping a bullet journal", "getting organized before school starts", "choosing a summer job",
+    "preparing for a parent-teacher meeting", "helping a friend move", "hosting a game night", "planning a picnic",
+    "staying focused while studying at home", "finding quiet time as a parent", "sharing a car with family",
+    "teaching a dog to walk on a leash", "bathing a cat", "keeping chickens in a backyard", "choosing an aquarium",
+    "calming a nervous dog during storms", "building a snowman", "staying active in winter", "enjoying a beach day safely",
+    "choosing sunglasses", "picking a tent for camping", "cooking over a campfire", "reading a trail map",
+    "looking after a sick child", "taking medicine on time", "going to the doctor for a checkup",
+    "preparing for a blood test", "keeping a food diary", "eating breakfast every day", "making healthy snacks",
+    "cooking with leftovers", "baking bread for the first time", "making soup from scratch", "setting a nice table",
+    "being a good houseguest", "writing a letter to your future self", "celebrating a small win",
+    "dealing with a bad day", "staying positive during a long project", "asking for help when you need it",
+    "spending less time on social media", "keeping a secret for a friend", "meeting new people online safely",
+    "planning a reunion", "organizing family photos", "recording family stories", "talking to grandparents about the past",
+    "choosing a charity to support", "starting to recycle at work", "reducing noise at home", "making a room feel cozy",
+    "choosing a paint color", "arranging furniture in a small room", "walking to work", "carpooling with coworkers", "taking a train trip",
+    "booking a cheap flight", "choosing a hotel", "traveling with a baby", "traveling alone for the first time",
+    "writing postcards while traveling", "keeping a travel journal", "learning about a new culture before a visit",
+    "tipping in restaurants abroad", "eating out with food allergies", "ordering at a fancy restaurant",
+    "cooking a holiday dinner", "decorating for a holiday", "wrapping presents neatly", "choosing a gift for a coworker",
+    "budgeting for holiday gifts", "making a homemade card", "writing in a birthday card", "planning a date night at home",
+    "keeping a relationship strong", "dividing housework fairly", "talking about money with a partner",
+    "planning for retirement early", "teaching kids about money", "starting an emergency fund", "tracking daily spending",
+    "choosing a bank", "understanding a phone bill", "canceling unused subscriptions", "shopping for groceries online",
+    "finding deals on clothes", "caring for leather shoes", "sewing on a button", "choosing clothes for an interview",
+    "dressing for cold weather", "doing laundry less often", "cleaning windows without streaks", "keeping a bathroom clean",
+    "getting rid of bad smells in a fridge", "organizing a pantry", "labeling storage boxes", "cleaning out a garage",
+    "preparing a garden for spring", "watering plants correctly", "growing tomatoes", "attracting birds to a garden",
+    "mowing a lawn", "raking leaves", "shoveling snow safely", "keeping pipes from freezing",
+    "changing a light bulb safely", "using a drill for the first time", "assembling flat-pack furniture",
+    "picking a good flashlight", "charging a phone battery properly", "keeping a laptop running fast",
+    "choosing headphones", "taking care of a new phone", "printing documents at home", "using a video call for the first time",
+]
+CHAT_TEMPLATES_3 = [
+    "What are some good ideas for {t}?", "Can you help me with {t}?", "I'm new to {t}. Where should I start?",
+    "What do I need to know about {t}?", "Do you have any advice on {t}?", "What's the best approach to {t}?",
+    "Any suggestions for {t}?", "How do people usually handle {t}?", "What are the dos and don'ts of {t}?",
+    "Tell me how to get better at {t}.", "I keep struggling with {t}. Any tips?", "What should I avoid when it comes to {t}?",
+]
+HOW_TO = [
+    "stop overthinking small decisions", "make a good first impression", "keep my room clean",
+    "stay calm when someone is rude to me", "cheer up a friend who is having a hard week", "make my mornings less rushed",
+    "remember what I read", "get better at making decisions", "stay in touch with family who live far away",
+    "make a boring task more fun", "be more patient with my kids", "start a conversation with a stranger",
+    "ask my neighbor to turn down the music", "tell my friend they hurt my feelings", "stay focused during long meetings",
+    "feel less nervous before a test", "stop biting my nails", "keep a plant alive in a dark room", "spend a day off well",
+    "make the most of a long weekend", "be more confident at work", "handle criticism better", "stop comparing myself to others",
+    "say thank you in a meaningful way", "plan a day trip with friends", "find time to exercise", "eat healthier at work",
+    "keep my kids busy during summer break", "make a small kitchen work better", "keep my car from getting messy",
+    "enjoy cooking more", "sleep on a long flight", "relax after a stressful day", "make friends as an adult",
+    "ask for a day off",
+    "split a restaurant bill fairly", "keep a New Year's resolution", "get back on track after a bad week",
+    "prepare my house for guests", "choose what to cook for dinner", "keep my phone from dying", "save money on heating",
+    "spend less on coffee", "plan a trip with a group", "keep a journal every day", "learn something new every week",
+    "stop hitting snooze", "become a morning person", "work from a cafe productively", "keep my desk organized",
+    "make my resume stand out", "follow up after a job interview", "prepare for my first day at a new school",
+    "introduce myself in a meeting", "give a compliment without sounding awkward", "end a phone call politely",
+    "say sorry to my sister", "encourage my friend to see a doctor", "help my dad learn to use his phone",
+    "get my teenager to talk to me", "keep my dog from barking at the door", "choose a good restaurant in a new town",
+    "prepare for a hot summer", "keep my house safe while I'm away", "enjoy a museum visit with kids",
+    "pack for a weekend away", "stay healthy while traveling", "make a long drive less boring",
+]
+HOW_TO_TEMPLATES = [
+    "How do I {t}?", "How can I {t}?", "What's a good way to {t}?", "Is there a trick to help me {t}?",
+    "What's the best way to {t}?", "Any advice on how to {t}?", "I want to {t}. What do you suggest?",
+]
+THINGS_TO_DO = [
+    "on a snowy afternoon", "with a group of teenagers", "at home on a Friday night", "with grandparents",
+    "on a sunny Saturday", "during a long car trip", "in a small town",
+    "on a budget in a big city", "when you can't sleep", "with friends who don't drink", "at the beach in autumn",
+    "with a new puppy", "during a power cut", "while waiting at an airport", "with a visiting cousin",
+    "on a first date", "on a family day out", "after school",
+]
+THINGS_TEMPLATES = [
+    "What are some fun things to do {t}?", "Give me ideas for things to do {t}.", "What can we do {t}?",
+]
+MATH_TEMPLATES_2 = [
+    "What is {b} times {e}?", "Subtract {b} from {a}.", "What is {a} plus {b} plus {d}?",
+    "A bus carries {d} people on each trip. How many people does it carry in {e} trips?",
+    "What is {p} percent of {b}?", "Solve for n: n - {d} = {b}.",
+    "What is the perimeter of a rectangle that is {d} cm by {e} cm?",
+    "A book costs ${d} and a pen costs ${c}. How much do {c} books and {e} pens cost?",
+    "If {c} friends share {a} stickers equally, how many does each get and how many are left over?",
+    "How many seconds are there in {e} minutes?", "What is half of {a}?", "Write {p}% as a fraction in lowest terms.",
+    "A garden is {d} m long and {e} m wide. What is its area?", "Which is bigger, {c}/{d} or {e}/{b}? Explain.",
+    "I read {d} pages a day. How many days will a {a}-page book take?",
+]
+
 SYSTEMS = [None, None, None, None, "You are a helpful assistant.", "You are a friendly and concise assistant.",
            "You are a patient teacher."]
 
@@ -374,27 +470,34 @@ def build(seed: int = 0, *, full: bool = False) -> list[dict]:
 def build_more(seed: int = 2) -> list[dict]:
     """The second pool (more chat topics, first-person situations, knowledge, writing)."""
     rng = random.Random(seed)
-    items: list[dict] = []
-
-    def add(category: str, prompt: str, group: str) -> None:
-        items.append(_item(rng, category, prompt, group))
-
-    for t in CHAT_TOPICS_2:
-        for tpl in rng.sample(CHAT_TEMPLATES_2, 4):
-            add("chat", tpl.format(t=t), t)
-    for t in SITUATIONS:
-        for tpl in rng.sample(SITUATION_TEMPLATES, 3):
-            add("chat", tpl.format(t=t), t)
-    for t in KNOWLEDGE_TOPICS_2:
-        for tpl in rng.sample(KNOWLEDGE_TEMPLATES_2, 3):
-            add("knowledge", tpl.format(t=t), t)
-    for t in WRITING_SUBJECTS_2:
-        for tpl in rng.sample(WRITING_TEMPLATES_2, 3):
-            add("writing", tpl.format(t=t), t)
-    for t in PRACTICAL_WRITING_2:
-        for tpl in rng.sample(PRACTICAL_TEMPLATES, 2):
-            add("writing", tpl.format(t=t), t)
+    items = _topic_pools(rng, [("chat", CHAT_TOPICS_2, CHAT_TEMPLATES_2, 4), ("chat", SITUATIONS, SITUATION_TEMPLATES, 3),
+                               ("knowledge", KNOWLEDGE_TOPICS_2, KNOWLEDGE_TEMPLATES_2, 3),
+                               ("writing", WRITING_SUBJECTS_2, WRITING_TEMPLATES_2, 3),
+                               ("writing", PRACTICAL_WRITING_2, PRACTICAL_TEMPLATES, 2)])
     _dedup_shuffle(items, rng)
+    return items
+
+
+def build_third(seed: int = 3) -> list[dict]:
+    """The third pool: everyday chat in more phrasings ("how do I ...", "things to do ..."), and
+    more arithmetic word problems."""
+    rng = random.Random(seed)
+    items = _topic_pools(rng, [("chat", CHAT_TOPICS_3, CHAT_TEMPLATES_3, 4), ("chat", HOW_TO, HOW_TO_TEMPLATES, 4),
+                               ("chat", THINGS_TO_DO, THINGS_TEMPLATES, 0)])
+    for tpl in MATH_TEMPLATES_2:
+        for _ in range(10):
+            items.append(_item(rng, "math", tpl.format(**_math_values(rng)), tpl))
+    _dedup_shuffle(items, rng)
+    return items
+
+
+def _topic_pools(rng: random.Random, pools) -> list[dict]:
+    """(category, topics, templates, n) -> each topic in n of the templates drawn at random (all when 0)."""
+    items = []
+    for category, topics, templates, n in pools:
+        for t in topics:
+            for tpl in (rng.sample(templates, n) if n else templates):
+                items.append(_item(rng, category, tpl.format(t=t), t))
     return items
 
 
@@ -428,8 +531,8 @@ def _dedup_shuffle(items: list[dict], rng: random.Random) -> None:
 
 def default_set() -> list[dict]:
     """The shipped set: the sampled one, then every template with every topic (other system
-    prompts and numbers), then the second pool, without repeats."""
-    return _unique(build() + build(1, full=True) + build_more())
+    prompts and numbers), then the second and third pools, without repeats."""
+    return _unique(build() + build(1, full=True) + build_more() + build_third())
 
 
 def main() -> None:
