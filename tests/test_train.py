@@ -76,10 +76,66 @@ def test_tiny_training_beats_random_drafter(tiny):
     trained_tpc = _tokens_per_cycle(target, out)
     random_tpc = _tokens_per_cycle(target, random_drafter)
     assert trained_tpc > random_tpc + 0.5, (trained_tpc, random_tpc)
+    # the in-training estimate, on the bench prompts' own responses, is what the runtime measures
+    estimate = _torch_estimate(target, d / "work-e2e")
+    assert abs(estimate - trained_tpc) < 0.25, (estimate, trained_tpc)
     # the same token ids reproduce a drafter without generating again
     again = run(_opts(d, target, d / "again.gguf", data=d / "data.jsonl.gz", prompts=None, max_steps=5,
                       work_dir=d / "work-data"))
     assert again.sequences == summary.sequences and (d / "again.gguf").is_file()
+
+
+def _torch_estimate(target: Path, work: Path) -> float:
+    """trainer.evaluate's tokens per cycle for the drafter in ``work/best.pt`` on the greedy
+    responses to HELD_OUT, made by the target through llama.cpp (as the bench makes them)."""
+    import numpy as np
+    import torch
+
+    from localspec.converters.reference import EagleReference
+    from localspec.gguf_info import read_gguf
+    from localspec.llama_model import Model
+    from localspec.train.datagen import GenRequest, generate_batched
+    from localspec.train.features import default_layers, extract_all, token_embeddings
+    from localspec.train.pipeline import drafter_config
+    from localspec.train.trainer import TrainConfig, TTTModel, evaluate
+    from localspec.train.vocab import mappings
+
+    info = read_gguf(target)
+    with Engine(target, None, n_ctx=512, n_threads=1) as eng:
+        prompts = [eng.prompt_tokens([{"role": "user", "content": p.prompt}]) for p in HELD_OUT]
+    model = Model(target)
+    try:
+        res = {r.key: r for r in generate_batched(model, [GenRequest(str(i), t) for i, t in enumerate(prompts)],
+                                                  n_seq=4, max_new=48, n_threads=1)}
+        layers = default_layers(info.n_layer)
+        feats = extract_all(model, layers, [(res[str(i)].prompt + res[str(i)].response, len(res[str(i)].prompt))
+                                            for i in range(len(prompts))], top_k=16, max_len=512, n_threads=1)
+    finally:
+        model.close()
+    ids = np.load(work / "vocab.npy")
+    ref = EagleReference(drafter_config(info, layers), draft_vocab=len(ids))
+    ref.load_state_dict(torch.load(work / "best.pt", weights_only=False))
+    return evaluate(TTTModel(ref, torch.from_numpy(token_embeddings(target))), feats, mappings(ids, info.n_vocab)[2],
+                    TrainConfig())["tau"]
+
+
+def test_walked_estimate_counts_cycles_as_the_runtime_does():
+    import torch
+
+    from localspec.train.trainer import chain_tau, walk_tau
+
+    # rows 1..8 hold response tokens (row 0: the prompt's last row predicts the first response token)
+    valid = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    step0 = torch.ones(1, 10, dtype=torch.bool)
+    step0[0, 3] = False          # a chain whose first draft sits at row 3 fails at once
+    step1 = torch.ones(1, 10, dtype=torch.bool)
+    never = torch.zeros(1, 10, dtype=torch.bool)
+    # cycles start at rows 2, 5 and 8: accepted 2, 2 and 1 (the response ends) -> 8 tokens in 3 cycles;
+    # row 3, the one hard start, is stepped over as the runtime steps over it
+    assert walk_tau([step0, step1, never, never], valid, 4) == (8.0, 3.0)
+    # counting every row as a cycle start counts it once, like the easy rows: 7 starts accept 2, row 3 none
+    accepted, starts = chain_tau([step0, step1, never, never], valid, 4)
+    assert (accepted, starts) == (14.0, 8.0)
 
 
 def test_resume_after_interruption(tiny, monkeypatch):
@@ -139,6 +195,11 @@ def test_resume_with_more_prompts_prefills_only_the_new_sequences(tiny, monkeypa
     more.write_text("".join(json.dumps(i) + "\n" for i in items[:32]))
     summary = run(_opts(d, target, d / "grow.gguf", prompts=more, work_dir=work, resume=True, max_steps=6))
     assert summary.sequences > n_first and prefilled == [summary.sequences - n_first]
+    # the held-out set changed with the data, so the best drafter is chosen afresh on it
+    import torch
+
+    state = torch.load(work / "checkpoint.pt", weights_only=False)["state"]
+    assert len(state["history"]) == 2 and state["best_tau"] == state["history"][-1]["tau"]
 
 
 def test_held_out_split_keeps_whole_groups_out(tmp_path):

@@ -46,5 +46,6 @@ class ProgressView:
                                  info=f"step {e['step']} loss {e['loss']:.3f} acc {e['acc0']:.2f}{tau}")
         elif kind == "eval":
             self.tau = e["tau"]
-            self.console.print(f"held-out: tokens/cycle {e['tau']:.3f} (depth 4), first-draft accuracy "
+            self.console.print(f"held-out: tokens/cycle {e['tau']:.3f} (chain of 4, walked as the runtime does; "
+                               f"{e['tau_all']:.3f} from every position), first-draft accuracy "
                                f"{e['first_acc']:.3f}, loss {e['loss']:.3f} at step {e['step']}")
