@@ -309,7 +309,8 @@ def evaluate(model: TTTModel, seqs: list[SeqFeatures], t2d_index, cfg: TrainConf
             loss_sum += float(loss)
             nb += 1
     ref.train()
-    return {"tau": walk_tokens / max(walk_cycles, 1), "tau_all": 1.0 + acc_sum / max(n, 1), "first_acc": first_ok / max(n, 1), "loss": loss_sum / max(nb, 1)}
+    return {"tau": walk_tokens / max(walk_cycles, 1), "tau_all": 1.0 + acc_sum / max(n, 1),
+            "first_acc": first_ok / max(n, 1), "loss": loss_sum / max(nb, 1)}
 
 
 def _held_id(held: list[SeqFeatures]) -> str:
