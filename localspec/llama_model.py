@@ -75,8 +75,8 @@ def _llama_failure(what: str) -> LocalspecError:
     return LocalspecError(f"{what}{detail}")
 
 
-def default_threads() -> int:
-    """``$LOCALSPEC_THREADS``, else every core this process may use.
+def default_threads(*, reserve: int = 0) -> int:
+    """``$LOCALSPEC_THREADS``, else every core this process may use but ``reserve`` (at least one).
 
     llama.cpp's workers spin while they wait, so more threads than free cores is far slower than
     fewer (measured here: a tiny model 200x slower with 2 threads beside a 2-thread job on 2 cores).
@@ -91,7 +91,7 @@ def default_threads() -> int:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
         n = os.cpu_count() or 1
-    return max(1, n)
+    return max(1, n - reserve)
 
 
 def gpu_offload_supported() -> bool:

@@ -141,3 +141,18 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
     assert "fixed2: skipped (no drafter)" in proc.stdout and "bound" in proc.stdout
     proc = cli("bench", "--target", str(target), "--prompts", str(prompts), "--modes", "nope")
     assert proc.returncode == 1 and "unknown bench mode" in proc.stderr
+
+
+def test_chat_leaves_a_core_to_the_ui(monkeypatch):
+    """The chat's default thread count is every core but one; LOCALSPEC_THREADS still wins."""
+    import os
+
+    from localspec.llama_model import default_threads
+
+    monkeypatch.delenv("LOCALSPEC_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert (default_threads(), default_threads(reserve=1)) == (4, 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_threads(reserve=1) == 1
+    monkeypatch.setenv("LOCALSPEC_THREADS", "2")
+    assert default_threads(reserve=1) == 2

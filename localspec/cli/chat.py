@@ -11,7 +11,7 @@ import typer
 
 from ..errors import LocalspecError
 from . import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
 
 
 def _parse_resume(value: str, store) -> int:
@@ -88,7 +88,8 @@ def chat(
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
     no_spec: bool = typer.Option(False, "--no-spec", help="Start with speculation off (Ctrl+T toggles it)."),
     ctx: int = CtxOpt,
-    threads: Optional[int] = ThreadsOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", show_default=False,
+                                          help="CPU threads (default: all available cores but one, left to the UI)."),
     gpu_layers: int = GpuLayersOpt,
     vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
@@ -118,6 +119,13 @@ def chat(
             spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
+        if threads is None:
+            from ..llama_model import default_threads
+
+            # the UI renders the reply on a core of its own: with llama.cpp on every core, its spinning
+            # workers and the UI preempt each other (measured on 2 cores: plain 59-61 tok/s with 2 threads,
+            # 70-95 with 1)
+            threads = default_threads(reserve=1)
         factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
         chat_app = ChatApp(factory, model_name=spec.name, store=store, settings=settings, resume=resume_id)
         chat_app.spec_enabled = not no_spec
