@@ -90,7 +90,7 @@ def resolve(name: str | None = None, *, target: str | Path | None = None,
 # Modelfile PARAMETER -> the `generate` option it is a default for.
 OPTION_FOR_PARAMETER = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
-    "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx",
+    "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx", "num_thread": "threads",
     "draft_max": "draft_max", "draft_policy": "policy", "draft_tree": "tree", "draft_p_min": "p_min",
 }
 
@@ -103,8 +103,8 @@ def apply_model_defaults(spec: ModelSpec, options: dict, is_default) -> dict:
         opt = OPTION_FOR_PARAMETER.get(param)
         if opt is None or opt not in out or not is_default(opt):
             continue
-        if param == "num_predict" and value < 1:
-            continue   # Ollama's -1/-2 (no limit): keep localspec's default
+        if param in ("num_predict", "num_thread") and value < 1:
+            continue   # Ollama's -1/-2 (no limit), 0 threads (automatic): keep localspec's default
         current = out[opt]
         if param == "stop":
             value = list(value)

@@ -107,6 +107,7 @@ PARAMETER temperature 0.3
 PARAMETER stop "</s>"
 PARAMETER stop "<|im_end|>"
 PARAMETER num_predict 3
+PARAMETER num_thread 1
 PARAMETER draft_max 2
 PARAMETER draft_p_min 0.25
 TEMPLATE """{{ .Prompt }}"""
@@ -159,7 +160,8 @@ def test_resolve_uses_created_model(pair_dir):
     registry.create("tiny", load(pair_dir / "Modelfile"))
     spec = resolve("tiny")
     assert spec.target == pair_dir / "target.gguf" and spec.drafter == pair_dir / "drafter.gguf"
-    assert spec.parameters == {"temperature": 0.3, "stop": ["</s>", "<|im_end|>"], "num_predict": 3}
+    assert spec.parameters == {"temperature": 0.3, "stop": ["</s>", "<|im_end|>"], "num_predict": 3,
+                               "num_thread": 1}
     assert spec.draft_params == {"draft_max": 2, "draft_p_min": 0.25}
     assert spec.system == "Be brief.\nVery brief." and spec.template == "{{ .Prompt }}"
     assert spec.messages == [("user", "Hi"), ("assistant", "Hello!")]
@@ -285,15 +287,16 @@ def test_apply_model_defaults():
     from localspec.models import ModelSpec
 
     spec = ModelSpec("m", Path("t.gguf"), parameters={"temperature": 0.3, "num_predict": 7, "num_ctx": 512,
-                                                       "stop": ["x"], "mirostat": 1, "num_predict_x": 1},
+                                                       "stop": ["x"], "mirostat": 1, "num_predict_x": 1,
+                                                       "num_thread": 0},
                      draft_params={"draft_max": 3, "draft_policy": "fixed", "draft_tree": False, "draft_p_min": 0.5})
     from localspec.cli.generate import Policy, Tree
 
-    opts = dict(max_tokens=256, temperature=0.0, stop=[], ctx=4096, policy=Policy.auto, draft_max=4, tree=Tree.auto,
-                p_min=0.3)
+    opts = dict(max_tokens=256, temperature=0.0, stop=[], ctx=4096, threads=None, policy=Policy.auto, draft_max=4,
+                tree=Tree.auto, p_min=0.3)
     out = apply_model_defaults(spec, opts, lambda name: name != "temperature")
-    assert out == dict(max_tokens=7, temperature=0.0, stop=["x"], ctx=512, policy=Policy.fixed, draft_max=3,
-                       tree=Tree.off, p_min=0.5)
+    assert out == dict(max_tokens=7, temperature=0.0, stop=["x"], ctx=512, threads=None, policy=Policy.fixed,
+                       draft_max=3, tree=Tree.off, p_min=0.5)   # num_thread 0: automatic
     assert list(out) == list(opts)
 
 
@@ -302,16 +305,18 @@ def test_chat_starts_from_model_parameters(pair_dir):
 
     registry.create("tiny", load(pair_dir / "Modelfile"))
     spec = resolve("tiny")
-    given = dict(max_tokens=512, temperature=0.0, ctx=4096)
-    settings, ctx = chat_settings(spec, system=None, given=given, is_default=lambda name: name != "temperature")
+    given = dict(max_tokens=512, temperature=0.0, ctx=4096, threads=None)
+    settings, ctx, threads = chat_settings(spec, system=None, given=given,
+                                           is_default=lambda name: name != "temperature")
     assert (settings.max_tokens, settings.temperature, settings.stop) == (3, 0.0, ("</s>", "<|im_end|>"))
-    assert (settings.draft_max, settings.p_min, ctx) == (2, 0.25, 4096)
+    assert (settings.draft_max, settings.p_min, ctx, threads) == (2, 0.25, 4096, 1)
     assert settings.system == "Be brief.\nVery brief."
     config = settings.config(True)
     assert config.stop == ("</s>", "<|im_end|>") and config.policy.p_min == 0.25
     # flags given on the command line win; --system wins over SYSTEM
-    settings, _ = chat_settings(spec, system="terse", given=given, is_default=lambda name: False)
-    assert (settings.max_tokens, settings.system, settings.draft_max) == (512, "terse", 2)
+    settings, _, threads = chat_settings(spec, system="terse", given={**given, "threads": 2},
+                                         is_default=lambda name: False)
+    assert (settings.max_tokens, settings.system, settings.draft_max, threads) == (512, "terse", 2, 2)
 
 
 def test_generate_uses_model_parameters(pair_dir, capsys):

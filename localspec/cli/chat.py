@@ -41,8 +41,8 @@ def _print_list(store) -> None:
 
 
 def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tuple:
-    """The chat's starting settings and context size: the model's PARAMETERs (Modelfile) fill in
-    whatever the command line left at its default, as for ``generate``."""
+    """The chat's starting settings, context size and threads: the model's PARAMETERs (Modelfile)
+    fill in whatever the command line left at its default, as for ``generate``."""
     from dataclasses import fields
 
     from ..models import apply_model_defaults
@@ -53,10 +53,11 @@ def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tu
     options.update(given)
     values = apply_model_defaults(spec, options, lambda name: name not in given or is_default(name))
     ctx = values.pop("ctx")
+    threads = values.pop("threads", None)
     values["stop"] = tuple(values["stop"])
     settings = ChatSettings(system=system if system is not None else (spec.system or ""), **values)
     settings.config(True)  # validate before the UI starts
-    return settings, ctx
+    return settings, ctx, threads
 
 
 def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
@@ -115,8 +116,8 @@ def chat(
 
         from ..tui.app import ChatApp
 
-        settings, ctx = chat_settings(
-            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx),
+        settings, ctx, threads = chat_settings(
+            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
         if threads is None:

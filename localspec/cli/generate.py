@@ -109,10 +109,11 @@ def generate(
 ) -> None:
     """Generate a reply to one prompt."""
     resolved = resolve(model, target=target, draft=draft)
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, policy, draft_max, tree, p_min) = apply_model_defaults(
+    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, threads, policy, draft_max, tree,
+     p_min) = apply_model_defaults(
         resolved,
         dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-             stop=stop, ctx=ctx, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
+             stop=stop, ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
