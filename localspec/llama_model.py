@@ -75,6 +75,9 @@ def _llama_failure(what: str) -> LocalspecError:
     return LocalspecError(f"{what}{detail}")
 
 
+MAX_THREADS = 512   # GGML_MAX_N_THREADS
+
+
 def default_threads(*, reserve: int = 0) -> int:
     """``$LOCALSPEC_THREADS``, else every core this process may use but ``reserve`` (at least one).
 
@@ -200,6 +203,8 @@ class Context:
         params.n_seq_max = n_seq_max
         params.kv_unified = kv_unified
         threads = n_threads or default_threads()
+        if not 1 <= threads <= MAX_THREADS:   # ggml indexes fixed arrays by thread: more crashes the process
+            raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got {threads}")
         params.n_threads = threads
         params.n_threads_batch = threads
         self.n_threads = threads

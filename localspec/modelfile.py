@@ -86,7 +86,7 @@ OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] |
     "num_keep": (_int, None, ""),
     "num_batch": (_int, lambda x: x >= 1, "at least 1"),
     "num_gpu": (_int, None, ""),
-    "num_thread": (_int, lambda x: x >= 0, ">= 0"),
+    "num_thread": (_int, lambda x: 0 <= x <= 512, "between 0 and 512"),
     "penalize_newline": (_bool, None, ""),
     "use_mmap": (_bool, None, ""),
 }

@@ -156,3 +156,13 @@ def test_chat_leaves_a_core_to_the_ui(monkeypatch):
     assert default_threads(reserve=1) == 1
     monkeypatch.setenv("LOCALSPEC_THREADS", "2")
     assert default_threads(reserve=1) == 2
+
+
+def test_thread_count_out_of_range_is_one_line(pair):
+    """ggml indexes fixed arrays by thread: an out-of-range count is refused before llama.cpp sees it
+    (100000 threads used to end the process with a segmentation fault)."""
+    target, _ = pair
+    for threads in ("100000", "-1"):
+        proc = cli("generate", "--target", str(target), "-p", "hi", "-n", "2", "--threads", threads)
+        assert proc.returncode == 1 and proc.stderr.strip().startswith("Error: threads must be between 1 and 512")
+        assert "Traceback" not in proc.stderr

@@ -53,7 +53,7 @@ def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tu
     options.update(given)
     values = apply_model_defaults(spec, options, lambda name: name not in given or is_default(name))
     ctx = values.pop("ctx")
-    threads = values.pop("threads", None)
+    threads = values.pop("threads")
     values["stop"] = tuple(values["stop"])
     settings = ChatSettings(system=system if system is not None else (spec.system or ""), **values)
     settings.config(True)  # validate before the UI starts
