@@ -78,6 +78,14 @@ def _llama_failure(what: str) -> LocalspecError:
 MAX_THREADS = 512   # GGML_MAX_N_THREADS
 
 
+def check_threads(n: int) -> int:
+    """``n`` if llama.cpp can run that many threads: ggml indexes fixed arrays by thread, so more
+    crashes the process."""
+    if not 1 <= n <= MAX_THREADS:
+        raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got {n}")
+    return n
+
+
 def default_threads(*, reserve: int = 0) -> int:
     """``$LOCALSPEC_THREADS``, else every core this process may use but ``reserve`` (at least one).
 
@@ -202,9 +210,7 @@ class Context:
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq_max
         params.kv_unified = kv_unified
-        threads = n_threads or default_threads()
-        if not 1 <= threads <= MAX_THREADS:   # ggml indexes fixed arrays by thread: more crashes the process
-            raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got {threads}")
+        threads = check_threads(n_threads or default_threads())
         params.n_threads = threads
         params.n_threads_batch = threads
         self.n_threads = threads

@@ -120,9 +120,11 @@ def chat(
             spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
-        if threads is None:
-            from ..llama_model import default_threads
+        from ..llama_model import check_threads, default_threads
 
+        if threads:
+            check_threads(threads)   # before the UI starts, not in it
+        else:
             # the UI renders the reply on a core of its own: with llama.cpp on every core, its spinning
             # workers and the UI preempt each other (measured on 2 cores: plain 59-61 tok/s with 2 threads,
             # 70-95 with 1)
