@@ -77,8 +77,9 @@ class HubFile(_Strict):
     sha256: Optional[str] = None         # of the file; verified after download when given
     size: Optional[int] = Field(default=None, gt=0)
     parts: list[str] = Field(default_factory=list)   # further parts of a split GGUF (same folder)
+    alternatives: list[str] = Field(default_factory=list)   # other names of the file (tried first)
 
-    @field_validator("parts")
+    @field_validator("parts", "alternatives")
     @classmethod
     def _parts(cls, v: list[str]) -> list[str]:
         for part in v:
@@ -113,6 +114,7 @@ class DraftSource(_Strict):
     repo: str
     file: Optional[str] = None
     files: Optional[list[str]] = None
+    alternatives: list[str] = Field(default_factory=list)   # other names of file / the weights file
     revision: Optional[str] = None
     sha256: Optional[str | dict[str, str]] = None     # one digest for ``file``, a table for ``files``
     variant: Literal["eagle3", "eagle3.1"] = "eagle3"
@@ -160,6 +162,20 @@ class CatalogEntry(_Strict):
     system: Optional[str] = None
     template: Optional[str] = None
     license: Optional[str] = None          # the target's license, informational
+    # what was checked against public sources, what was not, and where (informational; shown by
+    # `localspec list --catalog` as the CHECKED column)
+    verified: Optional[str] = None
+    unverified: Optional[str] = None
+    sources: list[str] = Field(default_factory=list)
+
+    @property
+    def checked(self) -> str:
+        """``yes`` (all verified), ``partly`` or ``no`` (nothing checked against a source)."""
+        if self.embedded and not self.unverified:
+            return "yes"
+        if not self.verified:
+            return "no"
+        return "partly" if self.unverified else "yes"
 
     @field_validator("parameters")
     @classmethod
