@@ -200,7 +200,12 @@ def pull(name: str):
             digests = d.sha256 if isinstance(d.sha256, dict) else {}
             src = fetch_checkpoint(d.repo, d.files or [], revision=d.revision, digests=digests,
                                    alternatives=d.alternatives)
-            drafter = convert_drafter(src, target, registry.drafters_dir() / f"{name}.gguf")
+            from .checkpoint_repair import consistent_head_dim
+
+            with consistent_head_dim(src) as (fixed, note):
+                if note:
+                    _note(f"{d.repo}: {note}")
+                drafter = convert_drafter(fixed, target, registry.drafters_dir() / f"{name}.gguf")
             owned.append(str(drafter))
         try:
             check_pair(t_info, read_gguf(drafter))
