@@ -290,6 +290,8 @@ def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None
     resolved = repo_files.resolve_checkpoint(repo, files, listing, list(alternatives))
     if not resolved.renamed:
         raise original
-    _note(f"{repo}: {resolved.rule}")
     kept = {f: digest for f, digest in digests.items() if f in resolved.files}
+    dropped = sorted(set(digests) - set(kept))
+    _note(f"{repo}: {resolved.rule}"
+          + (f"; the catalog's sha256 of {', '.join(dropped)} does not apply and was not checked" if dropped else ""))
     return download_checkpoint(repo, revision=revision, files=list(resolved.files), digests=kept)

@@ -128,6 +128,11 @@ class DraftSource(_Strict):
     def _shape(self) -> "DraftSource":
         if (self.file is None) == (self.files is None):
             raise ValueError("give either file (a drafter .gguf) or files (a checkpoint to convert)")
+        for alt in self.alternatives:
+            if self.file is not None and not alt.endswith(".gguf"):
+                raise ValueError(f"alternative '{alt}' of a drafter .gguf is not a .gguf")
+            if self.file is None and not alt.endswith((".safetensors", ".bin", ".json")):
+                raise ValueError(f"alternative '{alt}' is not a checkpoint file (.safetensors, .bin or .json)")
         if self.file is not None:
             if not self.file.endswith(".gguf"):
                 raise ValueError(f"file '{self.file}' is not a .gguf (use files = [...] for a checkpoint)")

@@ -314,3 +314,17 @@ def test_checkpoint_weights_under_another_name(listing_hub, capsys):
     # a config checksum that does not match still fails: only renamed files skip their digest
     with pytest.raises(LocalspecError, match="checksum mismatch"):
         hub.fetch_checkpoint("test/ckpt", ["config.json", "pytorch_model.bin"], digests={"config.json": "1" * 64})
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('[models.x.target]\nrepo = "a/b"\nfile = "f-Q4_K_M.gguf"\nalternatives = ["f.bin"]\n', "models.x.target.alternatives"),
+    ('[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n[models.x.draft]\nrepo = "a/d"\nfile = "d.gguf"\n'
+     'alternatives = ["d.safetensors"]\n', "alternative 'd.safetensors' of a drafter .gguf is not a .gguf"),
+    ('[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n[models.x.draft]\nrepo = "a/d"\n'
+     'files = ["config.json", "model.safetensors"]\nalternatives = ["weights.gguf"]\n', "is not a checkpoint file"),
+    ('verified = 3\n[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n', "models.x.verified"),
+])
+def test_catalog_alternatives_and_notes_are_validated(entry, message):
+    _catalog('[models.x]\ndescription = "d"\n' + entry)
+    with pytest.raises(LocalspecError, match=re.escape(message)):
+        registry.load_catalog()
