@@ -183,22 +183,29 @@ def pull(name: str):
         return None   # ships with localspec: nothing to download
     assert entry.target is not None
     t = entry.target
-    target = download(t.repo, t.file, revision=t.revision, sha256=t.sha256)
-    for part in t.parts:   # llama.cpp finds the other parts of a split GGUF next to the first
-        download(t.repo, part, revision=t.revision)
+    target, t_file = fetch_gguf(t.repo, t.file, parts=t.parts, revision=t.revision, sha256=t.sha256,
+                                alternatives=t.alternatives)
     t_info = read_gguf(target)
     check_target(t_info)
 
     drafter: Path | None = None
     owned: list[str] = []
     d = entry.draft
+    d_file = d.file if d is not None else None
     if d is not None:
         if d.file is not None:
-            drafter = download(d.repo, d.file, revision=d.revision, sha256=d.digest(d.file))
+            drafter, d_file = fetch_gguf(d.repo, d.file, revision=d.revision, sha256=d.digest(d.file),
+                                         alternatives=d.alternatives)
         else:
             digests = d.sha256 if isinstance(d.sha256, dict) else {}
-            src = download_checkpoint(d.repo, revision=d.revision, files=d.files, digests=digests)
-            drafter = convert_drafter(src, target, registry.drafters_dir() / f"{name}.gguf")
+            src = fetch_checkpoint(d.repo, d.files or [], revision=d.revision, digests=digests,
+                                   alternatives=d.alternatives)
+            from .checkpoint_repair import consistent_head_dim
+
+            with consistent_head_dim(src) as (fixed, note):
+                if note:
+                    _note(f"{d.repo}: {note}")
+                drafter = convert_drafter(fixed, target, registry.drafters_dir() / f"{name}.gguf")
             owned.append(str(drafter))
         try:
             check_pair(t_info, read_gguf(drafter))
@@ -211,10 +218,80 @@ def pull(name: str):
     record = registry.UserModel(
         name=name, target=str(target), drafter=str(drafter) if drafter else None, parameters=params,
         template=entry.template, system=entry.system, license=[entry.license] if entry.license else [],
-        origin={"catalog": name, "from": f"hf.co/{t.repo}/{t.file}" + (f"@{t.revision}" if t.revision else ""),
-                **({"draft": f"hf.co/{d.repo}" + (f"/{d.file}" if d.file else "")
+        origin={"catalog": name, "from": f"hf.co/{t.repo}/{t_file}" + (f"@{t.revision}" if t.revision else ""),
+                **({"draft": f"hf.co/{d.repo}" + (f"/{d_file}" if d.file else "")
                     + (f"@{d.revision}" if d.revision else "")} if d else {})},
         owned=owned,
     )
     registry.save(record)
     return record
+
+
+# --------------------------------------------------------------------------------------------
+# catalog files under other names (the rules are in localspec.repo_files)
+
+
+def _note(text: str) -> None:
+    import sys
+
+    print(f"note: {text}", file=sys.stderr)
+
+
+def _listing_or_raise(repo: str, revision: str | None, original: LocalspecError) -> list[str]:
+    from . import repo_files
+
+    listing = repo_files.list_files(repo, revision)
+    if listing is None:
+        raise original
+    return listing
+
+
+def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str | None = None,
+               sha256: str | None = None, alternatives: list[str] = ()) -> tuple[Path, str]:
+    """A GGUF (and the further shards of a split one) from ``repo``: (path of the first, its name).
+
+    When the named file is not in the repository (a stale catalog), the repository's listing is
+    read and the file picked by :func:`localspec.repo_files.resolve_gguf`; ``pull`` says which.
+    """
+    from . import repo_files
+
+    try:
+        path = download(repo, filename, revision=revision, sha256=sha256)
+        for part in parts:   # llama.cpp finds the other parts of a split GGUF next to the first
+            download(repo, part, revision=revision)
+        return path, filename
+    except LocalspecError as exc:
+        original = exc
+    listing = _listing_or_raise(repo, revision, original)
+    resolved = repo_files.resolve_gguf(repo, filename, list(parts), listing, list(alternatives))
+    if resolved.rule == "as named":
+        raise original             # the file is there: the failure was something else
+    first, *rest = resolved.files
+    _note(f"{repo} has no '{filename}'; using '{first}'"
+          + (f" and {len(rest)} more shard(s)" if rest else "") + f" ({resolved.rule})"
+          + ("; the catalog's sha256 is for the other name and was not checked" if sha256 else ""))
+    path = download(repo, first, revision=revision)
+    for part in rest:
+        download(repo, part, revision=revision)
+    return path, first
+
+
+def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None,
+                     digests: dict[str, str] | None = None, alternatives: list[str] = ()) -> Path:
+    """A drafter checkpoint's ``files`` (config.json + weights); other names when the listing says so."""
+    from . import repo_files
+
+    digests = digests or {}
+    try:
+        return download_checkpoint(repo, revision=revision, files=files, digests=digests)
+    except LocalspecError as exc:
+        original = exc
+    listing = _listing_or_raise(repo, revision, original)
+    resolved = repo_files.resolve_checkpoint(repo, files, listing, list(alternatives))
+    if not resolved.renamed:
+        raise original
+    kept = {f: digest for f, digest in digests.items() if f in resolved.files}
+    dropped = sorted(set(digests) - set(kept))
+    _note(f"{repo}: {resolved.rule}"
+          + (f"; the catalog's sha256 of {', '.join(dropped)} does not apply and was not checked" if dropped else ""))
+    return download_checkpoint(repo, revision=revision, files=list(resolved.files), digests=kept)

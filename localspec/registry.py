@@ -77,8 +77,9 @@ class HubFile(_Strict):
     sha256: Optional[str] = None         # of the file; verified after download when given
     size: Optional[int] = Field(default=None, gt=0)
     parts: list[str] = Field(default_factory=list)   # further parts of a split GGUF (same folder)
+    alternatives: list[str] = Field(default_factory=list)   # other names of the file (tried first)
 
-    @field_validator("parts")
+    @field_validator("parts", "alternatives")
     @classmethod
     def _parts(cls, v: list[str]) -> list[str]:
         for part in v:
@@ -113,6 +114,7 @@ class DraftSource(_Strict):
     repo: str
     file: Optional[str] = None
     files: Optional[list[str]] = None
+    alternatives: list[str] = Field(default_factory=list)   # other names of file / the weights file
     revision: Optional[str] = None
     sha256: Optional[str | dict[str, str]] = None     # one digest for ``file``, a table for ``files``
     variant: Literal["eagle3", "eagle3.1"] = "eagle3"
@@ -126,6 +128,11 @@ class DraftSource(_Strict):
     def _shape(self) -> "DraftSource":
         if (self.file is None) == (self.files is None):
             raise ValueError("give either file (a drafter .gguf) or files (a checkpoint to convert)")
+        for alt in self.alternatives:
+            if self.file is not None and not alt.endswith(".gguf"):
+                raise ValueError(f"alternative '{alt}' of a drafter .gguf is not a .gguf")
+            if self.file is None and not alt.endswith((".safetensors", ".bin", ".json")):
+                raise ValueError(f"alternative '{alt}' is not a checkpoint file (.safetensors, .bin or .json)")
         if self.file is not None:
             if not self.file.endswith(".gguf"):
                 raise ValueError(f"file '{self.file}' is not a .gguf (use files = [...] for a checkpoint)")
@@ -160,6 +167,20 @@ class CatalogEntry(_Strict):
     system: Optional[str] = None
     template: Optional[str] = None
     license: Optional[str] = None          # the target's license, informational
+    # what was checked against public sources, what was not, and where (informational; shown by
+    # `localspec list --catalog` as the CHECKED column)
+    verified: Optional[str] = None
+    unverified: Optional[str] = None
+    sources: list[str] = Field(default_factory=list)
+
+    @property
+    def checked(self) -> str:
+        """``yes`` (all verified), ``partly`` or ``no`` (nothing checked against a source)."""
+        if self.embedded and not self.unverified:
+            return "yes"
+        if not self.verified:
+            return "no"
+        return "partly" if self.unverified else "yes"
 
     @field_validator("parameters")
     @classmethod

@@ -51,11 +51,14 @@ def list_(
     console = Console()
     if catalog:
         mine = {m.name for m in registry.list_models()}
-        table = Table("NAME", "TARGET", "DRAFTER", "", "DESCRIPTION")
+        # CHECKED: repositories, file names and drafter configs checked against public sources
+        # (yes / partly / no); the catalog's verified/unverified notes say what and where.
+        table = Table("NAME", "TARGET", "DRAFTER", "CHECKED", "", "DESCRIPTION")
         for name, entry in registry.load_catalog().items():
             target = "(embedded)" if entry.embedded else f"{entry.target.repo}"  # type: ignore[union-attr]
             draft = f"{entry.draft.repo} ({entry.draft.variant})" if entry.draft else "-"
-            table.add_row(name, target, draft, "pulled" if name in mine else "", entry.description)
+            table.add_row(name, target, draft, entry.checked, "pulled" if name in mine else "",
+                          entry.description)
         console.print(table)
         return
     models = registry.list_models()
