@@ -280,3 +280,21 @@ def test_a_client_killed_mid_stream_cancels_its_generation(server):
     assert generated < CTX / 2
     r = server.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+def test_a_client_gone_before_its_whole_answer_cancels_it(server):
+    """Not streaming: a client that gives up (timeout) while its answer is generated cancels it too."""
+    before = server.metrics()
+    abort = ("vllm:request_success_total", (("finished_reason", "abort"),))
+    with pytest.raises(httpx.ReadTimeout):
+        server.http.post("/v1/completions", json={"prompt": "1, 2, 3, 4,", "max_tokens": CTX, "temperature": 0},
+                         timeout=1.0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        after = server.metrics()
+        if after.get(abort, 0.0) - before.get(abort, 0.0) == 1 and after[("llamacpp:requests_processing", ())] == 0:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the generation was not cancelled: {after}")
+    assert server.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).status_code == 200
