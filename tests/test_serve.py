@@ -298,3 +298,26 @@ def test_a_client_gone_before_its_whole_answer_cancels_it(server):
     else:
         pytest.fail(f"the generation was not cancelled: {after}")
     assert server.http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
+def test_bad_command_lines_are_one_error_line(tmp_path):
+    import socket
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "localspec", "serve", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cases = [(["--port", str(port)], "cannot listen on 127.0.0.1"),
+                 (["--max-body", "lots"], "bad size"),
+                 (["--queue-size", "0"], "--queue-size"),
+                 (["no-such-model"], "unknown model"),
+                 (["--port", "0", "--policy", "fixed", "--draft-max", "99"], "draft-max")]
+        for args, message in cases:
+            proc = serve(*args)
+            assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and proc.stderr.count("\n") == 1, \
+                (args, proc.stderr)
+            assert message in proc.stderr and "Traceback" not in proc.stderr
