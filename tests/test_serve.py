@@ -179,9 +179,10 @@ def test_metrics_count_the_requests_drafts(server):
 
 def test_completions_and_models(server, reference):
     client = server.client()
-    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    reply = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                      echo=True)
     expected = engine_output(reference, "The capital of France is", max_tokens=8, temperature=0.0)
-    assert reply.choices[0].text == expected.text
+    assert reply.choices[0].text == "The capital of France is" + expected.text
     assert reply.usage.completion_tokens == len(expected.tokens)
     assert [m.id for m in client.models.list().data] == [MODEL]
 

@@ -150,7 +150,7 @@ class Reply:
         self.model = model or state.names[0]
         self.fingerprint = state.fingerprint
 
-    def _head(self, obj: str) -> dict:
+    def head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
@@ -161,16 +161,16 @@ class Reply:
                       "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+        return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(done, drafts), "timings": timings(done)}
 
     def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+            return {**self.head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return {**self._head("text_completion"), "choices": [choice]}
+        return {**self.head("text_completion"), "choices": [choice]}
 
 
 def sse(data) -> bytes:
@@ -186,11 +186,14 @@ async def watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events until ``data: [DONE]``; leaving early (the client disconnected) cancels."""
+async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") -> AsyncIterator[bytes]:
+    """Server-sent events until ``data: [DONE]``; leaving early (the client disconnected) cancels.
+    ``prefix``: text sent first (a completion's ``echo``)."""
     try:
         if reply.chat:
             yield sse(reply.chunk(None, role=True))
+        if prefix:
+            yield sse(reply.chunk(prefix))
         while True:
             items = [await job.events.get()]
             while not job.events.empty():      # what piled up meanwhile goes out as one chunk
@@ -205,7 +208,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[b
                 final["timings"] = timings(end.done)
                 yield sse(final)
                 if include_usage:
-                    yield sse({**reply._head(final["object"]), "choices": [], "usage": final["usage"]})
+                    yield sse({**reply.head(final["object"]), "choices": [], "usage": final["usage"]})
                 yield b"data: [DONE]\n\n"
                 return
             if isinstance(end, Failed):
@@ -217,7 +220,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[b
 
 
 async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *, streaming: bool,
-                 include_usage: bool) -> Response:
+                 include_usage: bool, prefix: str = "") -> Response:
     state.worker.submit(job)   # 429 when the queue is full
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
@@ -227,9 +230,9 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
         assert isinstance(first, Started)
         if streaming:
             watcher.cancel()   # from here the streaming response notices a disconnect itself
-            return StreamingResponse(stream(job, reply, include_usage), media_type="text/event-stream",
+            return StreamingResponse(stream(job, reply, include_usage, prefix), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        parts: list[str] = []
+        parts: list[str] = [prefix]
         while True:
             item = await job.events.get()
             if isinstance(item, Text):
@@ -252,9 +255,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         try:
             yield
         finally:
-            state.worker.stop()
-            if on_shutdown is not None:
-                on_shutdown()
+            if state.worker.stop() and on_shutdown is not None:
+                on_shutdown()   # only once the engine thread has ended
 
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -293,12 +295,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         job = Job(prompt, config, param="prompt")
         reply = Reply(state, False, body.model)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        response = await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
-        if body.echo and isinstance(response, JSONResponse) and response.status_code == 200:
-            data = json.loads(response.body)
-            data["choices"][0]["text"] = prompt + data["choices"][0]["text"]
-            response = JSONResponse(data)
-        return response
+        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
+                            prefix=prompt if body.echo else "")
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -93,8 +93,8 @@ class EngineWorker:
             self.metrics.rejected.inc()
             raise queue_full(self.queue_size) from None
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what runs and what waits, then end the thread."""
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Cancel what runs and what waits, then end the thread; False if it has not ended in ``timeout``."""
         running = self._running
         if running is not None:
             running.cancel.set()
@@ -107,8 +107,14 @@ class EngineWorker:
                 job.cancel.set()
                 job.post(Failed(APIError(503, "The server is shutting down.", type="server_error",
                                          code="shutting_down")))
-        self._queue.put(None)
+        if not self._thread.is_alive():
+            return True
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return False
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
