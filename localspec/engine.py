@@ -8,7 +8,8 @@
 Each cycle: the policy picks a draft source and depth (or none) from the cost model and live
 acceptance; draft a chain (EAGLE drafter, or n-gram lookup in the prompt and the text so far),
 verify ``[last, d1..dk]`` in ONE target decode, accept the longest prefix the target agrees with
-(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`), trim the target KV cache to
+(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`; repetition penalties
+counted over each position's own context, earlier drafts included), trim the target KV cache to
 the committed tokens, and record the committed positions' target features for the drafter (written
 lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
 """
@@ -221,7 +222,7 @@ class Engine:
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
                 else None)
-        sampler = Sampler(config.sampling)
+        sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
@@ -232,7 +233,9 @@ class Engine:
         t_start = time.perf_counter()
         first = self._prefill(prompt, sampler, drafter)
         d_logits = d_state = None  # the drafter's first-draft logits/state, once caught up
-        prefill_margin = _margin(ctx.logits(-1)) if config.record_margins else 0.0
+        # margins are those of the logits the choice was made from (penalised, if penalties are on)
+        prefill_margin = _margin(sampler.penalised(ctx.logits(-1))) if config.record_margins else 0.0
+        sampler.commit([first])
         lookup = NgramLookup(prompt + [first]) if policy.lookup else None
         shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
         stats.prompt_seconds = time.perf_counter() - t_start
@@ -328,13 +331,13 @@ class Engine:
                 ctx.decode(carry + [last] + drafts, kv_start, all_logits=bool(drafts))
                 accepted, correction = 0, -1
                 for i, d in enumerate(drafts):
-                    ok, tok = sampler.verify(ctx.logits(base + i), d)
+                    ok, tok = sampler.verify(ctx.logits(base + i), d, drafts[:i])
                     if not ok:
                         correction = tok
                         break
                     accepted += 1
                 if correction < 0:
-                    correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1))
+                    correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1), drafts)
                 if accepted < len(drafts):
                     ctx.seq_rm(n_past + accepted + 1)
                 rows = list(range(base, base + accepted + 1))
@@ -345,7 +348,8 @@ class Engine:
             pending = [(d, True) for d in drafts[:accepted]] + [(correction, False)]
             if margins is not None:  # bench bookkeeping, not counted as generation time
                 t_m = time.perf_counter()
-                margins.extend(_margin(ctx.logits(i)) for i in (rows if drafts or draft_tree else [-1]))
+                margins.extend(_margin(sampler.penalised(ctx.logits(r), drafts[:j]))  # row j follows j drafts
+                               for j, r in enumerate(rows if drafts or draft_tree else [-1]))
                 t_gen += time.perf_counter() - t_m
                 t_cycle += time.perf_counter() - t_m
 
@@ -360,6 +364,7 @@ class Engine:
                     drafter.drop_pending()
                 d_logits = d_state = None
                 self._drafter_pairs = n_past + accepted + 1
+            sampler.commit(committed)
             if lookup is not None:
                 lookup.extend(committed)
                 if shadow is not None:
@@ -409,8 +414,13 @@ class Engine:
                             list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
                             [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order])
             row_of = {node: base + 1 + r for r, node in enumerate(order)}
-            path, correction = tree.walk(draft_tree, lambda node: sampler.choose(
-                ctx.logits(base if node < 0 else row_of[node])))
+            tokens = draft_tree.tokens
+
+            def choose(node: int) -> int:  # the target's token after ``node``, its path before it
+                after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.penalties is not None else ()
+                return sampler.choose(ctx.logits(base if node < 0 else row_of[node]), after)
+
+            path, correction = tree.walk(draft_tree, choose)
             kept = 0
             while kept < len(path) and row_of[path[kept]] == base + 1 + kept:
                 kept += 1
