@@ -126,15 +126,15 @@ def error_of(response: httpx.Response) -> dict:
     return body["error"]
 
 
-SAMPLED = dict(temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, seed=11)
+SAMPLED = dict(temperature=0.8, top_p=0.95, seed=11, presence_penalty=0.3, frequency_penalty=0.2)
+EXTENSIONS = dict(top_k=40, min_p=0.05, repeat_penalty=1.1, repeat_last_n=32)   # llama-server's fields
 
 
 def test_streamed_chat_equals_the_engines_own_output(server, reference):
     question = "Name three colours of the rainbow."
     stream = server.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=24, stream=True,
-        stream_options={"include_usage": True}, extra_body={"top_k": 40, "min_p": 0.05},
-        **{k: v for k, v in SAMPLED.items() if k not in ("top_k", "min_p")})
+        stream_options={"include_usage": True}, extra_body=EXTENSIONS, **SAMPLED)
     parts, usage, finish = [], None, None
     for chunk in stream:
         if chunk.choices:
@@ -142,7 +142,7 @@ def test_streamed_chat_equals_the_engines_own_output(server, reference):
             finish = chunk.choices[0].finish_reason or finish
         if chunk.usage is not None:
             usage = chunk.usage
-    expected = engine_output(reference, [Message("user", question)], max_tokens=24, **SAMPLED)
+    expected = engine_output(reference, [Message("user", question)], max_tokens=24, **SAMPLED, **EXTENSIONS)
     assert "".join(parts) == expected.text and expected.text
     assert usage.completion_tokens == len(expected.tokens)
     assert finish == ("length" if expected.finish_reason == "length" else "stop")
@@ -208,6 +208,10 @@ def test_errors_have_openais_shape_and_status(server):
     assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
     r = server.http.post(url, json={**good, "temperature": -1})
     assert r.status_code == 400 and error_of(r)["param"] == "temperature"
+    r = server.http.post(url, json={**good, "presence_penalty": 3})
+    assert r.status_code == 400 and error_of(r)["param"] == "presence_penalty"
+    r = server.http.post(url, json={**good, "repeat_penalty": 50})
+    assert r.status_code == 400 and "repeat penalty" in error_of(r)["message"]
     r = server.http.get("/v1/nothing-here")
     assert r.status_code == 404 and error_of(r)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"   # no key needed
