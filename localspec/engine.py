@@ -57,6 +57,7 @@ class GenerationConfig:
     spec: bool = True                      # speculate: the drafter when loaded and/or n-gram lookup
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     record_margins: bool = False           # keep each token's top-1 minus top-2 logit (bench)
+    parse_special: bool = True             # a raw str prompt: "<|im_start|>" etc. become special tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -136,6 +137,7 @@ class Engine:
         kv_type: str | None = None,
         n_outputs_max: int = 0,
         plan=None,
+        chat_template: str | None = None,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -163,8 +165,10 @@ class Engine:
         except BaseException:
             self.close()
             raise
+        # a Modelfile's TEMPLATE (Jinja) replaces the one in the GGUF
         self.formatter = ChatFormatter(
-            self.target_info.chat_template,
+            chat_template if chat_template is not None else self.target_info.chat_template,
+            from_modelfile=chat_template is not None,
             bos_token=self.model.piece(self.model.bos).decode("utf-8", "replace") if self.model.bos >= 0 else "",
             eos_token=self.model.piece(self.model.eos).decode("utf-8", "replace") if self.model.eos >= 0 else "",
         )
@@ -181,14 +185,18 @@ class Engine:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
-    def prompt_tokens(self, prompt: str | Sequence[Message | dict]) -> list[int]:
-        """Tokens for a raw text prompt (str) or a chat (messages, rendered with the model's template)."""
+    def prompt_tokens(self, prompt: str | Sequence[Message | dict], *, parse_special: bool = True) -> list[int]:
+        """Tokens for a raw text prompt (str) or a chat (messages, rendered with the model's template).
+
+        In a raw prompt, special-token text such as ``<|im_start|>`` becomes the special token, as
+        llama.cpp's tools parse it; ``parse_special=False`` keeps it plain text."""
         if isinstance(prompt, str):
-            return self.model.tokenize(prompt, add_special=True, parse_special=False)
-        text = self.formatter.render(prompt, add_generation_prompt=True)
-        tokens = self.model.tokenize(text, add_special=True, parse_special=True)
+            tokens = self.model.tokenize(prompt, add_special=True, parse_special=parse_special)
+        else:
+            text = self.formatter.render(prompt, add_generation_prompt=True)
+            tokens = self.model.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == self.model.bos:
-            tokens = tokens[1:]  # the template wrote BOS itself
+            tokens = tokens[1:]  # the template (or the raw prompt) wrote BOS itself
         return tokens
 
     # -- generation ------------------------------------------------------------------------------
@@ -201,7 +209,7 @@ class Engine:
     ) -> Iterator[Event]:
         """Yield TokenEvents and CycleEvents as tokens are produced, then one DoneEvent."""
         config = config or GenerationConfig()
-        tokens = self.prompt_tokens(prompt)
+        tokens = self.prompt_tokens(prompt, parse_special=config.parse_special)
         if not tokens:
             raise LocalspecError("the prompt is empty")
         if len(tokens) >= self.n_ctx:

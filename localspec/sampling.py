@@ -153,3 +153,14 @@ class Sampler:
                 return True, draft
             probs /= total
         return False, int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+# The chat's defaults (``localspec chat``; the server's too). llama.cpp's sampler defaults
+# (common/common.h: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, the same filters
+# SamplingParams defaults to) plus Ollama's repeat penalty (repeat_penalty 1.1 over the last 64
+# tokens): llama.cpp leaves the penalty off, but small chat models such as SmolLM2-135M loop
+# without it (asked "Name three colours of the rainbow." greedily, it printed one heading 16 times).
+# top-p stays llama.cpp's 0.95 rather than Ollama's 0.9, since min-p 0.05 (Ollama: 0) already cuts
+# the tail; presence and frequency penalties stay off (0), as in both.
+CHAT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                               repeat_penalty=1.1, repeat_last_n=64)
