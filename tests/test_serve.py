@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from localspec.chat_format import Message
 from localspec.engine import GenerationConfig
 from localspec.events import DoneEvent
-from localspec.sampling import SamplingParams
+from localspec.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import PolicyConfig
 
 KEY = "sk-test-localspec"
@@ -112,9 +112,7 @@ def reference():
 
 
 def engine_output(engine, prompt, *, max_tokens: int, **sampling) -> DoneEvent:
-    from localspec.server.params import chat_sampling
-
-    params = SamplingParams(**{**asdict(chat_sampling()), **sampling})
+    params = SamplingParams(**{**asdict(CHAT_SAMPLING), **sampling})   # what a request leaves out: the chat defaults
     config = GenerationConfig(max_tokens=max_tokens, sampling=params, policy=POLICY)
     return [e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent)][0]
 
@@ -326,3 +324,28 @@ def test_bad_command_lines_are_one_error_line(tmp_path):
             assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and proc.stderr.count("\n") == 1, \
                 (args, proc.stderr)
             assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fields_left_out_take_the_chat_defaults(server, reference):
+    """A request with only a seed samples with CHAT_SAMPLING (temperature 0.8, repeat penalty 1.1...)."""
+    question = "What is the capital of Italy?"
+    reply = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                                    max_tokens=16, seed=5)
+    expected = engine_output(reference, [Message("user", question)], max_tokens=16, seed=5)
+    assert reply.choices[0].message.content == expected.text
+
+
+def test_modelfile_parameters_are_a_models_defaults(smollm2):
+    from localspec.models import ModelSpec
+    from localspec.server.params import ServeDefaults, generation_config
+    from localspec.server.schemas import CompletionRequest
+
+    spec = ModelSpec("m", smollm2, parameters={"temperature": 0.2, "repeat_penalty": 1.3, "stop": ["END"],
+                                               "num_predict": 50})
+    defaults = ServeDefaults.for_model(spec, n_ctx=CTX, max_tokens=None, spec_enabled=True, policy=POLICY)
+    config = generation_config(CompletionRequest(prompt="x", top_k=7), defaults, None)
+    assert config.sampling == SamplingParams(**{**asdict(CHAT_SAMPLING), "temperature": 0.2, "repeat_penalty": 1.3,
+                                                "top_k": 7})
+    assert config.stop == ("END",) and config.max_tokens == 50
+    config = generation_config(CompletionRequest(prompt="x", max_tokens=3, stop="."), defaults, 3)
+    assert config.stop == (".",) and config.max_tokens == 3

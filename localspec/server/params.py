@@ -11,7 +11,7 @@ from ..chat_format import Message
 from ..engine import GenerationConfig
 from ..errors import LocalspecError
 from ..models import ModelSpec
-from ..sampling import SamplingParams
+from ..sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
@@ -22,20 +22,12 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_p
 MAX_STOP = 16
 
 
-def chat_sampling() -> SamplingParams:
-    """The sampling a request gets by default: llama.cpp's and Ollama's chat defaults."""
-    from .. import sampling
-
-    return getattr(sampling, "CHAT_SAMPLING", None) or SamplingParams(temperature=0.8, top_k=40, top_p=0.95,
-                                                                      min_p=0.05)
-
-
 @dataclass
 class ServeDefaults:
     """What the server applies to every request: from the command line and the model."""
 
     n_ctx: int
-    sampling: dict = field(default_factory=lambda: asdict(chat_sampling()))
+    sampling: dict = field(default_factory=lambda: asdict(CHAT_SAMPLING))
     stop: tuple[str, ...] = ()
     max_tokens: Optional[int] = None       # None: until the context is full (OpenAI's default)
     spec: bool = True
@@ -44,7 +36,7 @@ class ServeDefaults:
     @classmethod
     def for_model(cls, spec: ModelSpec, *, n_ctx: int, max_tokens: Optional[int], spec_enabled: bool,
                   policy: PolicyConfig) -> "ServeDefaults":
-        sampling = asdict(chat_sampling())
+        sampling = asdict(CHAT_SAMPLING)
         names = {f.name for f in fields(SamplingParams)}
         stop: tuple[str, ...] = ()
         for name, value in spec.parameters.items():   # the Modelfile's PARAMETERs

@@ -134,7 +134,7 @@ class EngineWorker:
             return
         engine = self.engine
         try:
-            n_prompt = len(engine.prompt_tokens(job.prompt))
+            n_prompt = len(engine.prompt_tokens(job.prompt, parse_special=job.config.parse_special))
         except LocalspecError as exc:
             job.post(Failed(bad_request(str(exc), param=job.param)))
             return
