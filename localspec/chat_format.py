@@ -1,12 +1,14 @@
-"""Chat prompts from the Jinja template stored in the target GGUF, rendered in a sandbox."""
+"""Chat prompts from a Jinja chat template (the target GGUF's, or a Modelfile's TEMPLATE), rendered
+in a sandbox."""
 
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import LocalspecError
@@ -24,18 +26,44 @@ class Message:
     content: str
 
 
+# Ollama's Go-template actions: {{ .Prompt }}, {{ if .System }}, {{ range .Messages }}, {{ end }}, ...
+GO_TEMPLATE = re.compile(r"\{\{-?\s*(?:\.|\$|(?:if|range|with|template|block|define)\s|else\b|end\s*-?\}\})")
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+def check_template(source: str) -> None:
+    """A Modelfile TEMPLATE must be a Jinja chat template (like a GGUF's tokenizer.chat_template)
+    that renders ``messages``; LocalspecError (one line) otherwise."""
+    if GO_TEMPLATE.search(source):
+        raise LocalspecError("TEMPLATE is an Ollama Go template; only Jinja chat templates are supported "
+                             "(e.g. {% for message in messages %}...{% endfor %}, as in a GGUF's chat template)")
+    try:
+        ast = _environment().parse(source)
+    except TemplateError as exc:
+        raise LocalspecError(f"TEMPLATE is not a valid Jinja chat template: {exc}") from None
+    if "messages" not in meta.find_undeclared_variables(ast):
+        raise LocalspecError("TEMPLATE never uses `messages`: a Jinja chat template renders the conversation "
+                             "from messages (e.g. {% for message in messages %}...{% endfor %})")
+
+
 class ChatFormatter:
-    def __init__(self, template: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    def __init__(self, template: str | None, *, bos_token: str = "", eos_token: str = "",
+                 from_modelfile: bool = False) -> None:
         self.source = template or FALLBACK_TEMPLATE
+        if from_modelfile:  # a TEMPLATE stored before create checked it: the same one-line reason
+            check_template(self.source)
         try:
-            self._template = env.from_string(self.source)
+            self._template = _environment().from_string(self.source)
         except TemplateError as exc:
             raise LocalspecError(f"the model's chat template does not parse: {exc}") from None
         self.bos_token = bos_token

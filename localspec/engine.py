@@ -8,7 +8,8 @@
 Each cycle: the policy picks a draft source and depth (or none) from the cost model and live
 acceptance; draft a chain (EAGLE drafter, or n-gram lookup in the prompt and the text so far),
 verify ``[last, d1..dk]`` in ONE target decode, accept the longest prefix the target agrees with
-(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`), trim the target KV cache to
+(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`; repetition penalties
+counted over each position's own context, earlier drafts included), trim the target KV cache to
 the committed tokens, and record the committed positions' target features for the drafter (written
 lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
 """
@@ -56,6 +57,7 @@ class GenerationConfig:
     spec: bool = True                      # speculate: the drafter when loaded and/or n-gram lookup
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     record_margins: bool = False           # keep each token's top-1 minus top-2 logit (bench)
+    parse_special: bool = True             # a raw str prompt: "<|im_start|>" etc. become special tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -135,6 +137,7 @@ class Engine:
         kv_type: str | None = None,
         n_outputs_max: int = 0,
         plan=None,
+        chat_template: str | None = None,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -162,8 +165,10 @@ class Engine:
         except BaseException:
             self.close()
             raise
+        # a Modelfile's TEMPLATE (Jinja) replaces the one in the GGUF
         self.formatter = ChatFormatter(
-            self.target_info.chat_template,
+            chat_template if chat_template is not None else self.target_info.chat_template,
+            from_modelfile=chat_template is not None,
             bos_token=self.model.piece(self.model.bos).decode("utf-8", "replace") if self.model.bos >= 0 else "",
             eos_token=self.model.piece(self.model.eos).decode("utf-8", "replace") if self.model.eos >= 0 else "",
         )
@@ -180,14 +185,18 @@ class Engine:
     def n_ctx(self) -> int:
         return self.ctx.n_ctx
 
-    def prompt_tokens(self, prompt: str | Sequence[Message | dict]) -> list[int]:
-        """Tokens for a raw text prompt (str) or a chat (messages, rendered with the model's template)."""
+    def prompt_tokens(self, prompt: str | Sequence[Message | dict], *, parse_special: bool = True) -> list[int]:
+        """Tokens for a raw text prompt (str) or a chat (messages, rendered with the model's template).
+
+        In a raw prompt, special-token text such as ``<|im_start|>`` becomes the special token, as
+        llama.cpp's tools parse it; ``parse_special=False`` keeps it plain text."""
         if isinstance(prompt, str):
-            return self.model.tokenize(prompt, add_special=True, parse_special=False)
-        text = self.formatter.render(prompt, add_generation_prompt=True)
-        tokens = self.model.tokenize(text, add_special=True, parse_special=True)
+            tokens = self.model.tokenize(prompt, add_special=True, parse_special=parse_special)
+        else:
+            text = self.formatter.render(prompt, add_generation_prompt=True)
+            tokens = self.model.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == self.model.bos:
-            tokens = tokens[1:]  # the template wrote BOS itself
+            tokens = tokens[1:]  # the template (or the raw prompt) wrote BOS itself
         return tokens
 
     # -- generation ------------------------------------------------------------------------------
@@ -200,7 +209,7 @@ class Engine:
     ) -> Iterator[Event]:
         """Yield TokenEvents and CycleEvents as tokens are produced, then one DoneEvent."""
         config = config or GenerationConfig()
-        tokens = self.prompt_tokens(prompt)
+        tokens = self.prompt_tokens(prompt, parse_special=config.parse_special)
         if not tokens:
             raise LocalspecError("the prompt is empty")
         if len(tokens) >= self.n_ctx:
@@ -221,7 +230,7 @@ class Engine:
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
                 else None)
-        sampler = Sampler(config.sampling)
+        sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
@@ -232,7 +241,9 @@ class Engine:
         t_start = time.perf_counter()
         first = self._prefill(prompt, sampler, drafter)
         d_logits = d_state = None  # the drafter's first-draft logits/state, once caught up
-        prefill_margin = _margin(ctx.logits(-1)) if config.record_margins else 0.0
+        # margins are those of the logits the choice was made from (penalised, if penalties are on)
+        prefill_margin = _margin(sampler.penalised(ctx.logits(-1))) if config.record_margins else 0.0
+        sampler.commit([first])
         lookup = NgramLookup(prompt + [first]) if policy.lookup else None
         shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
         stats.prompt_seconds = time.perf_counter() - t_start
@@ -328,13 +339,13 @@ class Engine:
                 ctx.decode(carry + [last] + drafts, kv_start, all_logits=bool(drafts))
                 accepted, correction = 0, -1
                 for i, d in enumerate(drafts):
-                    ok, tok = sampler.verify(ctx.logits(base + i), d)
+                    ok, tok = sampler.verify(ctx.logits(base + i), d, drafts[:i])
                     if not ok:
                         correction = tok
                         break
                     accepted += 1
                 if correction < 0:
-                    correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1))
+                    correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1), drafts)
                 if accepted < len(drafts):
                     ctx.seq_rm(n_past + accepted + 1)
                 rows = list(range(base, base + accepted + 1))
@@ -345,7 +356,8 @@ class Engine:
             pending = [(d, True) for d in drafts[:accepted]] + [(correction, False)]
             if margins is not None:  # bench bookkeeping, not counted as generation time
                 t_m = time.perf_counter()
-                margins.extend(_margin(ctx.logits(i)) for i in (rows if drafts or draft_tree else [-1]))
+                margins.extend(_margin(sampler.penalised(ctx.logits(r), drafts[:j]))  # row j follows j drafts
+                               for j, r in enumerate(rows if drafts or draft_tree else [-1]))
                 t_gen += time.perf_counter() - t_m
                 t_cycle += time.perf_counter() - t_m
 
@@ -360,6 +372,7 @@ class Engine:
                     drafter.drop_pending()
                 d_logits = d_state = None
                 self._drafter_pairs = n_past + accepted + 1
+            sampler.commit(committed)
             if lookup is not None:
                 lookup.extend(committed)
                 if shadow is not None:
@@ -409,8 +422,13 @@ class Engine:
                             list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
                             [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order])
             row_of = {node: base + 1 + r for r, node in enumerate(order)}
-            path, correction = tree.walk(draft_tree, lambda node: sampler.choose(
-                ctx.logits(base if node < 0 else row_of[node])))
+            tokens = draft_tree.tokens
+
+            def choose(node: int) -> int:  # the target's token after ``node``, its path before it
+                after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.penalties is not None else ()
+                return sampler.choose(ctx.logits(base if node < 0 else row_of[node]), after)
+
+            path, correction = tree.walk(draft_tree, choose)
             kept = 0
             while kept < len(path) and row_of[path[kept]] == base + 1 + kept:
                 kept += 1

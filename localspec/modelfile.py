@@ -63,7 +63,8 @@ def _str(v: str) -> str:
 
 
 # name -> (parse, what is expected, check or None). Ollama's documented parameters are accepted
-# (and kept) even where localspec's engine does not use them yet.
+# (and kept) even where localspec's engine does not use them yet; the sampling ones it uses
+# (models.OPTION_FOR_PARAMETER) are checked against SamplingParams' ranges.
 _TYPES: dict[Callable[[str], Any], str] = {_int: "an integer", _float: "a number", _bool: "true or false", _str: "a string"}
 
 OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
@@ -77,9 +78,9 @@ OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] |
     "seed": (_int, None, ""),
     "stop": (_str, lambda x: x != "", "not empty"),
     "repeat_last_n": (_int, lambda x: x >= -1, ">= -1"),
-    "repeat_penalty": (_float, lambda x: x >= 0, ">= 0"),
-    "presence_penalty": (_float, None, ""),
-    "frequency_penalty": (_float, None, ""),
+    "repeat_penalty": (_float, lambda x: 0 < x <= 10, "in (0, 10] (1: off)"),
+    "presence_penalty": (_float, lambda x: -2 <= x <= 2, "between -2 and 2"),
+    "frequency_penalty": (_float, lambda x: -2 <= x <= 2, "between -2 and 2"),
     "mirostat": (_int, lambda x: x in (0, 1, 2), "0, 1 or 2"),
     "mirostat_eta": (_float, None, ""),
     "mirostat_tau": (_float, None, ""),

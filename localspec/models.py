@@ -91,6 +91,8 @@ def resolve(name: str | None = None, *, target: str | Path | None = None,
 OPTION_FOR_PARAMETER = {
     "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
     "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx", "num_thread": "threads",
+    "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
     "draft_max": "draft_max", "draft_policy": "policy", "draft_tree": "tree", "draft_p_min": "p_min",
 }
 

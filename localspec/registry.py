@@ -403,6 +403,13 @@ def create(name: str, mf: Modelfile) -> UserModel:
     from .models import ModelSpec, resolve
 
     check_name(name)
+    if mf.template is not None:   # before any download: a Go template would fail every chat later
+        from .chat_format import check_template
+
+        try:
+            check_template(mf.template)
+        except LocalspecError as exc:
+            raise mf.error("TEMPLATE", str(exc)) from None
     base: ModelSpec | None = None
     ref = hub.parse_hf_ref(mf.from_)
     if ref is not None:

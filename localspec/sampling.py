@@ -1,19 +1,29 @@
 """Token choice from target logits, and the speculative acceptance rule that keeps it lossless.
 
-Filters follow llama.cpp's default order (top-k, top-p, min-p, then temperature). Drafts are
+Filters follow llama.cpp's default order (penalties, top-k, top-p, min-p, then temperature). Drafts are
 proposed deterministically (the drafter's top token), so the rejection rule is: accept draft ``x``
 with probability ``p(x)``; on rejection sample from ``p`` with ``x`` removed and renormalised. The
 emitted token then has exactly the distribution ``p``:
 ``P(y) = p(x)[y = x] + (1 - p(x)) p(y)[y != x] / (1 - p(x)) = p(y)``.
+
+Repetition penalties (:mod:`localspec.penalties`) make ``p`` depend on the context: the sampler
+holds the committed context, and each call names the tokens ``after`` it that the judged position
+would follow (earlier drafts of the same cycle), so every position gets plain decoding's ``p``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from .errors import LocalspecError
+from .penalties import PenaltyWindow
+
+MAX_REPEAT_PENALTY = 10.0
+MAX_PRESENCE_FREQUENCY = 2.0   # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,13 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int | None = None
+    # llama.cpp/Ollama: positive logits divided, negative multiplied (1.0: off)
+    repeat_penalty: float = 1.0
+    # the window of recent tokens the penalties count (0: off, -1: the whole context)
+    repeat_last_n: int = 64
+    # OpenAI's, as llama.cpp applies them: logit -= presence * [count > 0] + frequency * count
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -33,10 +50,24 @@ class SamplingParams:
             raise LocalspecError("top-p must be in (0, 1]")
         if not 0.0 <= self.min_p < 1.0:
             raise LocalspecError("min-p must be in [0, 1)")
+        if not (math.isfinite(self.repeat_penalty) and 0.0 < self.repeat_penalty <= MAX_REPEAT_PENALTY):
+            raise LocalspecError(f"repeat penalty must be in (0, {MAX_REPEAT_PENALTY:g}] (1: off)")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, (int, np.integer)) or self.repeat_last_n < -1:
+            raise LocalspecError("repeat-last-n must be an integer >= -1 (0: off, -1: the whole context)")
+        for name, value in (("presence", self.presence_penalty), ("frequency", self.frequency_penalty)):
+            if not (math.isfinite(value) and abs(value) <= MAX_PRESENCE_FREQUENCY):
+                raise LocalspecError(f"{name} penalty must be between -{MAX_PRESENCE_FREQUENCY:g} "
+                                     f"and {MAX_PRESENCE_FREQUENCY:g} (0: off)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any repetition penalty changes logits (llama.cpp's test, too)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -65,23 +96,47 @@ def distribution(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray
 
 
 class Sampler:
-    """Chooses tokens from logits: argmax when greedy, else from :func:`distribution`."""
+    """Chooses tokens from logits: argmax when greedy, else from :func:`distribution`.
 
-    def __init__(self, params: SamplingParams) -> None:
+    ``context`` is the sequence so far (the prompt); :meth:`commit` appends what is emitted. With
+    penalties on, ``after`` names the tokens between the committed context and the judged position;
+    with them off, logits are used as they are and ``after`` is ignored."""
+
+    def __init__(self, params: SamplingParams, context: Iterable[int] = ()) -> None:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.penalties = (PenaltyWindow(last_n=params.repeat_last_n, repeat=params.repeat_penalty,
+                                        frequency=params.frequency_penalty, presence=params.presence_penalty,
+                                        context=context)
+                          if params.penalized else None)
 
-    def choose(self, logits: np.ndarray) -> int:
+    def commit(self, tokens: Iterable[int]) -> None:
+        """Tokens that joined the context (emitted, accepted drafts and corrections alike)."""
+        if self.penalties is not None:
+            self.penalties.push(tokens)
+
+    def penalised(self, logits: np.ndarray, after: Sequence[int] = ()) -> np.ndarray:
+        """The logits the choice is made from: ``logits`` itself when no penalty is on."""
+        if self.penalties is None:
+            return logits
+        return self.penalties.apply(logits, after)
+
+    def choose(self, logits: np.ndarray, after: Sequence[int] = ()) -> int:
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, after)
         if self.params.greedy:
             return int(np.argmax(logits))
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
-    def verify(self, logits: np.ndarray, draft: int) -> tuple[bool, int]:
-        """Judge one drafted token against the target's logits at its position.
+    def verify(self, logits: np.ndarray, draft: int, after: Sequence[int] = ()) -> tuple[bool, int]:
+        """Judge one drafted token against the target's logits at its position (its context: the
+        committed tokens, then ``after``).
 
         Returns (accepted, token): the draft itself if accepted, else the target's replacement.
         """
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, after)
         if self.params.greedy:
             best = int(np.argmax(logits))
             return best == draft, best
@@ -98,3 +153,14 @@ class Sampler:
                 return True, draft
             probs /= total
         return False, int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+# The chat's defaults (``localspec chat``; the server's too). llama.cpp's sampler defaults
+# (common/common.h: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, the same filters
+# SamplingParams defaults to) plus Ollama's repeat penalty (repeat_penalty 1.1 over the last 64
+# tokens): llama.cpp leaves the penalty off, but small chat models such as SmolLM2-135M loop
+# without it (asked "Name three colours of the rainbow." greedily, it printed one heading 16 times).
+# top-p stays llama.cpp's 0.95 rather than Ollama's 0.9, since min-p 0.05 (Ollama: 0) already cuts
+# the tail; presence and frequency penalties stay off (0), as in both.
+CHAT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                               repeat_penalty=1.1, repeat_last_n=64)

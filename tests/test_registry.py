@@ -110,7 +110,8 @@ PARAMETER num_predict 3
 PARAMETER num_thread 1
 PARAMETER draft_max 2
 PARAMETER draft_p_min 0.25
-TEMPLATE """{{ .Prompt }}"""
+TEMPLATE """{% for m in messages %}{{ m['content'] }}
+{% endfor %}"""
 SYSTEM """Be brief.
 Very brief."""
 MESSAGE user Hi
@@ -163,7 +164,8 @@ def test_resolve_uses_created_model(pair_dir):
     assert spec.parameters == {"temperature": 0.3, "stop": ["</s>", "<|im_end|>"], "num_predict": 3,
                                "num_thread": 1}
     assert spec.draft_params == {"draft_max": 2, "draft_p_min": 0.25}
-    assert spec.system == "Be brief.\nVery brief." and spec.template == "{{ .Prompt }}"
+    assert spec.system == "Be brief.\nVery brief."
+    assert spec.template == "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     assert spec.messages == [("user", "Hi"), ("assistant", "Hello!")]
     assert resolve("tiny", draft="/x/other.gguf").drafter == Path("/x/other.gguf")
 

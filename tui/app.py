@@ -31,7 +31,7 @@ from localspec.conversations import Conversation, ConversationStore
 from localspec.engine import Engine, GenerationConfig
 from localspec.errors import LocalspecError
 from localspec.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
-from localspec.sampling import SamplingParams
+from localspec.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
 
 from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans, format_size
@@ -79,13 +79,17 @@ PLAIN_NOTE = "plain decoding (no drafter)"
 class ChatSettings:
     system: str = ""
     max_tokens: int = 512
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
+    temperature: float = CHAT_SAMPLING.temperature   # sampling, as llama.cpp and Ollama chat (0: greedy)
+    top_k: int = CHAT_SAMPLING.top_k
+    top_p: float = CHAT_SAMPLING.top_p
     policy: str = "auto"
     draft_max: int = PolicyConfig().draft_max  # auto chooses the depth up to this
-    # not in the settings dialog; a Modelfile's PARAMETERs set them
-    min_p: float = SamplingParams().min_p
+    # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
+    min_p: float = CHAT_SAMPLING.min_p
+    repeat_penalty: float = CHAT_SAMPLING.repeat_penalty
+    repeat_last_n: int = CHAT_SAMPLING.repeat_last_n
+    presence_penalty: float = CHAT_SAMPLING.presence_penalty
+    frequency_penalty: float = CHAT_SAMPLING.frequency_penalty
     seed: int | None = None
     stop: tuple[str, ...] = ()
     tree: str = PolicyConfig().tree
@@ -95,7 +99,9 @@ class ChatSettings:
         return GenerationConfig(
             max_tokens=self.max_tokens,
             sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                    min_p=self.min_p, seed=self.seed),
+                                    min_p=self.min_p, seed=self.seed, repeat_penalty=self.repeat_penalty,
+                                    repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
+                                    frequency_penalty=self.frequency_penalty),
             stop=tuple(self.stop),
             spec=spec,
             policy=PolicyConfig(name=self.policy, draft_max=self.draft_max, tree=self.tree, p_min=self.p_min),
@@ -724,6 +730,14 @@ class ChatApp(App):
         rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.draft_max}"))
         rows.append(("sampling", f"temperature {self.settings.temperature:g}, top-k {self.settings.top_k}, "
                                  f"top-p {self.settings.top_p:g}"))
+        s = self.settings
+        penalties = SamplingParams(repeat_penalty=s.repeat_penalty, repeat_last_n=s.repeat_last_n,
+                                   presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+        named = [f"{name} {value:g}" for name, value, off in (("repeat", s.repeat_penalty, 1.0),
+                                                              ("presence", s.presence_penalty, 0.0),
+                                                              ("frequency", s.frequency_penalty, 0.0)) if value != off]
+        window = "all tokens" if s.repeat_last_n < 0 else f"last {s.repeat_last_n} tokens"
+        rows.append(("penalties", f"{', '.join(named)} ({window})" if penalties.penalized else "off"))
         rows.append(("max tokens", str(self.settings.max_tokens)))
         rows.append(("Memory", ""))
         rows.extend(memory_plan_rows(engine))

@@ -10,8 +10,12 @@ from typing import Optional
 import typer
 
 from ..errors import LocalspecError
+from ..sampling import CHAT_SAMPLING
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
+from .generate import penalty_options
+
+_PENALTY = penalty_options(chat=True)
 
 
 def _parse_resume(value: str, store) -> int:
@@ -69,7 +73,8 @@ def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_
 
     def build() -> Engine:
         options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)  # memory plan
-        return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, **options)
+        return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
+                      **options)
 
     return build
 
@@ -86,7 +91,12 @@ def chat(
                                          show_default=False),
     list_: bool = typer.Option(False, "--list", help="List the saved conversations and exit."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens per reply."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
+    temperature: float = typer.Option(CHAT_SAMPLING.temperature, "--temperature", "-t",
+                                      help="0: greedy (the other sampling defaults are llama.cpp's and Ollama's)."),
+    repeat_penalty: float = _PENALTY["repeat_penalty"],
+    repeat_last_n: int = _PENALTY["repeat_last_n"],
+    presence_penalty: float = _PENALTY["presence_penalty"],
+    frequency_penalty: float = _PENALTY["frequency_penalty"],
     no_spec: bool = typer.Option(False, "--no-spec", help="Start with speculation off (Ctrl+T toggles it)."),
     ctx: int = CtxOpt,
     threads: Optional[int] = typer.Option(None, "--threads", show_default=False,
@@ -117,7 +127,9 @@ def chat(
         from ..tui.app import ChatApp
 
         settings, ctx, threads = chat_settings(
-            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads),
+            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads,
+                                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
         from ..llama_model import check_threads, default_threads

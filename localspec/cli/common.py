@@ -31,5 +31,6 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     from ..fit import plan_for
 
     options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
-    engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, **options)
+    engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
+                    **options)
     return spec, engine

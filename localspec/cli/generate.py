@@ -15,7 +15,7 @@ from ..engine import GenerationConfig
 from ..errors import LocalspecError
 from ..events import DoneEvent, TokenEvent
 from ..models import apply_model_defaults, resolve
-from ..sampling import SamplingParams
+from ..sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
@@ -50,14 +50,42 @@ TreeOpt = typer.Option(Tree.auto, "--tree",
                             "on (always), off (chains only).")
 
 
+PENALTY_DEFAULTS = SamplingParams()   # generate stays greedy with penalties off unless asked
+
+
+def penalty_options(chat: bool = False) -> dict:
+    """The repetition-penalty options of ``generate`` (and ``chat``, whose defaults are CHAT_SAMPLING's)."""
+    d = CHAT_SAMPLING if chat else PENALTY_DEFAULTS
+    return dict(
+        repeat_penalty=typer.Option(d.repeat_penalty, "--repeat-penalty",
+                                    help="Divide positive, multiply negative logits of recent tokens (1: off)."),
+        repeat_last_n=typer.Option(d.repeat_last_n, "--repeat-last-n",
+                                   help="Recent tokens the penalties count, prompt included (0: off, -1: all)."),
+        presence_penalty=typer.Option(d.presence_penalty, "--presence-penalty",
+                                      help="Subtract from the logit of every recent token (OpenAI's; 0: off)."),
+        frequency_penalty=typer.Option(d.frequency_penalty, "--frequency-penalty",
+                                       help="Subtract times each recent token's count (OpenAI's; 0: off)."),
+    )
+
+
+_PENALTY = penalty_options()
+
+
 def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                  seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
                  draft_max: Optional[int], source: Source = Source.auto, tree: Tree = Tree.auto,
-                 p_min: float = PolicyConfig.p_min) -> GenerationConfig:
+                 p_min: float = PolicyConfig.p_min, repeat_penalty: float = PENALTY_DEFAULTS.repeat_penalty,
+                 repeat_last_n: int = PENALTY_DEFAULTS.repeat_last_n,
+                 presence_penalty: float = PENALTY_DEFAULTS.presence_penalty,
+                 frequency_penalty: float = PENALTY_DEFAULTS.frequency_penalty,
+                 parse_special: bool = True) -> GenerationConfig:
     return GenerationConfig(
         max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed),
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
         stop=tuple(stop),
+        parse_special=parse_special,
         spec=not no_spec,
         policy=PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max), source=source.value,
                             tree=tree.value, p_min=p_min),
@@ -96,10 +124,17 @@ def generate(
     top_k: int = typer.Option(40, "--top-k"),
     top_p: float = typer.Option(0.95, "--top-p"),
     min_p: float = typer.Option(0.05, "--min-p"),
+    repeat_penalty: float = _PENALTY["repeat_penalty"],
+    repeat_last_n: int = _PENALTY["repeat_last_n"],
+    presence_penalty: float = _PENALTY["presence_penalty"],
+    frequency_penalty: float = _PENALTY["frequency_penalty"],
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (reproducible output)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
-    raw: bool = typer.Option(False, "--raw", help="Send the prompt as raw text, without the chat template."),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as raw text, without the chat template; "
+                                                  "special tokens such as <|im_start|> in it are parsed."),
+    no_special: bool = typer.Option(False, "--no-special",
+                                    help="With --raw: special-token text stays plain text."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
@@ -109,15 +144,21 @@ def generate(
 ) -> None:
     """Generate a reply to one prompt."""
     resolved = resolve(model, target=target, draft=draft)
+    if no_special and not raw:
+        raise typer.BadParameter("--no-special applies to --raw prompts only", param_hint="--no-special")
     (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, threads, policy, draft_max, tree,
-     p_min) = apply_model_defaults(
+     p_min, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty) = apply_model_defaults(
         resolved,
         dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-             stop=stop, ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
+             stop=stop, ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min,
+             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+             frequency_penalty=frequency_penalty),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
-                          source=source, tree=tree, p_min=p_min)
+                          source=source, tree=tree, p_min=p_min, repeat_penalty=repeat_penalty,
+                          repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                          frequency_penalty=frequency_penalty, parse_special=not no_special)
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                vram=vram, spec=resolved)
     with engine:

@@ -1,0 +1,125 @@
+"""``localspec serve``: the OpenAI-compatible HTTP server (see :mod:`localspec.server`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import LocalspecError
+from ..models import apply_model_defaults, resolve
+from . import app
+from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
+from .generate import Policy, Source, Tree, TreeOpt, default_draft_max
+
+from ..speculation.policy import PolicyConfig
+
+API_KEY_ENV = "LOCALSPEC_API_KEY"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: any free port), or one Error line."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise LocalspecError(f"cannot resolve --host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise LocalspecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@app.command()
+def serve(
+    cli: typer.Context,
+    model: Optional[str] = ModelArg,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", show_default=False,
+                                          help=f"Require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})."),
+    queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for the engine; more get 429."),
+    max_body: str = typer.Option("4M", "--max-body", help="Largest request body (e.g. 512K, 4M); larger get 413."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", show_default=False,
+                                             help="Default max_tokens of a request (default: up to the context's end)."),
+    target: Optional[Path] = TargetOpt,
+    draft: Optional[Path] = DraftOpt,
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding, no drafter."),
+    policy: Policy = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
+                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
+    source: Source = typer.Option(Source.auto, "--source",
+                                  help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    tree: Tree = TreeOpt,
+    p_min: float = typer.Option(PolicyConfig.p_min, "--p-min",
+                                help="auto: the drafter stops drafting below this confidence."),
+    ctx: int = CtxOpt,
+    threads: Optional[int] = ThreadsOpt,
+    gpu_layers: int = GpuLayersOpt,
+    vram: Optional[str] = VramOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
+    /health and Prometheus /metrics. Requests run one at a time on the engine, in arrival order."""
+    from ..fit import parse_size
+
+    resolved = resolve(model, target=target, draft=draft)
+    for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
+        if path is not None and not Path(path).is_file():
+            raise LocalspecError(f"the {label} file {path} does not exist")
+    api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    if not 1 <= port <= 65535 and port != 0:
+        raise LocalspecError(f"--port must be between 0 and 65535, got {port}")
+    if queue_size < 1:
+        raise LocalspecError("--queue-size must be at least 1")
+    if max_tokens is not None and max_tokens < 1:
+        raise LocalspecError("--max-tokens must be at least 1")
+    body_limit = parse_size(max_body)
+    if body_limit < 1024:
+        raise LocalspecError("--max-body must be at least 1K")
+    ctx, threads, policy, draft_max, tree, p_min = apply_model_defaults(
+        resolved, dict(ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
+        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
+    policy_config = PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max),
+                                 source=source.value, tree=tree.value, p_min=p_min)
+
+    from ..engine import GenerationConfig
+    from ..server.app import ServerState, create_app
+    from ..server.metrics import ServerMetrics
+    from ..server.params import ServeDefaults
+    from ..server.worker import EngineWorker
+
+    GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
+    defaults = ServeDefaults.for_model(resolved, n_ctx=ctx, max_tokens=max_tokens, spec_enabled=not no_spec,
+                                       policy=policy_config)
+    sock = bind(host, port)
+    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                               verbose=verbose, vram=vram, spec=resolved)
+    import uvicorn
+
+    worker = EngineWorker(engine, lambda **live: ServerMetrics(spec.name, **live), queue_size=queue_size)
+    state = ServerState(worker, spec, defaults, api_key=api_key, max_body=body_limit)
+    server_app = create_app(state, on_shutdown=engine.close)
+    url = url_of(sock)
+    drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {spec.drafter.name}"
+    print(f"localspec serve: {spec.name} ({drafter}{', speculation off' if no_spec else ''}), "
+          f"context {engine.n_ctx}, queue {queue_size}{', API key required' if api_key else ''}", file=sys.stderr)
+    print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
+    config = uvicorn.Config(server_app, log_level="info" if verbose else "warning", access_log=verbose,
+                            timeout_graceful_shutdown=5, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])

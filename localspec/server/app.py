@@ -1,0 +1,322 @@
+"""The HTTP routes: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``,
+plus ``/health`` and Prometheus ``/metrics``. Every error is OpenAI's error shape, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable, Optional
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .. import __version__
+from ..events import DoneEvent
+from ..models import ModelSpec
+from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
+from .params import ServeDefaults, chat_request, completion_request
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .worker import EngineWorker, Failed, Finished, Job, Started, Text
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+class ServerState:
+    """What the routes share: the worker, the model and its names, the settings."""
+
+    def __init__(self, worker: EngineWorker, spec: ModelSpec, defaults: ServeDefaults, *,
+                 api_key: Optional[str], max_body: int) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.defaults = defaults
+        self.api_key = api_key
+        self.max_body = max_body
+        self.created = int(time.time())
+        # the names a request's "model" may give: the model's own, and its target file's
+        self.names = [spec.name] + [n for n in dict.fromkeys((spec.target.name, spec.target.stem)) if n != spec.name]
+        self.fingerprint = f"localspec-{__version__}"
+
+
+# -- request bodies ------------------------------------------------------------------------------
+class BodyLimit:
+    """ASGI middleware: 413 for a body over ``limit`` bytes, declared or streamed."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_large(self.limit).response()(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise too_large(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def read_body(request: Request, schema: type[BaseModel]):
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request: {exc}.",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object.")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise bad_request(f"Invalid value for '{param}': {first['msg']}." if param else first["msg"],
+                          param=param) from None
+
+
+def check_api_key(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+        raise unauthorized(bool(header))
+
+
+def check_model(state: ServerState, name: Optional[str]) -> None:
+    if name is not None and name not in state.names:
+        raise unknown_model(name, state.names[:1])
+
+
+# -- answers ---------------------------------------------------------------------------------------
+def usage(done: DoneEvent, drafts: int) -> dict:
+    """OpenAI's usage, plus what the speculation did for this request."""
+    s = done.stats
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.generated_tokens,
+        "total_tokens": s.prompt_tokens + s.generated_tokens,
+        "speculative": {
+            "enabled": s.spec,
+            "drafts": drafts,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "acceptance_rate": round(s.acceptance_rate, 4),
+            "cycles": s.cycles,
+            "tokens_per_cycle": round(s.tokens_per_cycle, 4),
+            "accepted_per_position": list(s.accepted_per_position),
+            "drafted_per_position": list(s.drafted_per_position),
+            "sources": {name: {"drafts": c, "drafted": d, "accepted": a}
+                        for name, (c, d, a) in sorted(s.sources.items())},
+        },
+    }
+
+
+def timings(done: DoneEvent) -> dict:
+    """llama-server's ``timings`` object."""
+    s = done.stats
+    return {
+        "prompt_n": s.prompt_tokens,
+        "prompt_ms": round(s.prompt_seconds * 1e3, 3),
+        "prompt_per_second": round(s.prompt_tokens_per_second, 2),
+        "predicted_n": s.generated_tokens,
+        "predicted_ms": round(s.generation_seconds * 1e3, 3),
+        "predicted_per_second": round(s.tokens_per_second, 2),
+    }
+
+
+class Reply:
+    """One request's answer in the shape of its endpoint (chat or text completion)."""
+
+    def __init__(self, state: ServerState, chat: bool, model: Optional[str]) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model or state.names[0]
+        self.fingerprint = state.fingerprint
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
+
+    def whole(self, text: str, done: DoneEvent, drafts: int) -> dict:
+        finish = FINISH_REASONS.get(done.finish_reason, "stop")
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": usage(done, drafts), "timings": timings(done)}
+
+    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**self.head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self.head("text_completion"), "choices": [choice]}
+
+
+def sse(data) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel ``job`` when the client goes away (used while no streaming response listens)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") -> AsyncIterator[bytes]:
+    """Server-sent events until ``data: [DONE]``; leaving early (the client disconnected) cancels.
+    ``prefix``: text sent first (a completion's ``echo``)."""
+    try:
+        if reply.chat:
+            yield sse(reply.chunk(None, role=True))
+        if prefix:
+            yield sse(reply.chunk(prefix))
+        while True:
+            items = [await job.events.get()]
+            while not job.events.empty():      # what piled up meanwhile goes out as one chunk
+                items.append(job.events.get_nowait())
+            text = "".join(item.text for item in items if isinstance(item, Text))
+            if text:
+                yield sse(reply.chunk(text))
+            end = items[-1]
+            if isinstance(end, Finished):
+                final = reply.chunk(None, FINISH_REASONS.get(end.done.finish_reason, "stop"))
+                final["usage"] = usage(end.done, end.drafts)
+                final["timings"] = timings(end.done)
+                yield sse(final)
+                if include_usage:
+                    yield sse({**reply.head(final["object"]), "choices": [], "usage": final["usage"]})
+                yield b"data: [DONE]\n\n"
+                return
+            if isinstance(end, Failed):
+                yield sse(end.error.body())
+                yield b"data: [DONE]\n\n"
+                return
+    finally:
+        job.cancel.set()   # a no-op once finished; otherwise the engine stops at its next cycle
+
+
+async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *, streaming: bool,
+                 include_usage: bool, prefix: str = "") -> Response:
+    state.worker.submit(job)   # 429 when the queue is full
+    watcher = asyncio.ensure_future(watch_disconnect(request, job))
+    try:
+        first = await job.events.get()
+        if isinstance(first, Failed):
+            return first.error.response()
+        assert isinstance(first, Started)
+        if streaming:
+            watcher.cancel()   # from here the streaming response notices a disconnect itself
+            return StreamingResponse(stream(job, reply, include_usage, prefix), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts: list[str] = [prefix]
+        while True:
+            item = await job.events.get()
+            if isinstance(item, Text):
+                parts.append(item.text)
+            elif isinstance(item, Finished):
+                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts))
+            elif isinstance(item, Failed):
+                return item.error.response()
+    finally:
+        watcher.cancel()
+        if not streaming:
+            job.cancel.set()
+
+
+# -- the app ---------------------------------------------------------------------------------------
+def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            if state.worker.stop() and on_shutdown is not None:
+                on_shutdown()   # only once the engine thread has ended
+
+    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(BodyLimit, limit=state.max_body)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request, _exc: Exception):
+        return internal().response()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        check_api_key(state, request)
+        body = await read_body(request, ChatCompletionRequest)
+        check_model(state, body.model)
+        messages, config = chat_request(body, state.spec, state.defaults)
+        job = Job(messages, config, param="messages")
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await answer(state, request, job, Reply(state, True, body.model), streaming=body.stream,
+                            include_usage=include)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        check_api_key(state, request)
+        body = await read_body(request, CompletionRequest)
+        check_model(state, body.model)
+        prompt, config = completion_request(body, state.defaults)
+        job = Job(prompt, config, param="prompt")
+        reply = Reply(state, False, body.model)
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
+                            prefix=prompt if body.echo else "")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_api_key(state, request)
+        spec = state.spec
+        return {"object": "list", "data": [{
+            "id": state.names[0], "object": "model", "created": state.created, "owned_by": "localspec",
+            "meta": {"target": str(spec.target), "drafter": str(spec.drafter) if spec.drafter else None,
+                     "n_ctx": state.defaults.n_ctx, "speculative": state.defaults.spec},
+        }]}
+
+    @app.get("/health")
+    async def health():
+        worker = state.worker
+        return {"status": "ok", "model": state.names[0], "requests_processing": worker.running_count(),
+                "requests_deferred": worker.waiting_count(), "queue_size": worker.queue_size}
+
+    @app.get("/metrics")
+    async def metrics():
+        content, media_type = state.worker.metrics.exposition()
+        return Response(content, media_type=media_type)
+
+    return app

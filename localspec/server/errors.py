@@ -1,0 +1,60 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error a client caused (or a refusal), answered with ``status`` and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def context_overflow(n_prompt: int, n_ctx: int, param: str) -> APIError:
+    return APIError(400, f"This model's context is {n_ctx} tokens; the prompt has {n_prompt} tokens. "
+                         "Shorten it, or restart the server with a larger --ctx.",
+                    param=param, code="context_length_exceeded")
+
+
+def queue_full(size: int) -> APIError:
+    return APIError(429, f"The server is busy: {size} requests are already waiting. Retry shortly.",
+                    type="requests", code="rate_limit_exceeded", headers={"Retry-After": "1"})
+
+
+def unauthorized(given: bool) -> APIError:
+    message = ("Incorrect API key provided." if given else
+               "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.")
+    return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than this server accepts ({limit} bytes; see --max-body).",
+                    code="request_too_large")
+
+
+def unknown_model(name: str, served: list[str]) -> APIError:
+    return APIError(404, f"The model '{name}' does not exist; this server serves {', '.join(served)}.",
+                    param="model", code="model_not_found")
+
+
+def internal(message: str = "The server failed while handling the request.") -> APIError:
+    return APIError(500, message, type="server_error", code="internal_error")

@@ -1,0 +1,135 @@
+"""OpenAI request fields -> what the engine takes: the prompt (messages or raw text) and a
+:class:`GenerationConfig`. Fields a request leaves out come from the model's Modelfile
+PARAMETERs, then from the chat sampling defaults (:data:`localspec.sampling.CHAT_SAMPLING`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+from ..chat_format import Message
+from ..engine import GenerationConfig
+from ..errors import LocalspecError
+from ..models import ModelSpec
+from ..sampling import CHAT_SAMPLING, SamplingParams
+from ..speculation.policy import PolicyConfig
+from .errors import bad_request
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+# request field -> SamplingParams field of the same name
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                   "repeat_penalty", "repeat_last_n")
+MAX_STOP = 16
+
+
+@dataclass
+class ServeDefaults:
+    """What the server applies to every request: from the command line and the model."""
+
+    n_ctx: int
+    sampling: dict = field(default_factory=lambda: asdict(CHAT_SAMPLING))
+    stop: tuple[str, ...] = ()
+    max_tokens: Optional[int] = None       # None: until the context is full (OpenAI's default)
+    spec: bool = True
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @classmethod
+    def for_model(cls, spec: ModelSpec, *, n_ctx: int, max_tokens: Optional[int], spec_enabled: bool,
+                  policy: PolicyConfig) -> "ServeDefaults":
+        sampling = asdict(CHAT_SAMPLING)
+        names = {f.name for f in fields(SamplingParams)}
+        stop: tuple[str, ...] = ()
+        for name, value in spec.parameters.items():   # the Modelfile's PARAMETERs
+            if name in names:
+                sampling[name] = value
+            elif name == "stop":
+                stop = tuple(value)
+            elif name == "num_predict" and max_tokens is None and int(value) > 0:
+                max_tokens = int(value)
+        try:
+            SamplingParams(**sampling)
+        except LocalspecError as exc:
+            raise LocalspecError(f"the model's sampling PARAMETERs are invalid: {exc}") from None
+        return cls(n_ctx=n_ctx, sampling=sampling, stop=stop, max_tokens=max_tokens, spec=spec_enabled,
+                   policy=policy)
+
+
+def _refuse_unsupported(req: SamplingRequest) -> None:
+    if req.n is not None and req.n != 1:
+        raise bad_request("n must be 1: this server generates one choice per request.", param="n")
+    if req.logprobs or req.top_logprobs:
+        raise bad_request("logprobs are not supported by this server.", param="logprobs")
+
+
+def _stop(req: SamplingRequest, default: tuple[str, ...]) -> tuple[str, ...]:
+    if req.stop is None:
+        return default
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if len(stop) > MAX_STOP:
+        raise bad_request(f"at most {MAX_STOP} stop strings are supported.", param="stop")
+    return tuple(s for s in stop if s)
+
+
+def sampling_params(req: SamplingRequest, defaults: ServeDefaults) -> SamplingParams:
+    values = dict(defaults.sampling)
+    for name in SAMPLING_FIELDS:
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if name not in values:
+            raise bad_request(f"{name} is not supported by this server.", param=name)
+        values[name] = value
+    try:
+        return SamplingParams(**values)
+    except LocalspecError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens: Optional[int]) -> GenerationConfig:
+    _refuse_unsupported(req)
+    limit = max_tokens or defaults.max_tokens or defaults.n_ctx   # the engine stops at the context's end
+    try:
+        return GenerationConfig(max_tokens=limit, sampling=sampling_params(req, defaults),
+                                stop=_stop(req, defaults.stop), spec=defaults.spec, policy=defaults.policy)
+    except LocalspecError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def chat_messages(req: ChatCompletionRequest, spec: ModelSpec) -> list[Message]:
+    """The conversation to render: the Modelfile's SYSTEM and MESSAGEs first unless the request
+    brings its own system message (as Ollama does), then the request's messages, text only."""
+    out: list[Message] = []
+    for i, message in enumerate(req.messages):
+        content = message.content
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        else:
+            parts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"content parts of type '{part.type}' are not supported (text only).",
+                                      param=f"messages[{i}].content")
+                parts.append(part.text)
+            text = "".join(parts)
+        out.append(Message("system" if message.role == "developer" else message.role, text))
+    if not any(m.role == "system" for m in out):
+        preset = [Message("system", spec.system)] if spec.system else []
+        out = preset + [Message(role, content) for role, content in spec.messages] + out
+    return out
+
+
+def chat_request(req: ChatCompletionRequest, spec: ModelSpec, defaults: ServeDefaults):
+    return chat_messages(req, spec), generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
+
+
+def completion_request(req: CompletionRequest, defaults: ServeDefaults):
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise bad_request("prompt must be one string: batches of prompts are not supported.", param="prompt")
+        prompt = prompt[0]
+    if req.suffix:
+        raise bad_request("suffix (fill-in-the-middle) is not supported by this server.", param="suffix")
+    return prompt, generation_config(req, defaults, req.max_tokens)
