@@ -52,7 +52,8 @@ class SamplingParams:
             raise LocalspecError("min-p must be in [0, 1)")
         if not (math.isfinite(self.repeat_penalty) and 0.0 < self.repeat_penalty <= MAX_REPEAT_PENALTY):
             raise LocalspecError(f"repeat penalty must be in (0, {MAX_REPEAT_PENALTY:g}] (1: off)")
-        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, (int, np.integer)) or self.repeat_last_n < -1:
+        n = self.repeat_last_n
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < -1:
             raise LocalspecError("repeat-last-n must be an integer >= -1 (0: off, -1: the whole context)")
         for name, value in (("presence", self.presence_penalty), ("frequency", self.frequency_penalty)):
             if not (math.isfinite(value) and abs(value) <= MAX_PRESENCE_FREQUENCY):
@@ -159,7 +160,8 @@ class Sampler:
 # (common/common.h: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, the same filters
 # SamplingParams defaults to) plus Ollama's repeat penalty (repeat_penalty 1.1 over the last 64
 # tokens): llama.cpp leaves the penalty off, but small chat models such as SmolLM2-135M loop
-# without it (asked "Name three colours of the rainbow." greedily, it printed one heading 16 times).
+# without it (asked "Name three colours of the rainbow." greedily, it repeats one heading until the
+# 512-token limit).
 # top-p stays llama.cpp's 0.95 rather than Ollama's 0.9, since min-p 0.05 (Ollama: 0) already cuts
 # the tail; presence and frequency penalties stay off (0), as in both.
 CHAT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
