@@ -1,0 +1,207 @@
+"""localspec against llama.cpp's own speculators, side by side on the same prompts and token ids.
+
+    python bench/peer_llamacpp.py --prompts bench/heldout.jsonl --prompts bench/easy.jsonl \
+        -n 128 --threads 2 [--native plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3] \
+        [--modes plain,auto] [--json results.json]
+
+The native side is llama.cpp's ``llama-speculative-simple``, built once with cmake from the
+``vendor/llama.cpp`` of the pinned llama-cpp-python sdist (the same llama.cpp localspec runs on)
+into a cache directory (``--cache``, default ``~/.cache/localspec/peer``; 10-20 minutes on 2
+cores). For every prompt the native types and localspec's modes run back to back (interleaved, so
+a change in machine load hits all of them alike), on the same target GGUF (the model's, default:
+the embedded Q4_0 SmolLM2), the same rendered chat prompt (the native tool parses special tokens;
+the prompt token counts are checked to agree) and the same thread count, greedy.
+
+Rates compare like with like: the native tool times the decode steps that produce its N tokens
+(the first one included: its prompt pass stops before the last prompt token); localspec's
+generation clock starts after the prefill that already chose the first token, so its rate here is
+(N - 1) / generation seconds. Ratios are to the native plain decoding (the native tool needs some
+speculator: ``ngram-mod`` with a lookup length of 1024 never matches, so it decodes plainly).
+This is for people who measure; CI does not run it. Measure on an idle machine (``uptime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from statistics import median
+
+from localspec.bench import load_prompts
+from localspec.chat_format import Message
+from localspec.engine import Engine, GenerationConfig
+from localspec.events import DoneEvent
+from localspec.models import resolve
+from localspec.speculation.policy import PolicyConfig
+
+TOOL = "llama-speculative-simple"
+# --spec-type arguments per native type; "plain" never drafts (no 1024-token n-gram ever matches)
+NATIVE = {
+    "plain": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "1024"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k"],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "draft-eagle3": ["--spec-type", "draft-eagle3"],   # plus -md DRAFTER
+}
+MODES = {  # localspec modes: generation config overrides
+    "plain": dict(spec=False),
+    "auto": dict(spec=True, policy=PolicyConfig("auto")),
+    "chain": dict(spec=True, policy=PolicyConfig("auto", tree="off")),
+    "lookup": dict(spec=True, policy=PolicyConfig("auto", source="lookup")),
+}
+DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+ENCODED = re.compile(r"encoded\s+(\d+) tokens")
+DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
+ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+
+
+def build_tool(cache: Path) -> Path:
+    """The native tool for the installed llama-cpp-python's vendored llama.cpp, built once."""
+    version = importlib.metadata.version("llama-cpp-python")
+    root = cache / f"llama.cpp-{version}"
+    binary = root / "build" / "bin" / TOOL
+    if binary.is_file():
+        return binary
+    src = root / "src"
+    if not (src / "CMakeLists.txt").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            print(f"downloading the llama-cpp-python {version} sdist ...", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                            f"llama-cpp-python=={version}", "-d", tmp], check=True)
+            sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            prefix = f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(src, members=[m for m in members if m.name], filter="data")
+    print(f"building {TOOL} into {root / 'build'} (10-20 minutes on 2 cores) ...", file=sys.stderr)
+    # the same CMAKE_ARGS as llama-cpp-python's own build (README: e.g. AMX off where it faults)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                    *shlex.split(os.environ.get("CMAKE_ARGS", ""))], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(root / "build"), "--target", TOOL, "-j"], check=True)
+    return binary
+
+
+def run_native(tool: Path, kind: str, target: Path, drafter: Path | None, text: str, n: int,
+               threads: int, n_ctx: int) -> dict:
+    cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(n), "--temp", "0", "--seed", "1",
+           "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), *NATIVE[kind]]
+    if kind == "draft-eagle3":
+        if drafter is None:
+            raise SystemExit("draft-eagle3 needs a drafter")
+        cmd += ["-md", str(drafter)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    log = proc.stdout + proc.stderr
+    dec, enc = DECODED.search(log), ENCODED.search(log)
+    if proc.returncode != 0 or not dec or not enc:
+        tail = "\n".join(log.strip().splitlines()[-5:])
+        raise SystemExit(f"{TOOL} --spec-type {kind} failed (exit {proc.returncode}):\n{tail}")
+    drafted, accepted = DRAFTED.search(log), ACCEPTED.search(log)
+    return {"prompt_tokens": int(enc.group(1)), "tokens": int(dec.group(1)), "seconds": float(dec.group(2)),
+            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0}
+
+
+def run_localspec(engine: Engine, messages: list[Message], mode: str, n: int) -> dict:
+    engine.clear_cache()  # every run prefills the whole prompt, as the native tool does
+    config = GenerationConfig(max_tokens=n, **MODES[mode])
+    done = next(e for e in engine.generate(messages, config) if isinstance(e, DoneEvent))
+    s = done.stats
+    return {"prompt_tokens": s.prompt_tokens, "tokens": max(s.generated_tokens - 1, 0),
+            "seconds": s.generation_seconds, "drafted": s.drafted, "accepted": s.accepted,
+            "token_ids": list(done.tokens)}
+
+
+def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], modes: list[str], n: int,
+              threads: int, target: Path, drafter: Path | None) -> dict:
+    runs: dict[str, list[dict]] = {f"native:{k}": [] for k in native} | {m: [] for m in modes}
+    for bp in load_prompts(path):
+        messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
+        text = engine.formatter.render(messages, add_generation_prompt=True)
+        n_prompt = len(engine.prompt_tokens(messages))
+        for kind in native:
+            r = run_native(tool, kind, target, drafter, text, n, threads, engine.n_ctx)
+            if r["prompt_tokens"] != n_prompt:
+                raise SystemExit(f"{path}: prompt token counts differ (native {r['prompt_tokens']}, "
+                                 f"localspec {n_prompt}) for {bp.prompt[:40]!r}")
+            runs[f"native:{kind}"].append(r)
+        plain_ids = None
+        for mode in modes:
+            r = run_localspec(engine, messages, mode, n)
+            if mode == "plain":
+                plain_ids = r["token_ids"]
+            elif plain_ids is not None:
+                r["greedy_identical"] = r["token_ids"] == plain_ids
+            runs[mode].append(r)
+        print(".", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    rates = {name: sum(r["tokens"] for r in rs) / max(sum(r["seconds"] for r in rs), 1e-9)
+             for name, rs in runs.items()}
+    base = rates.get("native:plain") or rates.get("plain")
+    out = {}
+    for name, rs in runs.items():
+        drafted = sum(r["drafted"] for r in rs)
+        out[name] = {"tokens_per_second": round(rates[name], 2), "ratio": round(rates[name] / base, 4),
+                     "acceptance_rate": round(sum(r["accepted"] for r in rs) / drafted, 4) if drafted else None,
+                     "median_prompt_ratio": round(median(
+                         (r["tokens"] / r["seconds"]) / (b["tokens"] / b["seconds"])
+                         for r, b in zip(rs, runs.get("native:plain", rs))), 4)}
+        if all("greedy_identical" in r for r in rs):
+            out[name]["greedy_identical"] = all(r["greedy_identical"] for r in rs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", action="append", required=True, type=Path, help="a bench JSONL file (repeatable)")
+    ap.add_argument("--model", default=None, help="localspec model name or target .gguf (default: embedded)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--native", default="plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3")
+    ap.add_argument("--modes", default="plain,auto")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    native = [k for k in args.native.split(",") if k]
+    modes = [m for m in args.modes.split(",") if m]
+    for k in native:
+        if k not in NATIVE:
+            ap.error(f"unknown native type {k!r} ({', '.join(NATIVE)})")
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r} ({', '.join(MODES)})")
+    tool = build_tool(args.cache) if native else None
+    spec = resolve(args.model)
+    target, drafter = Path(spec.target), Path(spec.drafter) if spec.drafter else None
+    if drafter is None:
+        native = [k for k in native if k != "draft-eagle3"]
+    results = {}
+    with Engine(target, drafter, n_ctx=args.ctx, n_threads=args.threads) as engine:
+        engine.cost_model()  # calibrate before the clock runs, as a user's first chat would have
+        for path in args.prompts:
+            results[str(path)] = bench_set(path, engine, tool, native, modes, args.max_tokens, args.threads,
+                                           target, drafter)
+    names = [f"native:{k}" for k in native] + modes
+    print(f"{'prompt set':<28}" + "".join(f"{n:>20}" for n in names))
+    for path, res in results.items():
+        print(f"{Path(path).name:<28}" + "".join(
+            f"{res[n]['tokens_per_second']:>9.1f} {res[n]['ratio']:>6.2f}x   " for n in names))
+    if args.json:
+        args.json.write_text(json.dumps({"threads": args.threads, "max_tokens": args.max_tokens,
+                                         "target": target.name, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
