@@ -320,7 +320,8 @@ class Layout:
             variant=K.VARIANT_EAGLE31 if (fc_norm or norm_output) else K.VARIANT_EAGLE3,
             norm_before_fc=norm_before_fc, norm_before_residual=self.flag("norm_before_residual"),
             fc_norm=fc_norm, fc_norm_eps=float(hp.get("fc_norm_eps", eps)) if fc_norm else None,
-            norm_output=norm_output, source_layout=self.name, source=self.ckpt.source,
+            norm_output=norm_output, source_layout=self.name, source=self.ckpt.provenance,
+            source_revision=self.ckpt.revision,
             rope_freq_factors=factors,
         )
         # draft vocabulary
