@@ -5,7 +5,8 @@ The two share names and architecture but not the meaning of ``eagle_aux_hidden_s
 (see :mod:`.base`): SpecForge's are layer OUTPUTS (SGLang adds one), localspec's are llama.cpp's
 layer inputs. A checkpoint saved by ``transformers`` (``save_pretrained`` always writes
 ``transformers_version``) is SpecForge's; localspec's trainer writes its config by hand, without
-that key (or with a ``localspec`` key).
+that key (or with a ``localspec`` key). ``localspec export --format specforge`` writes SpecForge's
+convention and says so (``"localspec": {"layer_ids": "output"}``): read as SpecForge's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class LocalspecLayout(Layout):
     @classmethod
     def matches(cls, ckpt: Checkpoint) -> bool:
         c = ckpt.config
+        marker = c.get("localspec")
+        if isinstance(marker, dict) and marker.get("layer_ids", "input") != "input":
+            return False    # written by `localspec export --format specforge`: SpecForge's convention
         return ARCH in (c.get("architectures") or []) and _is_midlayer(ckpt) and (
             "localspec" in c or "transformers_version" not in c)
 
