@@ -159,6 +159,21 @@ def _download(repo_id: str) -> Path:
         raise LocalspecError(f"{repo_id}: cannot fetch from the Hugging Face Hub{hint}: {_one_line(exc)}") from None
 
 
+# where NeMo Automodel's checkpointer puts the HF-style drafter inside ``epoch_E_step_S/``
+_NESTED = ("model/consolidated", "model", "consolidated")
+
+
+def _checkpoint_subdir(path: Path) -> Path:
+    """``path``, or the nested directory holding config.json and weights when ``path`` has none."""
+    if (path / "config.json").is_file() or _weight_files(path):
+        return path
+    for sub in _NESTED:
+        cand = path / sub
+        if (cand / "config.json").is_file() and _weight_files(cand):
+            return cand
+    return path
+
+
 def open_checkpoint(src: str | Path) -> Checkpoint:
     """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
     text = str(src)
@@ -170,7 +185,9 @@ def open_checkpoint(src: str | Path) -> Checkpoint:
             from_hub = True
         else:
             raise LocalspecError(f"{text}: no such file or directory (nor a Hugging Face repo id)")
+    given = path
     if path.is_dir():
+        path = _checkpoint_subdir(path)
         root, files = path, _weight_files(path)
         if not files:
             raise LocalspecError(f"{path}: no weights (*.safetensors or *.bin) in this directory")
@@ -178,7 +195,7 @@ def open_checkpoint(src: str | Path) -> Checkpoint:
         root, files = path.parent, [path]
         if not path.name.endswith((".safetensors",) + _PICKLE_SUFFIXES):
             raise LocalspecError(f"{path}: not a checkpoint file (expected .safetensors, .bin, .pt or .pth)")
-    label, revision = provenance(text, path.resolve(), repo_id=from_hub)
+    label, revision = provenance(text, given.resolve(), repo_id=from_hub)
     ckpt = Checkpoint(source=text, root=root, config=_read_config(root / "config.json"),
                       provenance=label, revision=revision)
     for f in files:

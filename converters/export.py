@@ -123,7 +123,7 @@ def checkpoint_config(weights: DrafterWeights, fmt: str, *, verifier: str = "", 
     lids = [int(x) for x in cfg.target_layers]
     if fmt == "speculators":
         return {
-            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
             "transformer_layer_config": _layer_config(weights),
             "draft_vocab_size": weights.draft_vocab, "target_hidden_size": cfg.target_hidden_size,
             "eagle_aux_hidden_state_layer_ids": lids,           # vLLM: inputs of these layers
@@ -215,7 +215,7 @@ def export_drafter(drafter: str | Path, out: str | Path, fmt: str, *, force: boo
     if cfg.fc_norm and cfg.fc_norm_eps is not None and not np.isclose(cfg.fc_norm_eps, cfg.rms_eps, rtol=1e-6, atol=0):
         raise LocalspecError(f"{drafter}: fc_norm eps {cfg.fc_norm_eps} differs from rms_norm_eps {cfg.rms_eps}; "
                              "neither format can state a separate fc_norm eps")
-    config = checkpoint_config(weights, fmt, verifier=verifier or _verifier_name(drafter),
+    config = checkpoint_config(weights, fmt, verifier=verifier or "",
                                num_speculative_tokens=num_speculative_tokens)
     tensors = checkpoint_tensors(weights, fmt, types=stored_types(drafter))
     staging = out.with_name(f".{out.name}.export-{os.getpid()}")
@@ -238,10 +238,3 @@ def export_drafter(drafter: str | Path, out: str | Path, fmt: str, *, force: boo
                          target_layers=list(cfg.target_layers), config_layer_ids=list(ids),
                          dtypes=sorted({str(t.dtype) for t in tensors.values()}))
 
-
-def _verifier_name(drafter: str | Path) -> str:
-    """The target's name as the drafter GGUF records it (its general.name says "... for NAME")."""
-    from localspec.gguf_info import read_gguf
-
-    name = read_gguf(drafter).name
-    return name.split(" for ", 1)[1] if " for " in name else ""

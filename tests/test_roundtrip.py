@@ -154,6 +154,24 @@ def test_roundtrip_tiny(layout, drafter, dtype, weight_format, tiny, tmp_path):
     assert draft_trace(target, out, PROMPTS) == draft_trace(target, ref, PROMPTS)
 
 
+def test_automodel_training_checkpoint_directory(tiny, tmp_path):
+    """Automodel's checkpointer nests the drafter as epoch_E_step_S/model/consolidated/; the recipe's
+    eagle3_meta.pt beside draft_model.pt is not a weight file."""
+    original = read_drafter_gguf(tiny["d31"])
+    step = tmp_path / "epoch_0_step_100"
+    write_layout("automodel-raw", original, step / "model" / "consolidated", dtype="bfloat16", target_n_layer=N_LAYER,
+                 target_embeddings=target_embeddings(tiny["target"]))
+    summary = convert_checkpoint(step, tiny["target"], tmp_path / "a.gguf")
+    assert summary.layout == "automodel" and summary.target_layers == (2, 4, 5)
+    assert _strings(tmp_path / "a.gguf")[K.KEY_LS_SOURCE] == "epoch_0_step_100"
+    legacy = tmp_path / "legacy"
+    write_layout("automodel-raw", original, legacy, dtype="bfloat16", weight_format="bin", target_n_layer=N_LAYER,
+                 target_embeddings=target_embeddings(tiny["target"]))
+    (legacy / "pytorch_model.bin").rename(legacy / "draft_model.pt")
+    torch.save({"selected_token_ids": torch.arange(700)}, legacy / "eagle3_meta.pt")
+    assert convert_checkpoint(legacy, tiny["target"], tmp_path / "b.gguf").layout == "automodel"
+
+
 def test_layer_ids_follow_each_tools_convention(tiny, tmp_path):
     """The ids each layout writes for target layers (1, 3, 6), and that they come back the same."""
     original = read_drafter_gguf(tiny["d3_ids"])
@@ -199,6 +217,17 @@ def test_export_then_convert_is_the_same_gguf(fmt, tiny, tmp_path):
                     "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
                     "eagle_aux_hidden_state_layer_ids", "speculators_config"):
             assert key in cfg, key
+        # every key is a field of speculators 0.9.0's Eagle3SpeculatorConfig / SpeculatorModelConfig (read
+        # from its wheel: the package itself needs transformers 5, datasets, torchvision, ...)
+        fields = {"speculators_model_type", "speculators_version", "speculators_config", "architectures",
+                  "transformer_layer_config", "draft_vocab_size", "norm_before_residual", "target_hidden_size",
+                  "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad"}
+        assert set(cfg) <= fields, set(cfg) - fields
+        sc = cfg["speculators_config"]
+        assert set(sc) <= {"algorithm", "proposal_methods", "default_proposal_method", "verifier"}
+        assert set(sc["proposal_methods"][0]) <= {"proposal_type", "speculative_tokens", "verifier_accept_k",
+                                                  "accept_tolerance"}
+        assert set(sc["verifier"]) <= {"name_or_path", "architectures"}
         assert cfg["speculators_model_type"] == "eagle3" and cfg["transformer_layer_config"]["model_type"] == "llama"
         assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
         assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and cfg["fc_norm"] and cfg["norm_output"]
