@@ -106,13 +106,18 @@ _GGUF_NAME = {  # reference name -> GGUF name (for the stored precision)
 }
 
 
+def _f32(x: float) -> float:
+    """The shortest decimal of a float32 value (1e-05, not 9.999999747378752e-06): the same float32."""
+    return float(str(np.float32(x)))
+
+
 def _layer_config(weights: DrafterWeights) -> dict[str, Any]:
     cfg = weights.config
     return {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "num_hidden_layers": 1,
-        "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position,
+        "rms_norm_eps": _f32(cfg.rms_eps), "rope_theta": _f32(cfg.rope_theta), "max_position_embeddings": cfg.max_position,
         "vocab_size": cfg.vocab_size, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         "tie_word_embeddings": False,
     }
@@ -190,7 +195,11 @@ def write_checkpoint(out_dir: Path, config: dict, tensors: dict[str, np.ndarray]
     from safetensors.numpy import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    weights = out_dir / "model.safetensors"
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)     # readable like the config (a server may run as another user)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
@@ -218,6 +227,8 @@ def export_drafter(drafter: str | Path, out: str | Path, fmt: str, *, force: boo
     config = checkpoint_config(weights, fmt, verifier=verifier or "",
                                num_speculative_tokens=num_speculative_tokens)
     tensors = checkpoint_tensors(weights, fmt, types=stored_types(drafter))
+    if "torch_dtype" in config:   # the matrices' precision, as save_pretrained records it
+        config["torch_dtype"] = "float16" if tensors["fc.weight"].dtype == np.float16 else "float32"
     staging = out.with_name(f".{out.name}.export-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:

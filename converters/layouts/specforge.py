@@ -47,7 +47,8 @@ class SpecForgeLayout(Layout):
                                        or "draft_vocab_size" in ckpt.config)
 
     def extra_checks(self) -> None:
-        if "norm_output" in self.ckpt.config:
+        exported = isinstance(self.ckpt.config.get("localspec"), dict)   # by localspec export: post-norm
+        if "norm_output" in self.ckpt.config and not exported:
             value = bool(self.ckpt.config["norm_output"])
             self.warnings.append(
                 f"norm_output={str(value).lower()} is read with its meaning since SpecForge PR #879 "
