@@ -39,7 +39,8 @@ class DrafterConfig:
     fc_norm_eps: float | None = None
     norm_output: bool = False
     source_layout: str = ""
-    source: str = ""
+    source: str = ""                      # Hub repo id or base name (never a local path)
+    source_revision: str = ""             # Hub commit, when known
     # llama3-style rope scaling, as llama.cpp's ``rope_freqs.weight``: one divisor per rotary
     # frequency (head_dim / 2 values); None = plain rope
     rope_freq_factors: tuple[float, ...] | None = None

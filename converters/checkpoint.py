@@ -22,6 +22,8 @@ import numpy as np
 
 from localspec.errors import LocalspecError
 
+from .provenance import provenance
+
 WEIGHT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -40,6 +42,9 @@ class Checkpoint:
     source: str                           # what the user gave (path or repo id)
     root: Path                            # directory holding config.json (or the file's directory)
     config: dict[str, Any]
+    # what a converted GGUF records: repo id (and revision) or the base name, never a local path
+    provenance: str = ""
+    revision: str = ""
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
@@ -134,7 +139,7 @@ def _weight_files(root: Path) -> list[Path]:
     if safetensors:
         return safetensors
     return sorted(p for suffix in _PICKLE_SUFFIXES for p in root.glob(f"*{suffix}")
-                  if not p.name.startswith(("optimizer", "scheduler", "training_args", "rng_state")))
+                  if not p.name.startswith(("optimizer", "scheduler", "training_args", "rng_state", "eagle3_meta")))
 
 
 def _download(repo_id: str) -> Path:
@@ -154,16 +159,35 @@ def _download(repo_id: str) -> Path:
         raise LocalspecError(f"{repo_id}: cannot fetch from the Hugging Face Hub{hint}: {_one_line(exc)}") from None
 
 
+# where NeMo Automodel's checkpointer puts the HF-style drafter inside ``epoch_E_step_S/``
+_NESTED = ("model/consolidated", "model", "consolidated")
+
+
+def _checkpoint_subdir(path: Path) -> Path:
+    """``path``, or the nested directory holding config.json and weights when ``path`` has none."""
+    if (path / "config.json").is_file() or _weight_files(path):
+        return path
+    for sub in _NESTED:
+        cand = path / sub
+        if (cand / "config.json").is_file() and _weight_files(cand):
+            return cand
+    return path
+
+
 def open_checkpoint(src: str | Path) -> Checkpoint:
     """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
     text = str(src)
     path = Path(text).expanduser()
+    from_hub = False
     if not path.exists():
         if _REPO_ID.match(text) and not text.startswith((".", "/")):
             path = _download(text)
+            from_hub = True
         else:
             raise LocalspecError(f"{text}: no such file or directory (nor a Hugging Face repo id)")
+    given = path
     if path.is_dir():
+        path = _checkpoint_subdir(path)
         root, files = path, _weight_files(path)
         if not files:
             raise LocalspecError(f"{path}: no weights (*.safetensors or *.bin) in this directory")
@@ -171,7 +195,9 @@ def open_checkpoint(src: str | Path) -> Checkpoint:
         root, files = path.parent, [path]
         if not path.name.endswith((".safetensors",) + _PICKLE_SUFFIXES):
             raise LocalspecError(f"{path}: not a checkpoint file (expected .safetensors, .bin, .pt or .pth)")
-    ckpt = Checkpoint(source=text, root=root, config=_read_config(root / "config.json"))
+    label, revision = provenance(text, given.resolve(), repo_id=from_hub)
+    ckpt = Checkpoint(source=text, root=root, config=_read_config(root / "config.json"),
+                      provenance=label, revision=revision)
     for f in files:
         if f.name.endswith(".safetensors"):
             _add_safetensors(ckpt, f)

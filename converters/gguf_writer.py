@@ -17,6 +17,7 @@ from localspec.errors import LocalspecError
 from localspec.gguf_native import ARRAY, GGUFHeader
 
 from .canonical import DrafterWeights
+from .provenance import base_name, looks_like_path
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -81,8 +82,11 @@ def write_drafter_gguf(weights: DrafterWeights, target_gguf: str | Path, out: st
         writer.add_bool(K.KEY_LS_NORM_OUTPUT, cfg.norm_output)
         if cfg.source_layout:
             writer.add_string(K.KEY_LS_SOURCE_LAYOUT, cfg.source_layout)
-        if cfg.source:
-            writer.add_string(K.KEY_LS_SOURCE, cfg.source)
+        source = base_name(cfg.source) if looks_like_path(cfg.source) else cfg.source
+        if source:
+            writer.add_string(K.KEY_LS_SOURCE, source)
+        if cfg.source_revision:
+            writer.add_string(K.KEY_LS_SOURCE_REVISION, cfg.source_revision)
         for key, value in target.kv.items():
             if not key.startswith(K.KEY_TOKENIZER_PREFIX):
                 continue

@@ -36,7 +36,8 @@ KEY_LS_FC_NORM = "localspec.eagle.fc_norm"             # bool: runtime applies p
 KEY_LS_FC_NORM_EPS = "localspec.eagle.fc_norm_eps"     # float32
 KEY_LS_NORM_OUTPUT = "localspec.eagle.norm_output"     # bool: feed back the post-norm state
 KEY_LS_SOURCE_LAYOUT = "localspec.eagle.source_layout" # str: checkpoint layout converted from
-KEY_LS_SOURCE = "localspec.eagle.source"               # str: checkpoint path or repo id
+KEY_LS_SOURCE = "localspec.eagle.source"               # str: Hub repo id or base name (no path)
+KEY_LS_SOURCE_REVISION = "localspec.eagle.source_revision"  # str: Hub commit of the source
 KEY_LS_TARGET_TOKENIZER_SHA = "localspec.eagle.target_tokenizer_sha256"
 
 VARIANT_EAGLE3 = "eagle3"

@@ -221,7 +221,8 @@ CASES = {
     "vllm-own-embeddings": ("vllm", dict(own_embeddings=True, norm_before_residual=True), (2, 4, 5), (2, 4, 5)),
     "speculators-eagle3.1": ("speculators", dict(own_embeddings=True, norm_before_residual=True, fc_norm=True,
                                                 norm_output=True), (1, 4, 6), (1, 4, 6)),
-    "modelopt-norm_before_fc": ("modelopt", dict(norm_before_fc=True), (1, 3, 7), (1, 3, 7)),
+    # ModelOpt's ids name layer outputs (forward hooks on layers[i]): inputs of ids + 1 (issue 16)
+    "modelopt-norm_before_fc": ("modelopt", dict(norm_before_fc=True), (0, 2, 6), (1, 3, 7)),
     "nemo-eagle3.1-default-layers": ("nemo", dict(fc_norm=True, norm_output=True), None, default_layers(N_LAYER)),
 }
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

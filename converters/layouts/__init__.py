@@ -7,6 +7,7 @@ from __future__ import annotations
 from localspec.errors import LocalspecError
 
 from ..checkpoint import Checkpoint
+from .automodel import AutomodelLayout
 from .base import Layout, TargetShape, default_layers
 from .generic import GenericLayout
 from .modelopt import ModelOptLayout
@@ -14,8 +15,8 @@ from .speculators import SpeculatorsLayout
 from .specforge import LocalspecLayout, SpecForgeLayout
 from .vllm import VllmLayout
 
-LAYOUTS: tuple[type[Layout], ...] = (SpeculatorsLayout, VllmLayout, ModelOptLayout, LocalspecLayout, SpecForgeLayout,
-                                     GenericLayout)
+LAYOUTS: tuple[type[Layout], ...] = (SpeculatorsLayout, VllmLayout, ModelOptLayout, AutomodelLayout, LocalspecLayout,
+                                     SpecForgeLayout, GenericLayout)
 
 _MLA_ARCH_HINTS = ("Deepseek", "DeepSeek", "Kimi", "MLA")
 

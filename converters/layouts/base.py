@@ -7,16 +7,23 @@ onto the reference names (:mod:`..reference`: ``fc``, ``fc_norm.i``, ``enc_norm`
 
 Target-layer conventions (llama.cpp's ``eagle3.target_layers`` = the INPUT of target layer ``lid``,
 the residual stream before block ``lid`` runs; ``get_embeddings_layer_inp``):
-- vLLM captures ``hidden_states + residual`` at the top of block ``i`` for every ``i`` in the ids:
-  the input of layer ``i``. Same for llama.cpp's own converter (it copies the ids) and for NVIDIA
-  ModelOpt's boundary indices (``[24, 30, 36]`` on the 36-layer gpt-oss, where 36 is the final
-  state). speculators trains on vLLM-extracted states. -> ids are taken as they are.
-- SGLang (what SpecForge trains and serves with) adds one to explicit ids
-  (``layers_to_capture = [i + 1 ...]``, captured at the top of that block), and SpecForge's HF
-  backend hooks the OUTPUT of ``layers[i]``: both mean "output of layer i" = input of ``i + 1``.
-  SpecForge's default ``[1, n//2 - 1, n - 4]`` therefore lands on the inputs of
-  ``[2, n//2, n - 3]``, the default of vLLM, SGLang and llama.cpp alike. -> ids + 1.
-- localspec's own trainer writes ids in llama.cpp's convention. -> as they are.
+- "input" (ids taken as they are): vLLM captures ``hidden_states + residual`` at the top of block
+  ``i`` for every ``i`` in the ids (vLLM's own comment: "capture id k yields the OUTPUT of layer
+  k-1"), so vLLM-trained drafters (AngelSlim, speculators, which trains on vLLM-extracted states)
+  name layer inputs; so does llama.cpp's own converter (it copies the ids) and localspec's trainer.
+- "output" (ids + 1): tools that hook ``layers[i]`` with a forward hook and keep its OUTPUT.
+  SpecForge's HF backend does, and SGLang (what SpecForge serves with) adds one to explicit ids
+  (``layers_to_capture = [i + 1 ...]``). NVIDIA ModelOpt does too: ``hf_eagle.py`` registers
+  ``_collect_aux_hidden_states_forward_hook`` on ``layers[i]`` for ``i`` in
+  ``eagle_aux_hidden_state_layer_ids`` (default ``{1, n//2 - 1, n - 4}``), and its hidden-state
+  dump helpers say "Callers that index into HuggingFace's outputs.hidden_states tuple must add +1".
+  NeMo Automodel's ``HFEagle3TargetModel`` hooks ``layers[i]`` outputs the same way (default
+  ``[1, n//2 - 1, n - 4]``). The default ``[1, n//2 - 1, n - 4]`` therefore lands on the inputs of
+  ``[2, n//2, n - 3]``, the default of vLLM, SGLang and llama.cpp alike.
+- A config may say which it uses: ``"localspec": {"layer_ids": "input"|"output"}`` in config.json
+  wins over the layout's convention (localspec's trainer writes ``input``; add it by hand to, e.g.,
+  a ModelOpt drafter trained on vLLM-dumped hidden states, which ModelOpt's vLLM path captures with
+  the ids as vLLM reads them: inputs).
 - No ids in the config: ``(2, n//2, n - 3)`` for every layout (see above).
 """
 
@@ -200,6 +207,15 @@ class Layout:
         self._refuse(f"rope scaling '{kind}' (only none and llama3 are converted)")
         raise AssertionError
 
+    def convention(self) -> str:
+        """How this checkpoint's ids read: the config's own ``localspec.layer_ids`` marker, else the
+        layout's convention."""
+        marker = self.ckpt.config.get("localspec")
+        said = marker.get("layer_ids") if isinstance(marker, dict) else None
+        if said is not None and said not in ("input", "output"):
+            raise LocalspecError(f"{self.ckpt.root}/config.json: localspec.layer_ids must be \"input\" or \"output\" (got {said!r})")
+        return said or self.layer_convention
+
     def layer_ids(self, target: TargetShape) -> tuple[int, int, int]:
         eagle = self.hp.get("eagle_config") or {}
         ids = self.hp.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
@@ -207,7 +223,7 @@ class Layout:
             return default_layers(target.n_layer)
         if len(ids) != 3 or not all(isinstance(i, int) for i in ids):
             raise LocalspecError(f"{self.ckpt.root}: eagle_aux_hidden_state_layer_ids must be 3 integers (got {ids})")
-        shift = 1 if self.layer_convention == "output" else 0
+        shift = 1 if self.convention() == "output" else 0
         lids = tuple(int(i) + shift for i in ids)
         bad = [lid for lid in lids if not 0 <= lid < target.n_layer]
         if bad:
@@ -304,7 +320,8 @@ class Layout:
             variant=K.VARIANT_EAGLE31 if (fc_norm or norm_output) else K.VARIANT_EAGLE3,
             norm_before_fc=norm_before_fc, norm_before_residual=self.flag("norm_before_residual"),
             fc_norm=fc_norm, fc_norm_eps=float(hp.get("fc_norm_eps", eps)) if fc_norm else None,
-            norm_output=norm_output, source_layout=self.name, source=self.ckpt.source,
+            norm_output=norm_output, source_layout=self.name, source=self.ckpt.provenance,
+            source_revision=self.ckpt.revision,
             rope_freq_factors=factors,
         )
         # draft vocabulary

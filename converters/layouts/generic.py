@@ -1,5 +1,6 @@
-"""Other Llama-style EAGLE-3 drafters: NVIDIA NeMo Automodel (``model.fc``, ``model.fc_norm.N``,
-``model.layers.0.*``, ``lm_head``), and any checkpoint llama.cpp's own converter would take
+"""Other Llama-style EAGLE-3 drafters: ``model.*``-wrapped names (``model.fc``, ``model.fc_norm.N``,
+``model.layers.0.*``, ``lm_head``) without NeMo Automodel's config keys (those are
+:mod:`.automodel`'s), and any checkpoint llama.cpp's own converter would take
 (``draft_vocab_size`` with one hidden layer). Layer ids are read as llama.cpp / vLLM read them
 (inputs of the target layers); a warning says so when the config states ids.
 """
@@ -12,7 +13,7 @@ from .base import Layout, TargetShape
 
 class GenericLayout(Layout):
     name = "eagle3-generic"
-    description = "other Llama-style EAGLE-3 (NeMo Automodel model.* names, draft_vocab_size + 1 layer)"
+    description = "other Llama-style EAGLE-3 (model.* names, draft_vocab_size + 1 layer)"
     layer_convention = "input"
 
     @classmethod

@@ -1,10 +1,18 @@
-"""NVIDIA ModelOpt EAGLE-3 exports (e.g. nvidia/*-Eagle3, gpt-oss-*-Eagle3-v3): SpecForge-like
-names (``midlayer.*``) plus ModelOpt's ``eagle_config`` switches (``use_input_layernorm_in_first_layer``,
-``use_last_layernorm``, ``use_mtp_layernorm``, ``use_aux_hidden_state``) and ``norm_before_fc``
-(one RMSNorm over the concatenated features, tensor ``input_norm.weight``; llama.cpp's
-``enc.output_norm``), either at the top level or inside ``eagle_config``. Layer ids are hidden-state
-boundary indices (input of layer i; 36 on a 36-layer target is the final state, which llama.cpp
-cannot extract: refused as out of range).
+"""NVIDIA ModelOpt EAGLE-3 exports (``EagleExporter`` in ``modelopt/torch/export/plugins/
+hf_spec_export.py``): ``LlamaForCausalLMEagle3`` with ModelOpt's ``eagle_config`` switches
+(``use_input_layernorm_in_first_layer``, ``use_last_layernorm``, ``use_mtp_layernorm``,
+``use_aux_hidden_state``, ``eagle_aux_hidden_state_layer_ids``), tensors ``layers.0.*`` (older
+exports: ``midlayer.*``), ``fc``, ``norm``, ``lm_head``, ``d2t``; some exports add
+``norm_before_fc`` (one RMSNorm over the concatenated features, tensor ``input_norm.weight``;
+llama.cpp's ``enc.output_norm``), at the top level or inside ``eagle_config``.
+
+Layer ids name layer OUTPUTS (see :mod:`.base`): ModelOpt's ``HFEagleModel.modify`` registers a
+forward hook on ``layers[layer_idx]`` for every ``layer_idx in eagle_aux_hidden_state_layer_ids``
+and keeps the hook's ``output``; its default is ``default_eagle_aux_layer_ids(n) = {1, n//2 - 1,
+n - 4}``. So ids + 1, unless config.json carries ``"localspec": {"layer_ids": "input"}`` (for a
+drafter trained on hidden states dumped through vLLM, which reads the same ids as inputs; ModelOpt
+itself records no such marker). An id naming the last layer's output is the final hidden state,
+which llama.cpp cannot extract: refused as out of range.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ _MODELOPT_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "u
 class ModelOptLayout(Layout):
     name = "modelopt"
     description = "NVIDIA ModelOpt (eagle_config switches, norm_before_fc)"
-    layer_convention = "input"
+    layer_convention = "output"
 
     @classmethod
     def matches(cls, ckpt: Checkpoint) -> bool:

@@ -5,7 +5,8 @@ The two share names and architecture but not the meaning of ``eagle_aux_hidden_s
 (see :mod:`.base`): SpecForge's are layer OUTPUTS (SGLang adds one), localspec's are llama.cpp's
 layer inputs. A checkpoint saved by ``transformers`` (``save_pretrained`` always writes
 ``transformers_version``) is SpecForge's; localspec's trainer writes its config by hand, without
-that key (or with a ``localspec`` key).
+that key (or with a ``localspec`` key). ``localspec export --format specforge`` writes SpecForge's
+convention and says so (``"localspec": {"layer_ids": "output"}``): read as SpecForge's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class LocalspecLayout(Layout):
     @classmethod
     def matches(cls, ckpt: Checkpoint) -> bool:
         c = ckpt.config
+        marker = c.get("localspec")
+        if isinstance(marker, dict) and marker.get("layer_ids", "input") != "input":
+            return False    # written by `localspec export --format specforge`: SpecForge's convention
         return ARCH in (c.get("architectures") or []) and _is_midlayer(ckpt) and (
             "localspec" in c or "transformers_version" not in c)
 
@@ -43,7 +47,8 @@ class SpecForgeLayout(Layout):
                                        or "draft_vocab_size" in ckpt.config)
 
     def extra_checks(self) -> None:
-        if "norm_output" in self.ckpt.config:
+        exported = isinstance(self.ckpt.config.get("localspec"), dict)   # by localspec export: post-norm
+        if "norm_output" in self.ckpt.config and not exported:
             value = bool(self.ckpt.config["norm_output"])
             self.warnings.append(
                 f"norm_output={str(value).lower()} is read with its meaning since SpecForge PR #879 "

@@ -19,7 +19,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported for their @app.command side effect, in the order `--help` lists them.
-    from . import generate, bench, chat, serve, models, fit, convert, inspect, train  # noqa: F401
+    from . import generate, bench, chat, serve, models, fit, convert, export, inspect, train  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

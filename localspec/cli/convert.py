@@ -9,7 +9,7 @@ import typer
 
 from ..gguf_info import read_gguf
 from . import app
-from .inspect import describe_gguf, print_description
+from .inspect import describe_gguf, print_description, runtime_notes
 
 
 class OutType(str, Enum):
@@ -36,6 +36,7 @@ def convert(
 
     summary = convert_checkpoint(src, target, out, outtype=outtype.value, force=force,
                                  progress=sys.stderr.isatty())
-    desc = describe_gguf(read_gguf(summary.out))
+    info = read_gguf(summary.out)
+    desc = describe_gguf(info)
     desc["dtype"] = f"{summary.outtype} ({desc['dtype']})"
-    print_description(desc, title=f"Wrote {summary.out}", warnings=summary.warnings)
+    print_description(desc, title=f"Wrote {summary.out}", warnings=summary.warnings + runtime_notes(info))
