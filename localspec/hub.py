@@ -157,16 +157,12 @@ def convert_drafter(src: Path, target: Path, out: Path) -> Path:
     except ImportError:
         raise LocalspecError("converting drafter checkpoints needs the converter (not available)") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        convert_checkpoint(src, target, tmp, outtype="f16", force=True)
-        os.replace(tmp, out)
+    try:   # the converter writes ``out`` atomically (one partial file beside it)
+        convert_checkpoint(src, target, out, outtype="f16", force=True)
     except LocalspecError:
         raise
-    except Exception as exc:  # a converter bug must not leave a traceback or a half-written file
+    except Exception as exc:  # a converter bug must not leave a traceback
         raise LocalspecError(f"converting {src} failed ({type(exc).__name__}: {exc})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 

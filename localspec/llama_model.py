@@ -18,6 +18,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
+from . import interrupts
 from .errors import LocalspecError
 
 _verbose = False
@@ -27,6 +28,7 @@ _log_sinks: list[list[str]] = []  # capture_log(): every llama.cpp log fragment 
 
 
 @llama_cpp.llama_log_callback
+@interrupts.callback()
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace")
     for sink in _log_sinks:
@@ -36,6 +38,14 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             _recent_errors.append(message.strip())
     if _verbose:
         sys.stderr.write(message)
+
+
+@llama_cpp.llama_progress_callback
+@interrupts.callback(on_error=True)
+def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
+    """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load)."""
+    interrupts.test_pause("load")
+    return not interrupts.pending()
 
 
 def set_verbose(verbose: bool) -> None:
@@ -122,9 +132,14 @@ class Model:
         if no_alloc:  # metadata only, allocations simulated (llama.cpp needs no mmap for that)
             params.no_alloc = True
             params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
+        params.progress_callback = _load_progress   # a module global: never collected
         with capture_log() as self.load_log:
             self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
+        if interrupts.pending() or not self._model:
+            if self._model:
+                llama_cpp.llama_model_free(self._model)
+                self._model = None
+            interrupts.raise_if_pending()
             raise _llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -259,6 +274,8 @@ class Context:
         self._out[:n] = 1 if all_logits else 0
         self._out[n - 1] = 1
         self._batch.n_tokens = n
+        if n > 1:
+            interrupts.test_pause("prefill")
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from .. import interrupts
 from ..errors import LocalspecError
 
 app = typer.Typer(
@@ -23,16 +24,19 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1)."""
-    _register()
+    """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1), Ctrl-C
+    "Interrupted." (exit 130)."""
+    interrupts.install()   # a Ctrl-C inside a llama.cpp callback is not lost
     try:
+        _register()
         app(args=argv, standalone_mode=True)
     except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)
+        if interrupts.is_interrupt(exc):   # typer turns KeyboardInterrupt into a silent exit 130
+            return interrupts.report()
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except LocalspecError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
-        return 130
+        return interrupts.report()
     return 0

@@ -58,8 +58,8 @@ def list_(
             table.add_row(name, target, draft, "pulled" if name in mine else "", entry.description)
         console.print(table)
         return
-    models = registry.list_models()
-    if not models:
+    models, damaged, orphans = registry.scan()
+    if not (models or damaged or orphans):
         print("no models yet: `localspec create NAME -f Modelfile` or `localspec pull NAME` "
               "(`localspec list --catalog` shows what can be pulled)", file=sys.stderr)
         return
@@ -67,6 +67,11 @@ def list_(
     for m in models:
         table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
+    for name, reason in damaged:
+        table.add_row(name, f"damaged record ({reason})", "-", "-", f"`localspec rm {name}`")
+    for path in orphans:
+        table.add_row(path.stem, "orphaned drafter, no record", path.name, _size(str(path)),
+                      f"`localspec rm {path.stem}`")
     console.print(table)
 
 
