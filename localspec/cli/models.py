@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -13,6 +14,10 @@ from .. import modelfile as mfmod
 from .. import registry
 from ..errors import LocalspecError
 from . import app
+
+TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
+                          help="Seconds a Hub connection or read may wait (default: $LOCALSPEC_HUB_TIMEOUT or 20).")
+HubVerboseOpt = typer.Option(False, "--verbose", help="Show huggingface_hub's retries and warnings.")
 
 
 @app.command()
@@ -125,8 +130,15 @@ def rm(name: str = typer.Argument(..., help="The model to remove.")) -> None:
 
 
 @app.command()
-def pull(name: str = typer.Argument(..., help="A catalog name (see `localspec list --catalog`).")) -> None:
+def pull(
+    name: str = typer.Argument(..., help="A catalog name (see `localspec list --catalog`)."),
+    timeout: Optional[float] = TimeoutOpt,
+    verbose: bool = HubVerboseOpt,
+) -> None:
     """Download a curated target/drafter pair from the Hugging Face Hub and register it."""
+    from .. import hub
+
+    hub.configure(timeout=timeout, verbose=verbose)
     record = registry_pull(name)
     if record is None:
         print(f"{name} ships with localspec: nothing to download")
