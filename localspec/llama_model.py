@@ -33,7 +33,7 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace")
     for sink in _log_sinks:
         sink.append(message)
-    if level == 3:  # GGML_LOG_LEVEL_ERROR
+    if level in (3, 4):  # GGML_LOG_LEVEL_WARN / _ERROR of the vendored ggml (llama-cpp-python's comments say 3 is ERROR)
         if message.strip():
             _recent_errors.append(message.strip())
     if _verbose:
@@ -63,8 +63,23 @@ def _init_backend() -> None:
     if _backend_ready:
         return
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    _set_ggml_log()
     llama_cpp.llama_backend_init()
     _backend_ready = True
+
+
+def _set_ggml_log() -> None:
+    """ggml has a logger of its own (its GGUF parser and backends print through it): route it to
+    the same callback, else a bad GGUF header prints ggml's lines before our Error line."""
+    from .gguf_native import _lib as ggml_base
+
+    try:
+        fn = ggml_base().ggml_log_set
+    except AttributeError:  # pragma: no cover - every ggml of llama-cpp-python 0.3.36 has it
+        return
+    fn.argtypes = [llama_cpp.llama_log_callback, ctypes.c_void_p]
+    fn.restype = None
+    fn(_log_callback, ctypes.c_void_p(0))
 
 
 @contextlib.contextmanager
@@ -77,6 +92,13 @@ def capture_log():
         yield sink
     finally:
         _log_sinks.remove(sink)
+
+
+def take_recent_errors() -> list[str]:
+    """The error lines llama.cpp / ggml logged since the last call (oldest first), forgotten."""
+    lines = [line.split(": ", 1)[-1] if line.startswith(("gguf_", "llama_")) else line for line in _recent_errors]
+    _recent_errors.clear()
+    return lines
 
 
 def _llama_failure(what: str) -> LocalspecError:
