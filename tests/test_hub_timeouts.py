@@ -109,3 +109,17 @@ def test_convert_of_a_hub_repo_id_is_bounded(silent_server, tmp_path, isolated_h
     assert "someone/eagle3-drafter" in line and "no answer within 2 s" in line
     assert secs < 25, secs
     assert not list(tmp_path.glob("*d.gguf*"))
+
+
+def test_ctrl_c_while_pull_waits_for_the_hub(silent_server, tmp_path, isolated_home):
+    import signal
+
+    (isolated_home / "models.toml").write_text(CATALOG, encoding="utf-8")
+    env = dict(os.environ, HF_ENDPOINT=silent_server, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="0")
+    proc = subprocess.Popen([sys.executable, "-m", "localspec", "pull", "tiny", "--timeout", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(4)   # started, and waiting on the server (it never answers)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and err.strip().splitlines() == ["Interrupted."], err
+    assert not (isolated_home / "models" / "tiny.json").exists()
