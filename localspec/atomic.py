@@ -46,8 +46,9 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale(directory: str | Path, name: str | None = None) -> list[Path]:
-    """Remove the partial files in ``directory`` (those for ``name`` only, when given) whose
-    writing process no longer runs; the removed paths."""
+    """Remove the partial files in ``directory`` whose writing process no longer runs: all of ours
+    (``.X.partial-PID``), and those of older releases (``.X.staging-PID``, ``.X.PID.tmp``) for
+    ``name`` (all of them when ``name`` is None); the removed paths."""
     removed: list[Path] = []
     try:
         entries = list(os.scandir(directory))
@@ -55,7 +56,10 @@ def clean_stale(directory: str | Path, name: str | None = None) -> list[Path]:
         return removed
     for entry in entries:
         m = _DEBRIS_RE.match(entry.name)
-        if m is None or (name is not None and m.group("base") != name and not m.group("base").startswith(f"{name}.")):
+        if m is None:
+            continue
+        ours = re.search(r"\.partial-\d+$", entry.name) is not None
+        if not ours and name is not None and m.group("base") != name and not m.group("base").startswith(f"{name}."):
             continue
         if _alive(int(m.group("pid") or m.group("tmp_pid"))):
             continue

@@ -18,7 +18,7 @@ DEFAULT_TARGET_QUANT = "q4_0"
 
 
 # the folders of the user directory that hold files localspec writes atomically
-_PARTIAL_DIRS = ("models", "drafters")
+_PARTIAL_DIRS = ("", "models", "drafters")
 _swept: set[Path] = set()
 
 

@@ -54,15 +54,16 @@ def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
 def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     dead, alive = dead_pid(), os.getppid()
     stale = [tmp_path / f".x.gguf.partial-{dead}", tmp_path / f".x.gguf.staging-{dead}.partial-{dead}",
-             tmp_path / f".x.gguf.{dead}.tmp"]
-    kept = [tmp_path / f".x.gguf.partial-{alive}", tmp_path / f".y.gguf.partial-{dead}", tmp_path / "x.gguf"]
+             tmp_path / f".x.gguf.{dead}.tmp", tmp_path / f".y.gguf.partial-{dead}"]
+    # a live writer's file, a file of ours, and an older release's temp file for another name
+    kept = [tmp_path / f".x.gguf.partial-{alive}", tmp_path / "x.gguf", tmp_path / f".y.gguf.{dead}.tmp"]
     for p in stale + kept:
         p.write_bytes(b"?")
     removed = atomic.clean_stale(tmp_path, "x.gguf")
     assert sorted(removed) == sorted(stale)
     assert all(p.exists() for p in kept)
-    atomic.atomic_write(tmp_path / "y.gguf", b"new")   # a writer cleans its own name's debris
-    assert not (tmp_path / f".y.gguf.partial-{dead}").exists()
+    atomic.atomic_write(tmp_path / "y.gguf", b"new")   # a writer cleans its own name's older debris too
+    assert not (tmp_path / f".y.gguf.{dead}.tmp").exists()
 
 
 def test_user_dir_debris_is_cleaned_when_any_command_starts(isolated_home):
