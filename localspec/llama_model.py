@@ -33,7 +33,7 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace")
     for sink in _log_sinks:
         sink.append(message)
-    if level in (3, 4):  # GGML_LOG_LEVEL_WARN / _ERROR of the vendored ggml (llama-cpp-python's comments say 3 is ERROR)
+    if level in (3, 4):  # WARN and ERROR in the vendored ggml.h (llama-cpp-python calls 3 ERROR)
         if message.strip():
             _recent_errors.append(message.strip())
     if _verbose:

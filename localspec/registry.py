@@ -295,8 +295,14 @@ def save(model: UserModel) -> Path:
     return path
 
 
+class DamagedRecord(LocalspecError):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: damaged model record ({reason}); remove it with `localspec rm {path.stem}`")
+        self.reason = reason
+
+
 def _read_record(path: Path) -> UserModel:
-    """A record, or LocalspecError naming the damage (not UTF-8, not JSON, wrong fields, unreadable)."""
+    """A record, or DamagedRecord naming the damage (not UTF-8, not JSON, wrong fields, unreadable)."""
     try:
         return UserModel.model_validate_json(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:
@@ -305,7 +311,7 @@ def _read_record(path: Path) -> UserModel:
         reason = exc.errors()[0]["msg"]
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-    raise LocalspecError(f"{path}: damaged model record ({reason}); remove it with `localspec rm {path.stem}`")
+    raise DamagedRecord(path, reason)
 
 
 def load(name: str) -> UserModel | None:
@@ -336,8 +342,8 @@ def scan() -> tuple[list[UserModel], list[tuple[str, str]], list[Path]]:
                 continue
             try:
                 models.append(_read_record(path))
-            except LocalspecError as exc:
-                damaged.append((path.stem, str(exc).split("damaged model record (", 1)[-1].split(");")[0]))
+            except DamagedRecord as exc:
+                damaged.append((path.stem, exc.reason))
     used = {str(Path(f).resolve()) for m in models for f in [*m.owned, m.drafter] if f}
     drafters = user_dir() / "drafters"
     damaged_names = {n for n, _ in damaged}
@@ -358,7 +364,7 @@ def remove(name: str) -> UserModel | None:
         try:
             model = _read_record(path)
             owned = [Path(f) for f in model.owned]
-        except LocalspecError:   # damaged: the drafter it owned can only be the conventional one
+        except DamagedRecord:   # damaged: the drafter it owned can only be the conventional one
             owned = [own_drafter]
     elif own_drafter.is_file():
         owned = [own_drafter]   # an orphan left by an interrupted create
@@ -458,7 +464,7 @@ def create(name: str, mf: Modelfile) -> UserModel:
         )
         try:
             old = load(name)
-        except LocalspecError:   # a damaged record is simply replaced
+        except DamagedRecord:   # a damaged record is simply replaced
             old = None
         save(record)
     except BaseException:   # an error or a Ctrl-C: the drafter converted for this model goes too
