@@ -222,7 +222,12 @@ def load_catalog() -> dict[str, CatalogEntry]:
     entries = dict(parse_catalog(shipped_catalog_text(), f"localspec/data/{CATALOG_FILE}").models)
     extra = user_catalog_path()
     if extra.is_file():
-        entries.update(parse_catalog(extra.read_text(encoding="utf-8"), str(extra)).models)
+        try:
+            text = extra.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or type(exc).__name__)
+            raise LocalspecError(f"{extra}: cannot read your catalog ({why}); fix or delete it") from None
+        entries.update(parse_catalog(text, str(extra)).models)
     return entries
 
 

@@ -210,3 +210,14 @@ def test_atomic_path_names_an_unwritable_directory(tmp_path):
     blocker.write_text("x")
     with pytest.raises(LocalspecError, match="cannot write .*blocker/out.gguf"):
         atomic.atomic_write(blocker / "out.gguf", b"data")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[models\nbroken"])
+def test_damaged_user_catalog_is_one_line_and_rm_still_works(content, isolated_home):
+    (isolated_home / "models.toml").write_bytes(content)
+    (isolated_home / "models").mkdir()
+    (isolated_home / "models" / "x.json").write_bytes(b"{")
+    for args in (("list", "--catalog"), ("generate", "x", "--prompt", "hi"), ("pull", "x")):
+        line = one_error(cli(*args))
+        assert str(isolated_home / "models.toml") in line or "damaged model record" in line
+    assert cli("rm", "x").returncode == 0
