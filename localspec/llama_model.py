@@ -263,6 +263,10 @@ class Context:
             params.ctx_other = ctx_other.ptr
         with capture_log() as self.load_log:
             self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        if self._ctx and interrupts.pending():
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        interrupts.raise_if_pending()
         if not self._ctx:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
@@ -299,6 +303,7 @@ class Context:
         if n > 1:
             interrupts.test_pause("prefill")
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 
@@ -341,6 +346,7 @@ class Context:
             for i in range(n):  # decode() writes sequence 0 only
                 n_seq[i] = 1
                 seq_id[i][0] = 0
+        interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 
