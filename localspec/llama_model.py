@@ -158,9 +158,7 @@ class Model:
         with capture_log() as self.load_log:
             self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if interrupts.pending() or not self._model:
-            if self._model:
-                llama_cpp.llama_model_free(self._model)
-                self._model = None
+            self.close()
             interrupts.raise_if_pending()
             raise _llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
@@ -212,9 +210,11 @@ class Model:
         return bool(self._eog[token])
 
     def close(self) -> None:
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        # the handle is dropped before it is freed: a Ctrl-C raised right after the native call
+        # (Python runs signal handlers there) must not leave it for __del__ to free twice
+        model, self._model = getattr(self, "_model", None), None
+        if model:
+            llama_cpp.llama_model_free(model)
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:
@@ -264,8 +264,7 @@ class Context:
         with capture_log() as self.load_log:
             self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if self._ctx and interrupts.pending():
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+            self.close()
         interrupts.raise_if_pending()
         if not self._ctx:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
@@ -380,10 +379,12 @@ class Context:
         llama_cpp.llama_memory_clear(self.memory, True)
 
     def close(self) -> None:
-        if self._ctx:
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None:
+            llama_cpp.llama_batch_free(batch)
+        if ctx:
+            llama_cpp.llama_free(ctx)
 
     def __del__(self) -> None:  # pragma: no cover
         try:
