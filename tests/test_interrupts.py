@@ -269,7 +269,7 @@ def test_ctrl_c_at_any_moment_of_a_run(smollm2):
     seen = []
     for delay in [0.1 * k for k in range(1, 25)]:
         proc = subprocess.Popen([sys.executable, "-m", "localspec", "generate", "--target", str(smollm2),
-                                 "--prompt", "Count to ten.", "-n", "24", "--no-spec"],
+                                 "--prompt", "Count from one to one thousand in words.", "-n", "200", "--no-spec"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
@@ -278,6 +278,13 @@ def test_ctrl_c_at_any_moment_of_a_run(smollm2):
             assert "tok/s" in err
             seen.append("done")
             continue
-        assert_interrupted(proc.returncode, err)
+        if proc.returncode == -signal.SIGINT:
+            # killed by the signal itself: only before Python's start-up installed its handler (no
+            # output at all) or after the run was over (Python restores the default at exit)
+            assert not err or err.strip().splitlines()[-1].endswith("tok/s"), err
+            seen.append("outside python")
+            continue
+        # interrupted; maybe after the reply was complete (its statistics line printed first)
+        assert_interrupted(proc.returncode, "\n".join(l for l in err.splitlines() if " tok/s" not in l))
         seen.append("interrupted")
     assert seen.count("interrupted") >= 10, seen
