@@ -221,3 +221,21 @@ def test_damaged_user_catalog_is_one_line_and_rm_still_works(content, isolated_h
         line = one_error(cli(*args))
         assert str(isolated_home / "models.toml") in line or "damaged model record" in line
     assert cli("rm", "x").returncode == 0
+
+
+# --------------------------------------------------------------------------------------------
+# native log lines
+
+
+def test_bad_gguf_header_gives_only_the_error_line(tmp_path, tiny_pair):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)   # tensor count far beyond the file
+    target, _ = tiny_pair
+    for args in (("generate", "--target", str(bad), "--prompt", "hi"), ("inspect", str(bad)),
+                 ("generate", "--target", str(target), "--draft", str(bad), "--prompt", "hi"),
+                 ("fit", "--target", str(bad))):
+        line = one_error(cli(*args))   # ggml's own parser lines are not printed before it
+        assert "not a valid GGUF file" in line and "number of tensors" in line, line
+    verbose = cli("generate", "--target", str(bad), "--prompt", "hi", "--verbose")
+    assert verbose.returncode == 1 and "gguf_init_from_reader" in verbose.stderr   # --verbose shows them
+    assert verbose.stderr.strip().splitlines()[-1].startswith("Error: ")
