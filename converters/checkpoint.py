@@ -147,8 +147,12 @@ def _download(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - declared dependency
         raise LocalspecError("downloading from the Hugging Face Hub needs huggingface_hub") from None
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS))
+    from localspec import hub
+
+    try:   # bounded waits, quiet retries (see localspec.hub); the cache serves an unreachable Hub
+        return hub.snapshot(repo_id, lambda **kw: Path(snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS, **kw)))
+    except LocalspecError:
+        raise
     except Exception as exc:
         name = type(exc).__name__
         hint = ""

@@ -11,15 +11,15 @@ an existing ``out`` untouched).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.atomic import atomic_path
 from localspec.errors import LocalspecError
 from localspec.gguf_info import check_pair, check_target, read_gguf
 
 from .checkpoint import open_checkpoint
-from .gguf_writer import OUTTYPES, write_drafter_gguf
+from .gguf_writer import OUTTYPES, write_gguf_file
 from .layouts import TargetShape, detect
 
 
@@ -85,14 +85,9 @@ def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = 
     layout = detect(ckpt)
     weights = layout.read(shape)
 
-    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
-    try:
-        write_drafter_gguf(weights, target_gguf, staging, outtype=outtype, progress=progress)
+    with atomic_path(out) as staging:   # the one partial file; checked before it becomes ``out``
+        write_gguf_file(weights, target_gguf, staging, outtype=outtype, progress=progress)
         check_pair(read_gguf(target_gguf), read_gguf(staging))
-        os.replace(staging, out)
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        raise
     cfg = weights.config
     return ConversionSummary(
         layout=layout.name, variant=cfg.variant, target_layers=tuple(cfg.target_layers),

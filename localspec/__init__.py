@@ -9,15 +9,40 @@ The Python API is the one the CLI and the TUI use::
                 print(event.text, end="", flush=True)
 """
 
-from .chat_format import Message
-from .engine import Engine, GenerationConfig
-from .errors import LocalspecError
-from .events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
-from .sampling import SamplingParams
-from .speculation.policy import PolicyConfig
+import importlib
+from typing import TYPE_CHECKING
+
+# Imported on first use, so that `localspec` (the command) starts its Ctrl-C handling before the
+# heavy imports (llama.cpp, numpy): a Ctrl-C during them is then "Interrupted.", not a traceback.
+_EXPORTS = {
+    "Message": ".chat_format", "Engine": ".engine", "GenerationConfig": ".engine", "LocalspecError": ".errors",
+    "CycleEvent": ".events", "DoneEvent": ".events", "GenerationStats": ".events", "TokenEvent": ".events",
+    "SamplingParams": ".sampling", "PolicyConfig": ".speculation.policy",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .chat_format import Message
+    from .engine import Engine, GenerationConfig
+    from .errors import LocalspecError
+    from .events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+    from .sampling import SamplingParams
+    from .speculation.policy import PolicyConfig
 
 __all__ = [
     "CycleEvent", "DoneEvent", "Engine", "GenerationConfig", "GenerationStats", "LocalspecError",
     "Message", "PolicyConfig", "SamplingParams", "TokenEvent",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'localspec' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

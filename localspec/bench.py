@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import interrupts
 from .chat_format import Message
 from .engine import Engine, GenerationConfig
 from .errors import LocalspecError
@@ -170,6 +171,7 @@ class BenchReport:
     spec_mode: str = "auto"
     notes: list[str] = field(default_factory=list)
     calibration: dict | None = None
+    interrupted: bool = False   # Ctrl-C: only the prompts in ``results`` finished
 
     def _sum(self, which: str, attr: str) -> float:
         return sum(getattr(getattr(r, which).stats, attr) for r in self.results)
@@ -195,6 +197,7 @@ class BenchReport:
             "per_prompt": [r.to_dict() for r in self.results],
             **({"calibration": self.calibration} if self.calibration else {}),
             **({"notes": self.notes} if self.notes else {}),
+            **({"partial": True} if self.interrupted else {}),
             **self._llama_cpp_summary(),
         }
 
@@ -358,12 +361,24 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], base: GenerationConfig
             continue
         configs[name] = cfg
     report.modes = ["plain", spec_mode] + [n for n in configs]
+    try:
+        _run_prompts(engine, prompts, report, plain_cfg, spec_cfg, configs, progress, llama_baseline, repeats)
+    except KeyboardInterrupt:   # Ctrl-C: the report holds the prompts finished so far
+        report.interrupted = True
+    return report
+
+
+def _run_prompts(engine: Engine, prompts: list[BenchPrompt], report: BenchReport, plain_cfg: GenerationConfig,
+                 spec_cfg: GenerationConfig, configs: dict[str, GenerationConfig | None],
+                 progress: Callable[[int, PromptResult], None] | None, llama_baseline: bool, repeats: int) -> None:
+    spec_mode = report.spec_mode
     if any(c is not None and c.policy.name == "auto" for c in [spec_cfg, *configs.values()]):
         report.calibration = engine.cost_model().to_dict()
     _run(engine, [Message("user", "Hello")], GenerationConfig(max_tokens=8, spec=True))  # warm-up
-    baseline = LlamaCppBaseline(engine) if llama_baseline else None
-    llama_lookup = LlamaCppBaseline(engine, lookup=True) if LLAMA_LOOKUP in configs else None
+    baseline = llama_lookup = None
     try:
+        baseline = LlamaCppBaseline(engine) if llama_baseline else None
+        llama_lookup = LlamaCppBaseline(engine, lookup=True) if LLAMA_LOOKUP in configs else None
         for i, bp in enumerate(prompts):
             messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
             best: dict[str, DoneEvent] = {}
@@ -395,10 +410,10 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], base: GenerationConfig
             if baseline is not None and plain.stats.generated_tokens > 1:
                 result.llama_cpp = baseline.run(engine.prompt_tokens(messages), plain.stats.generated_tokens)
             report.results.append(result)
+            interrupts.test_pause("bench-prompt")
             if progress:
                 progress(i, result)
     finally:
         for b in (baseline, llama_lookup):
             if b is not None:
                 b.close()
-    return report

@@ -89,11 +89,17 @@ class GGUFHeader:
     """Metadata and tensor table of one GGUF file (no tensor data is loaded)."""
 
     def __init__(self, path: str | Path) -> None:
+        from .llama_model import _init_backend, take_recent_errors
+
         self.path = Path(path)
         lib = _lib()
+        _init_backend()   # ggml's parser logs through llama.cpp's logger: quiet unless --verbose
+        take_recent_errors()
         ctx = lib.gguf_init_from_file(str(self.path).encode(), _InitParams(True, None))
         if not ctx:
-            raise LocalspecError(f"{self.path}: not a valid GGUF file (ggml could not parse its header)")
+            why = take_recent_errors()
+            why = f": {why[0]}" if why else ""
+            raise LocalspecError(f"{self.path}: not a valid GGUF file (ggml could not parse its header{why})")
         try:
             self.kv: dict[str, Any] = {}
             self.string_arrays: dict[str, list[str]] = {}

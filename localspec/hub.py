@@ -6,20 +6,116 @@ allows only what the cache has. These variables are read when a download starts 
 huggingface_hub was imported). Progress bars are huggingface_hub's; an interrupted transfer is
 resumed by huggingface_hub with an HTTP range request. Every file with a known SHA-256 is verified
 after download; a file that does not match is removed from the cache and reported.
+
+Every network wait is bounded: ``--timeout`` (or ``$LOCALSPEC_HUB_TIMEOUT``, default 20 s) limits
+each connection and read. A quick metadata request comes first, without huggingface_hub's retry loop
+(which would wait minutes on a server that never answers): when it fails the cache is used, or the
+error is one line. huggingface_hub's retry warnings show only with ``--verbose``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 from .errors import LocalspecError
 
 _TRUE = {"1", "on", "yes", "true", "y"}
 CHECKPOINT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+TIMEOUT_ENV = "LOCALSPEC_HUB_TIMEOUT"
+DEFAULT_TIMEOUT = 20.0   # seconds a connection or a read may wait
+T = TypeVar("T")
+
+_timeout: float | None = None   # set by --timeout
+_verbose = False
+
+
+def configure(*, timeout: float | None = None, verbose: bool | None = None) -> None:
+    """The command line's ``--timeout`` and ``--verbose`` for the downloads that follow."""
+    global _timeout, _verbose
+    if timeout is not None:
+        _timeout = check_timeout(timeout, "--timeout")
+    if verbose is not None:
+        _verbose = verbose
+
+
+def check_timeout(value: float, what: str) -> float:
+    if not (value > 0 and value <= 24 * 3600):   # also rejects NaN
+        raise LocalspecError(f"{what} must be a number of seconds above 0 (at most a day), got {value}")
+    return float(value)
+
+
+def hub_timeout() -> float:
+    """Seconds a Hub connection or read may wait: --timeout, else $LOCALSPEC_HUB_TIMEOUT, else 20."""
+    if _timeout is not None:
+        return _timeout
+    env = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not env:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(env)
+    except ValueError:
+        raise LocalspecError(f"{TIMEOUT_ENV} must be a number of seconds (got '{env}')") from None
+    return check_timeout(value, TIMEOUT_ENV)
+
+
+@contextlib.contextmanager
+def _bounded() -> Iterator[float]:
+    """huggingface_hub's metadata and download timeouts set to :func:`hub_timeout`, and its retry
+    warnings silenced unless --verbose, for the duration of the block; yields the timeout."""
+    import huggingface_hub.constants as hf_constants
+
+    timeout = hub_timeout()
+    saved = {k: getattr(hf_constants, k, None) for k in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")}
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    for key in saved:
+        setattr(hf_constants, key, timeout)
+    if not _verbose:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield timeout
+    finally:
+        for key, value in saved.items():
+            setattr(hf_constants, key, value)
+        logger.setLevel(level)
+
+
+def _unreachable(probe: Callable[[float], object], timeout: float) -> str | None:
+    """Run one metadata request (``probe(timeout)``, no retries); why the Hub cannot be reached, or
+    None when it answered (an HTTP error is an answer: the download reports it properly)."""
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        probe(timeout)
+    except hf_errors.HfHubHTTPError:
+        return None
+    except Exception as exc:   # connection refused, timeout, DNS: huggingface_hub's HTTP client errors
+        name = type(exc).__name__
+        if "Timeout" in name:
+            return f"no answer within {timeout:g} s"
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{name}: {text}" if text else name
+    return None
+
+
+def _endpoint_name(settings: dict) -> str:
+    return settings["endpoint"] or "huggingface.co"
+
+
+def _cached_or_fail(where: str, reason: str, settings: dict, from_cache: Callable[[], T]) -> T:
+    try:
+        return from_cache()
+    except Exception:
+        raise LocalspecError(f"{where}: cannot reach the Hugging Face Hub ({_endpoint_name(settings)}: {reason}) "
+                             f"and it is not cached; check the network, or allow more time with --timeout "
+                             f"or {TIMEOUT_ENV}") from None
 
 
 @dataclass(frozen=True)
@@ -88,7 +184,17 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
     where = f"{repo}/{filename}" + (f"@{revision}" if revision else "")
     settings = _settings()
     try:
-        path = Path(hf.hf_hub_download(repo, filename, revision=revision, **settings))
+        with _bounded() as timeout:
+            if not settings["local_files_only"]:
+                url = hf.hf_hub_url(repo, filename, revision=revision, endpoint=settings["endpoint"])
+                reason = _unreachable(lambda t: hf.get_hf_file_metadata(url, timeout=t), timeout)
+                if reason is not None:
+                    path = Path(_cached_or_fail(where, reason, settings, lambda: hf.hf_hub_download(
+                        repo, filename, revision=revision, **{**settings, "local_files_only": True})))
+                    return _verified(path, where, sha256)
+            path = Path(hf.hf_hub_download(repo, filename, revision=revision, etag_timeout=timeout, **settings))
+    except LocalspecError:
+        raise
     except hf_errors.LocalEntryNotFoundError:
         if settings["local_files_only"]:
             raise LocalspecError(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
@@ -115,6 +221,10 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
     except Exception as exc:       # network errors of huggingface_hub's HTTP client
         raise LocalspecError(f"{where}: download failed ({type(exc).__name__}: {exc})") from None
 
+    return _verified(path, where, sha256)
+
+
+def _verified(path: Path, where: str, sha256: str | None) -> Path:
     if sha256 is not None:
         got = sha256_file(path)
         if got != sha256.lower():
@@ -122,6 +232,22 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
             raise LocalspecError(f"{where}: checksum mismatch (expected sha256 {sha256}, got {got}); "
                                  "the file was removed from the cache, try again")
     return path
+
+
+def snapshot(repo: str, fetch: Callable[..., T]) -> T:
+    """``fetch(**kw)`` (a ``snapshot_download`` of ``repo``) with bounded waits: after a metadata
+    request without retries, ``kw`` gives a timeout, or asks for the cache alone when the Hub cannot
+    be reached."""
+    import huggingface_hub as hf
+
+    settings = _settings()
+    with _bounded() as timeout:
+        if settings["local_files_only"]:
+            return fetch()
+        reason = _unreachable(lambda t: hf.HfApi(endpoint=settings["endpoint"]).model_info(repo, timeout=t), timeout)
+        if reason is not None:
+            return _cached_or_fail(repo, reason, settings, lambda: fetch(local_files_only=True))
+        return fetch(etag_timeout=timeout)
 
 
 def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: str | None = None,
@@ -157,16 +283,12 @@ def convert_drafter(src: Path, target: Path, out: Path) -> Path:
     except ImportError:
         raise LocalspecError("converting drafter checkpoints needs the converter (not available)") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        convert_checkpoint(src, target, tmp, outtype="f16", force=True)
-        os.replace(tmp, out)
+    try:   # the converter writes ``out`` atomically (one partial file beside it)
+        convert_checkpoint(src, target, out, outtype="f16", force=True)
     except LocalspecError:
         raise
-    except Exception as exc:  # a converter bug must not leave a traceback or a half-written file
+    except Exception as exc:  # a converter bug must not leave a traceback
         raise LocalspecError(f"converting {src} failed ({type(exc).__name__}: {exc})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
+from . import interrupts
 from .errors import LocalspecError
 
 _verbose = False
@@ -27,15 +28,24 @@ _log_sinks: list[list[str]] = []  # capture_log(): every llama.cpp log fragment 
 
 
 @llama_cpp.llama_log_callback
+@interrupts.callback()
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", "replace")
     for sink in _log_sinks:
         sink.append(message)
-    if level == 3:  # GGML_LOG_LEVEL_ERROR
+    if level in (3, 4):  # WARN and ERROR in the vendored ggml.h (llama-cpp-python calls 3 ERROR)
         if message.strip():
             _recent_errors.append(message.strip())
     if _verbose:
         sys.stderr.write(message)
+
+
+@llama_cpp.llama_progress_callback
+@interrupts.callback(on_error=True)
+def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
+    """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load)."""
+    interrupts.test_pause("load")
+    return not interrupts.pending()
 
 
 def set_verbose(verbose: bool) -> None:
@@ -53,8 +63,23 @@ def _init_backend() -> None:
     if _backend_ready:
         return
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    _set_ggml_log()
     llama_cpp.llama_backend_init()
     _backend_ready = True
+
+
+def _set_ggml_log() -> None:
+    """ggml has a logger of its own (its GGUF parser and backends print through it): route it to
+    the same callback, else a bad GGUF header prints ggml's lines before our Error line."""
+    from .gguf_native import _lib as ggml_base
+
+    try:
+        fn = ggml_base().ggml_log_set
+    except AttributeError:  # pragma: no cover - every ggml of llama-cpp-python 0.3.36 has it
+        return
+    fn.argtypes = [llama_cpp.llama_log_callback, ctypes.c_void_p]
+    fn.restype = None
+    fn(_log_callback, ctypes.c_void_p(0))
 
 
 @contextlib.contextmanager
@@ -67,6 +92,13 @@ def capture_log():
         yield sink
     finally:
         _log_sinks.remove(sink)
+
+
+def take_recent_errors() -> list[str]:
+    """The error lines llama.cpp / ggml logged since the last call (oldest first), forgotten."""
+    lines = [line.split(": ", 1)[-1] if line.startswith(("gguf_", "llama_")) else line for line in _recent_errors]
+    _recent_errors.clear()
+    return lines
 
 
 def _llama_failure(what: str) -> LocalspecError:
@@ -122,9 +154,12 @@ class Model:
         if no_alloc:  # metadata only, allocations simulated (llama.cpp needs no mmap for that)
             params.no_alloc = True
             params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
+        params.progress_callback = _load_progress   # a module global: never collected
         with capture_log() as self.load_log:
             self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
+        if interrupts.pending() or not self._model:
+            self.close()
+            interrupts.raise_if_pending()
             raise _llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -175,9 +210,11 @@ class Model:
         return bool(self._eog[token])
 
     def close(self) -> None:
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        # the handle is dropped before it is freed: a Ctrl-C raised right after the native call
+        # (Python runs signal handlers there) must not leave it for __del__ to free twice
+        model, self._model = getattr(self, "_model", None), None
+        if model:
+            llama_cpp.llama_model_free(model)
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
         try:
@@ -226,6 +263,9 @@ class Context:
             params.ctx_other = ctx_other.ptr
         with capture_log() as self.load_log:
             self._ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        if self._ctx and interrupts.pending():
+            self.close()
+        interrupts.raise_if_pending()
         if not self._ctx:
             raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
@@ -259,7 +299,10 @@ class Context:
         self._out[:n] = 1 if all_logits else 0
         self._out[n - 1] = 1
         self._batch.n_tokens = n
+        if n > 1:
+            interrupts.test_pause("prefill")
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 
@@ -302,6 +345,7 @@ class Context:
             for i in range(n):  # decode() writes sequence 0 only
                 n_seq[i] = 1
                 seq_id[i][0] = 0
+        interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise _llama_failure(f"llama_decode failed (code {rc})")
 
@@ -335,10 +379,12 @@ class Context:
         llama_cpp.llama_memory_clear(self.memory, True)
 
     def close(self) -> None:
-        if self._ctx:
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None:
+            llama_cpp.llama_batch_free(batch)
+        if ctx:
+            llama_cpp.llama_free(ctx)
 
     def __del__(self) -> None:  # pragma: no cover
         try:

@@ -17,15 +17,49 @@ DEFAULT_TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TARGET_QUANT = "q4_0"
 
 
+# the folders of the user directory that hold files localspec writes atomically
+_PARTIAL_DIRS = ("", "models", "drafters")
+_swept: set[Path] = set()
+
+
 def user_dir() -> Path:
-    """The user data directory; ``$LOCALSPEC_HOME`` moves it (tests use that to stay isolated)."""
+    """The user data directory; ``$LOCALSPEC_HOME`` moves it (tests use that to stay isolated).
+
+    The first use in a process removes partial files that killed processes left in it."""
     env = os.environ.get(HOME_ENV)
     if env:
         path = Path(env).expanduser()
+        where = f"{path} ({HOME_ENV})"
     else:
         base = os.environ.get("XDG_DATA_HOME") or (Path.home() / ".local" / "share")
         path = Path(base) / "localspec"
-    path.mkdir(parents=True, exist_ok=True)
+        where = str(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise LocalspecError(f"{where} is a file, not a directory; localspec keeps its models there "
+                             f"(set {HOME_ENV} to a directory)") from None
+    except OSError as exc:
+        raise LocalspecError(f"cannot create localspec's data directory {where}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise LocalspecError(f"{where} is not a directory (set {HOME_ENV} to a directory)")
+    if path not in _swept:
+        _swept.add(path)
+        from .atomic import clean_stale
+
+        for sub in _PARTIAL_DIRS:
+            clean_stale(path / sub)
+    return path
+
+
+def writable_dir(path: Path) -> Path:
+    """``path`` (created if needed), or one Error line saying why localspec cannot write there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LocalspecError(f"cannot create {path}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LocalspecError(f"{path} is not writable (localspec writes models there; see {HOME_ENV})")
     return path
 
 
@@ -60,6 +94,6 @@ def default_target() -> Path:
     shipped = embedded_target()
     derived = user_dir() / "models" / f"SmolLM2-135M-Instruct.{DEFAULT_TARGET_QUANT.upper()}.gguf"
     if not derived.is_file() or derived.stat().st_mtime < shipped.stat().st_mtime:
-        derived.parent.mkdir(parents=True, exist_ok=True)
-        requantize(shipped, derived, DEFAULT_TARGET_QUANT)
+        writable_dir(derived.parent)
+        requantize(shipped, derived, DEFAULT_TARGET_QUANT)   # atomic: a kill leaves no model file
     return derived

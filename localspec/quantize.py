@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import llama_cpp
 
+from . import interrupts
+from .atomic import atomic_path
 from .errors import LocalspecError
 from .llama_model import _init_backend, default_threads
 
@@ -20,16 +21,13 @@ def requantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
         raise LocalspecError(f"unknown weight type '{ftype}' (one of {', '.join(FTYPES)})")
     _init_backend()
     dst = Path(dst)
-    tmp = dst.with_name(f".{dst.name}.partial-{os.getpid()}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]
     params.allow_requantize = True
     params.nthread = default_threads()
-    try:
+    with atomic_path(dst) as tmp:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+        interrupts.raise_if_pending()
         if rc != 0:
             raise LocalspecError(f"llama.cpp could not quantize {Path(src).name} to {ftype}")
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dst

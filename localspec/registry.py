@@ -21,7 +21,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .atomic import atomic_write as _atomic_write
 from .errors import LocalspecError
 from .modelfile import Modelfile, check_parameter
 from .paths import user_dir
@@ -243,7 +243,12 @@ def load_catalog() -> dict[str, CatalogEntry]:
     entries = dict(parse_catalog(shipped_catalog_text(), f"localspec/data/{CATALOG_FILE}").models)
     extra = user_catalog_path()
     if extra.is_file():
-        entries.update(parse_catalog(extra.read_text(encoding="utf-8"), str(extra)).models)
+        try:
+            text = extra.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or type(exc).__name__)
+            raise LocalspecError(f"{extra}: cannot read your catalog ({why}); fix or delete it") from None
+        entries.update(parse_catalog(text, str(extra)).models)
     return entries
 
 
@@ -295,9 +300,9 @@ def models_dir() -> Path:
 
 
 def drafters_dir() -> Path:
-    d = user_dir() / "drafters"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    from .paths import writable_dir
+
+    return writable_dir(user_dir() / "drafters")
 
 
 def record_path(name: str) -> Path:
@@ -305,27 +310,34 @@ def record_path(name: str) -> Path:
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so that readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write ``path`` so that readers see the old file or the whole new one, never a part
+    (:func:`localspec.atomic.atomic_write`, kept here for its callers)."""
+    _atomic_write(path, data)
 
 
 def save(model: UserModel) -> Path:
     path = record_path(model.name)
     atomic_write(path, json.dumps(model.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+class DamagedRecord(LocalspecError):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: damaged model record ({reason}); remove it with `localspec rm {path.stem}`")
+        self.reason = reason
+
+
+def _read_record(path: Path) -> UserModel:
+    """A record, or DamagedRecord naming the damage (not UTF-8, not JSON, wrong fields, unreadable)."""
+    try:
+        return UserModel.model_validate_json(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        reason = "not UTF-8 text"
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"]
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+    raise DamagedRecord(path, reason)
 
 
 def load(name: str) -> UserModel | None:
@@ -335,42 +347,67 @@ def load(name: str) -> UserModel | None:
     path = models_dir() / f"{name}.json"
     if not path.is_file():
         return None
-    try:
-        return UserModel.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise LocalspecError(f"{path}: damaged model record ({exc.errors()[0]['msg']}); "
-                             f"remove it with `localspec rm {name}`") from None
+    return _read_record(path)
 
 
 def list_models() -> list[UserModel]:
+    return scan()[0]
+
+
+def scan() -> tuple[list[UserModel], list[tuple[str, str]], list[Path]]:
+    """(valid records, damaged records as (name, reason), orphaned drafters): what ``list`` shows.
+
+    An orphan is a file in the drafters folder that no record uses, e.g. a drafter converted by a
+    ``create`` that was interrupted before it wrote the record (records are written last)."""
     d = models_dir()
-    out = []
+    models: list[UserModel] = []
+    damaged: list[tuple[str, str]] = []
     if d.is_dir():
         for path in sorted(d.glob("*.json")):
+            if path.name.startswith("."):
+                continue
             try:
-                out.append(UserModel.model_validate_json(path.read_text(encoding="utf-8")))
-            except (ValidationError, OSError, UnicodeDecodeError):
-                continue   # `show` names the damage; `list` keeps going
-    return out
+                models.append(_read_record(path))
+            except DamagedRecord as exc:
+                damaged.append((path.stem, exc.reason))
+    used = {str(Path(f).resolve()) for m in models for f in [*m.owned, m.drafter] if f}
+    drafters = user_dir() / "drafters"
+    damaged_names = {n for n, _ in damaged}
+    orphans = [p for p in sorted(drafters.glob("*.gguf")) if not p.name.startswith(".")
+               and str(p.resolve()) not in used and p.stem not in damaged_names] if drafters.is_dir() else []
+    return models, damaged, orphans
 
 
-def remove(name: str) -> UserModel:
+def remove(name: str) -> UserModel | None:
+    """Remove model ``name``: its record (damaged or not) and the drafter localspec converted for it;
+    also an orphaned ``drafters/NAME.gguf`` without a record. The record, when it was readable."""
     check_name(name)
     path = models_dir() / f"{name}.json"
-    if not path.is_file():
+    drafters = user_dir() / "drafters"
+    own_drafter = drafters / f"{name}.gguf"
+    model: UserModel | None = None
+    if path.is_file():
+        try:
+            model = _read_record(path)
+            owned = [Path(f) for f in model.owned]
+        except DamagedRecord:   # damaged: the drafter it owned can only be the conventional one
+            owned = [own_drafter]
+    elif own_drafter.is_file():
+        owned = [own_drafter]   # an orphan left by an interrupted create
+    else:
         raise LocalspecError(f"model '{name}' not found (see `localspec list`)")
+    others, _, _ = scan()
+    in_use = {str(Path(f).resolve()) for m in others if m.name != name for f in [*m.owned, m.drafter] if f}
     try:
-        model = UserModel.model_validate_json(path.read_text(encoding="utf-8"))
-        owned = model.owned
-    except ValidationError:
-        model, owned = None, []
-    path.unlink()
-    base = drafters_dir().resolve()
-    for f in owned:
-        p = Path(f)
-        if p.resolve().parent == base and p.is_file():   # only files localspec made for it
-            p.unlink()
-    return model if model is not None else UserModel(name=name, target="?")
+        if path.is_file():
+            path.unlink()
+        base = drafters.resolve()
+        for p in owned:   # only files localspec made for it, and no other model uses
+            if p.resolve().parent == base and p.is_file() and str(p.resolve()) not in in_use:
+                p.unlink()
+    except OSError as exc:
+        raise LocalspecError(f"cannot remove model '{name}': {exc.strerror or exc} ({exc.filename})") from None
+    return model
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,32 +476,34 @@ def create(name: str, mf: Modelfile) -> UserModel:
         drafter, made = _resolve_draft(name, mf, target)
         owned = [str(drafter)] if made else []
 
-    try:
+    try:   # the record is written last, after its files; anything before it undoes the conversion
         _validate(target, drafter, mf)
-    except LocalspecError:
+        parameters = dict(base.parameters) if base is not None else {}
+        if base is not None:
+            parameters.update(base.draft_params)
+        parameters.update(mf.parameters)
+        record = UserModel(
+            name=name,
+            target=str(Path(target).absolute()),
+            drafter=str(Path(drafter).absolute()) if drafter is not None else None,
+            parameters=parameters,
+            template=mf.template if mf.template is not None else (base.template if base else None),
+            system=mf.system if mf.system is not None else (base.system if base else None),
+            messages=list(mf.messages) if mf.messages else (list(base.messages) if base else []),
+            license=list(mf.license) if mf.license else (list(base.license) if base else []),
+            origin={k: v for k, v in {"from": mf.from_, "draft": mf.draft,
+                                       "modelfile": str(Path(mf.path).absolute()) if mf.base_dir else None}.items() if v},
+            owned=owned,
+        )
+        try:
+            old = load(name)
+        except DamagedRecord:   # a damaged record is simply replaced
+            old = None
+        save(record)
+    except BaseException:   # an error or a Ctrl-C: the drafter converted for this model goes too
         for f in owned:
             Path(f).unlink(missing_ok=True)
         raise
-
-    parameters = dict(base.parameters) if base is not None else {}
-    if base is not None:
-        parameters.update(base.draft_params)
-    parameters.update(mf.parameters)
-    record = UserModel(
-        name=name,
-        target=str(Path(target).absolute()),
-        drafter=str(Path(drafter).absolute()) if drafter is not None else None,
-        parameters=parameters,
-        template=mf.template if mf.template is not None else (base.template if base else None),
-        system=mf.system if mf.system is not None else (base.system if base else None),
-        messages=list(mf.messages) if mf.messages else (list(base.messages) if base else []),
-        license=list(mf.license) if mf.license else (list(base.license) if base else []),
-        origin={k: v for k, v in {"from": mf.from_, "draft": mf.draft,
-                                   "modelfile": str(Path(mf.path).absolute()) if mf.base_dir else None}.items() if v},
-        owned=owned,
-    )
-    old = load(name)
-    save(record)
     if old is not None:   # replaced: drop files the old version owned and the new one does not
         for f in old.owned:
             if f not in owned and Path(f).resolve().parent == drafters_dir().resolve():

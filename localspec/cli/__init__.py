@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
+from .. import interrupts
 from ..errors import LocalspecError
 
-app = typer.Typer(
-    name="localspec",
-    help="EAGLE-3 speculative decoding for local models on llama.cpp.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+
+def _make_app():
+    import typer
+
+    return typer.Typer(
+        name="localspec",
+        help="EAGLE-3 speculative decoding for local models on llama.cpp.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+
+def __getattr__(name: str):
+    # ``app`` (what the subcommand modules register on) is made on first use, inside main()'s
+    # Ctrl-C handling: typer and the engine take a noticeable moment to import.
+    if name == "app":
+        app = globals()["app"] = _make_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register() -> None:
@@ -23,16 +35,27 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1)."""
-    _register()
+    """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1), Ctrl-C
+    "Interrupted." (exit 130)."""
+    interrupts.install()   # a Ctrl-C inside a llama.cpp callback is not lost
     try:
+        _register()
+        from . import app
+
         app(args=argv, standalone_mode=True)
     except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)
+        if interrupts.is_interrupt(exc):   # typer turns KeyboardInterrupt into a silent exit 130
+            return interrupts.report()
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except LocalspecError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
-        return 130
+        return interrupts.report()
+    except Exception as exc:
+        # a Ctrl-C that an extension module turned into its own error while it was being imported
+        # (numpy: "ImportError: numpy._core.umath failed to import") is still a Ctrl-C
+        if interrupts.is_interrupt(exc.__cause__ or exc.__context__):
+            return interrupts.report()
+        raise
     return 0

@@ -77,8 +77,12 @@ def bench(
     summary.update(model=spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
                    max_tokens=max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
-        print(json.dumps(summary, ensure_ascii=False))
+        print(json.dumps(summary, ensure_ascii=False), flush=True)
+        if report.interrupted:   # the finished prompts are printed, marked "partial"; then exit 130
+            raise KeyboardInterrupt
         return
+    if report.interrupted and not report.results:
+        raise KeyboardInterrupt
     out = Console()
     if not out.is_terminal:  # files and pipes get the whole table
         out = Console(width=200)
@@ -141,3 +145,6 @@ def bench(
         out.print(f"plain decoding: localspec {summary['plain_decode_tokens_per_second']:.1f} tok/s, "
                   f"llama-cpp-python Llama {summary['llama_cpp_tokens_per_second']:.1f} tok/s "
                   f"(ratio {summary['plain_vs_llama_cpp']:.3f})")
+    if report.interrupted:
+        out.print(f"partial: interrupted after {len(report.results)} of {len(items)} prompts")
+        raise KeyboardInterrupt

@@ -17,7 +17,16 @@ CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
 GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
                             help="Target layers to offload to the GPU (-1: all; default: from the memory plan).")
-VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's log.")
+def _verbose_now(value: bool) -> bool:
+    """Applied while the command line is parsed: llama.cpp / ggml lines printed before the engine
+    exists (GGUF header checks, the memory plan) follow --verbose too."""
+    from ..llama_model import set_verbose
+
+    set_verbose(bool(value))
+    return value
+
+
+VerboseOpt = typer.Option(False, "--verbose", help="Show llama.cpp's log.", callback=_verbose_now)
 VramOpt = typer.Option(None, "--vram", show_default=False,
                        help="GPU memory budget for the plan, e.g. 8G (default: the GPU's free memory).")
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from ..gguf_info import read_gguf
 from . import app
 from .inspect import describe_gguf, print_description, runtime_notes
+from .models import HubVerboseOpt, TimeoutOpt
 
 
 class OutType(str, Enum):
@@ -28,12 +30,16 @@ def convert(
     out: Path = typer.Option(..., "--out", "-o", help="The drafter GGUF to write.", show_default=False),
     outtype: OutType = typer.Option(OutType.f16, "--outtype", help="Weight type of the matrices."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
+    timeout: Optional[float] = TimeoutOpt,
+    verbose: bool = HubVerboseOpt,
 ) -> None:
     """Convert an EAGLE-3 / EAGLE-3.1 drafter checkpoint to a GGUF that llama.cpp loads as eagle3."""
     import sys
 
+    from .. import hub
     from ..converters.convert import convert_checkpoint
 
+    hub.configure(timeout=timeout, verbose=verbose)
     summary = convert_checkpoint(src, target, out, outtype=outtype.value, force=force,
                                  progress=sys.stderr.isatty())
     info = read_gguf(summary.out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -13,6 +14,10 @@ from .. import modelfile as mfmod
 from .. import registry
 from ..errors import LocalspecError
 from . import app
+
+TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
+                          help="Seconds a Hub connection or read may wait (default: $LOCALSPEC_HUB_TIMEOUT or 20).")
+HubVerboseOpt = typer.Option(False, "--verbose", help="Show huggingface_hub's retries and warnings.")
 
 
 @app.command()
@@ -61,8 +66,8 @@ def list_(
                           entry.description)
         console.print(table)
         return
-    models = registry.list_models()
-    if not models:
+    models, damaged, orphans = registry.scan()
+    if not (models or damaged or orphans):
         print("no models yet: `localspec create NAME -f Modelfile` or `localspec pull NAME` "
               "(`localspec list --catalog` shows what can be pulled)", file=sys.stderr)
         return
@@ -70,6 +75,11 @@ def list_(
     for m in models:
         table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
+    for name, reason in damaged:
+        table.add_row(name, f"damaged record ({reason})", "-", "-", f"`localspec rm {name}`")
+    for path in orphans:
+        table.add_row(path.stem, "orphaned drafter, no record", path.name, _size(str(path)),
+                      f"`localspec rm {path.stem}`")
     console.print(table)
 
 
@@ -123,8 +133,15 @@ def rm(name: str = typer.Argument(..., help="The model to remove.")) -> None:
 
 
 @app.command()
-def pull(name: str = typer.Argument(..., help="A catalog name (see `localspec list --catalog`).")) -> None:
+def pull(
+    name: str = typer.Argument(..., help="A catalog name (see `localspec list --catalog`)."),
+    timeout: Optional[float] = TimeoutOpt,
+    verbose: bool = HubVerboseOpt,
+) -> None:
     """Download a curated target/drafter pair from the Hugging Face Hub and register it."""
+    from .. import hub
+
+    hub.configure(timeout=timeout, verbose=verbose)
     record = registry_pull(name)
     if record is None:
         print(f"{name} ships with localspec: nothing to download")

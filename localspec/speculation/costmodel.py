@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..atomic import atomic_write
+from ..errors import LocalspecError
+
 CALIBRATE_MAX = 9      # batch sizes measured at load: 1..9 (verify of up to 8 drafts)
 EXTRA_SIZES = (16,)    # measured too, so deep chains interpolate instead of extrapolating
 REPEATS = 3
@@ -147,15 +150,13 @@ class CostModel:
         entry = self.live()
         entry["measured_at"] = time.time()
         data["entries"][self.key] = entry
-        tmp = self.cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.cache)
+        atomic_write(self.cache, json.dumps(data, indent=1))
 
     def save_if_drifted(self) -> None:
         if self.drifted():
             try:
                 self.save()
-            except OSError:
+            except (OSError, LocalspecError):   # a cache only (e.g. a read-only user directory)
                 pass
 
     def to_dict(self) -> dict:
@@ -204,6 +205,6 @@ def load_or_calibrate(key: str, cache: Path,
     if complete:  # an interrupted calibration serves this engine only
         try:
             model.save()
-        except OSError:
+        except (OSError, LocalspecError):
             pass
     return model

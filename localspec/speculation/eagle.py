@@ -257,8 +257,8 @@ class EagleDrafter:
                 self._pending_tokens = self._pending_tokens[:n]
 
     def close(self) -> None:
-        if self._batch:
-            llama_cpp.llama_batch_ext_free(self._batch)
-            self._batch = None
+        batch, self._batch = self._batch, None   # dropped before freed (see llama_model.Model.close)
+        if batch:
+            llama_cpp.llama_batch_ext_free(batch)
         self.ctx.close()
         self.model.close()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import atomic_path, atomic_write
 from ..errors import LocalspecError
 
 # Refuse to start writing when less than this is free where data, checkpoints or the drafter go.
@@ -110,9 +110,7 @@ class DatasetWriter:
                 raise LocalspecError(f"{self.path} exists: pass --resume to continue it, or choose another output")
             self.sequences = load_sequences(self.path)
             # rewrite without a torn tail so appends start on a clean line
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(s.to_json() + "\n" for s in self.sequences), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write(self.path, "".join(s.to_json() + "\n" for s in self.sequences))
         self.keys = {s.key for s in self.sequences}
         self._digests = {s.digest() for s in self.sequences}
         self._fh = open(self.path, "a", encoding="utf-8")
@@ -136,9 +134,8 @@ def write_compressed(sequences: list[Sequence], path: Path) -> Path:
     """The dataset as .jsonl.gz (deterministic bytes: no timestamp), written atomically."""
     path = Path(path)
     check_free_space(path.parent)
-    tmp = path.with_name(path.name + ".partial")
     data = "".join(s.to_json() + "\n" for s in sequences).encode("utf-8")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
-        gz.write(data)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
+            gz.write(data)
     return path

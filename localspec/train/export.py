@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..atomic import atomic_path, atomic_write
 from ..converters.canonical import DrafterConfig
 from ..errors import LocalspecError
 from .dataset import check_free_space
@@ -61,8 +62,9 @@ def write_checkpoint_dir(state_dict: dict, cfg: DrafterConfig, out_dir: Path) ->
     for k, v in tensors.items():
         if v.is_floating_point():
             tensors[k] = v.float()
-    save_file(tensors, str(out_dir / "model.safetensors"))
-    (out_dir / "config.json").write_text(json.dumps(checkpoint_config(cfg, len(d2t)), indent=2) + "\n")
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp))
+    atomic_write(out_dir / "config.json", json.dumps(checkpoint_config(cfg, len(d2t)), indent=2) + "\n")
     return out_dir
 
 

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .. import gguf_consts as K
+from ..atomic import atomic_path, atomic_write
 from ..errors import LocalspecError
 from ..gguf_info import check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
@@ -159,11 +160,11 @@ def save_feature_cache(path: Path, tag: str, feats) -> None:
     except LocalspecError:
         return  # a cache only: without room, a resumed run recomputes the features
     lens = np.array([len(f.tokens) for f in feats], dtype=np.int64)
-    tmp = path.with_name(path.name + ".partial.npz")
-    np.savez(tmp, tag=np.array(tag), lens=lens, n_prompt=np.array([f.n_prompt for f in feats]),
-             tokens=np.concatenate([f.tokens for f in feats]), feats=np.concatenate([f.feats for f in feats]),
-             top_ids=np.concatenate([f.top_ids for f in feats]), top_logits=np.concatenate([f.top_logits for f in feats]))
-    tmp.replace(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:   # a file object: numpy adds no suffix
+        np.savez(fh, tag=np.array(tag), lens=lens, n_prompt=np.array([f.n_prompt for f in feats]),
+                 tokens=np.concatenate([f.tokens for f in feats]), feats=np.concatenate([f.feats for f in feats]),
+                 top_ids=np.concatenate([f.top_ids for f in feats]),
+                 top_logits=np.concatenate([f.top_logits for f in feats]))
 
 
 def load_feature_cache(path: Path, tag: str) -> dict:
@@ -291,7 +292,8 @@ def run(opts: TrainOptions) -> TrainSummary:
         ids = np.load(vocab_path)
     else:
         ids = choose_draft_vocab([s.response for s in train_set], info.n_vocab, opts.draft_vocab)
-        np.save(vocab_path, ids)
+        with atomic_path(vocab_path) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, ids)
     _, _, index = mappings(ids, info.n_vocab)
     summary.vocab_coverage = coverage(ids, [s.response for s in held], info.n_vocab)
     log(f"draft vocabulary: {len(ids)} tokens, held-out coverage {summary.vocab_coverage:.1%}")
@@ -329,8 +331,8 @@ def run(opts: TrainOptions) -> TrainSummary:
     best = torch.load(work / "best.pt", weights_only=False)
     conv = export_gguf(best, cfg, info.path, out, work, outtype=opts.outtype)
     summary.drafter_bytes = conv.size_bytes
-    (work / "summary.json").write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                                                   for k, v in vars(summary).items()}, indent=1))
+    atomic_write(work / "summary.json", json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                                    for k, v in vars(summary).items()}, indent=1))
     log(f"drafter: {out} ({conv.size_bytes / 1e6:.1f} MB, held-out tokens/cycle {state.best_tau:.2f})")
     return summary
 

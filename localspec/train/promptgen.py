@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from ..atomic import atomic_write
+
 CHAT_TOPICS = [
     "staying motivated when working from home", "making new friends after moving to a new city",
     "getting better sleep", "learning a new language as an adult", "planning a weekend camping trip",
@@ -545,7 +547,7 @@ def main() -> None:
         overlap = held & texts
         if overlap:
             raise SystemExit(f"held-out prompts overlap the training set: {sorted(overlap)[:3]}")
-    out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items), encoding="utf-8")
+    atomic_write(out, "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     print(f"{len(items)} prompts -> {out}")
 
 

@@ -20,7 +20,6 @@ correction), so it counts the hard rows after a rejection as often as the runtim
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from torch.nn import functional as F
 
 from ..converters.canonical import DrafterConfig
 from ..converters.reference import EagleReference
+from ..atomic import atomic_path
 from ..errors import LocalspecError
 from .features import SeqFeatures
 
@@ -323,9 +323,8 @@ def _held_id(held: list[SeqFeatures]) -> str:
 
 
 def save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def train(ref: EagleReference, emb: np.ndarray, train_seqs: list[SeqFeatures], held: list[SeqFeatures],
