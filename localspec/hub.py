@@ -173,6 +173,11 @@ def _drop_from_cache(path: Path) -> None:
             pass
 
 
+class FileMissing(LocalspecError):
+    """The repository answered and has no such file (or, offline, the cache has none): the case in
+    which ``pull`` looks for the file under another name. Network failures are not this."""
+
+
 def download(repo: str, filename: str, *, revision: str | None = None, sha256: str | None = None) -> Path:
     """One file of ``repo`` in the HF cache (downloaded unless cached), verified when ``sha256`` is known."""
     try:
@@ -197,7 +202,7 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
         raise
     except hf_errors.LocalEntryNotFoundError:
         if settings["local_files_only"]:
-            raise LocalspecError(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+            raise FileMissing(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
                                  "(unset it to download)") from None
         raise LocalspecError(f"{where}: cannot reach the Hugging Face Hub "
                              f"({settings['endpoint'] or 'huggingface.co'}) and the file is not cached") from None
@@ -209,7 +214,7 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
     except hf_errors.RevisionNotFoundError:
         raise LocalspecError(f"{where}: revision '{revision}' not found in {repo}") from None
     except hf_errors.RemoteEntryNotFoundError:
-        raise LocalspecError(f"{where}: no file '{filename}' in {repo}") from None
+        raise FileMissing(f"{where}: no file '{filename}' in {repo}") from None
     except hf_errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", "?")
         raise LocalspecError(f"{where}: download failed (HTTP {status})") from None
@@ -272,7 +277,8 @@ def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: st
             except LocalspecError as exc:
                 last = exc
         else:
-            raise LocalspecError(f"{repo}: no {' or '.join(CHECKPOINT_WEIGHTS)} found ({last})")
+            error = FileMissing if isinstance(last, FileMissing) else LocalspecError
+            raise error(f"{repo}: no {' or '.join(CHECKPOINT_WEIGHTS)} found ({last})")
     return paths[0].parent
 
 
@@ -382,7 +388,7 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
         for part in parts:   # llama.cpp finds the other parts of a split GGUF next to the first
             download(repo, part, revision=revision)
         return path, filename
-    except LocalspecError as exc:
+    except FileMissing as exc:     # a network failure is reported as it is
         original = exc
     listing = _listing_or_raise(repo, revision, original)
     resolved = repo_files.resolve_gguf(repo, filename, list(parts), listing, list(alternatives))
@@ -406,7 +412,7 @@ def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None
     digests = digests or {}
     try:
         return download_checkpoint(repo, revision=revision, files=files, digests=digests)
-    except LocalspecError as exc:
+    except FileMissing as exc:     # a network failure is reported as it is
         original = exc
     listing = _listing_or_raise(repo, revision, original)
     resolved = repo_files.resolve_checkpoint(repo, files, listing, list(alternatives))

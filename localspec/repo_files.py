@@ -286,7 +286,7 @@ def list_files(repo: str, revision: str | None = None) -> list[str] | None:
     try:
         from huggingface_hub import HfApi
 
-        api = HfApi(endpoint=settings["endpoint"])
-        return sorted(api.list_repo_files(repo, revision=revision))
+        with hub._bounded():   # the Hub timeout, and huggingface_hub's retry warnings quiet
+            return sorted(HfApi(endpoint=settings["endpoint"]).list_repo_files(repo, revision=revision))
     except Exception:   # no listing (network, permissions): the caller reports its original error
         return None
