@@ -13,6 +13,7 @@ in one line. Formats:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,12 +155,22 @@ def _download(repo_id: str) -> Path:
         raise LocalspecError(f"{repo_id}: cannot fetch from the Hugging Face Hub{hint}: {_one_line(exc)}") from None
 
 
+def _looks_like_path(text: str) -> bool:
+    """A local path, not a repo id: it starts with '.', '/' or '~', has more than one separator, or
+    its parent directory exists here (``ckpts/eagle`` beside an existing ``ckpts/``)."""
+    if text.startswith((".", "/", "~")) or text.count(os.sep) > 1 or (os.altsep and os.altsep in text):
+        return True
+    return os.sep in text and Path(text).expanduser().parent.is_dir()
+
+
 def open_checkpoint(src: str | Path) -> Checkpoint:
     """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
     text = str(src)
     path = Path(text).expanduser()
     if not path.exists():
-        if _REPO_ID.match(text) and not text.startswith((".", "/")):
+        if _looks_like_path(text):
+            raise LocalspecError(f"{text}: no such file or directory")
+        if _REPO_ID.match(text):
             path = _download(text)
         else:
             raise LocalspecError(f"{text}: no such file or directory (nor a Hugging Face repo id)")

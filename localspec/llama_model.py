@@ -18,6 +18,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
+from . import options
 from .errors import LocalspecError
 
 _verbose = False
@@ -75,7 +76,7 @@ def _llama_failure(what: str) -> LocalspecError:
     return LocalspecError(f"{what}{detail}")
 
 
-MAX_THREADS = 512   # GGML_MAX_N_THREADS
+MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 
 
 def check_threads(n: int) -> int:

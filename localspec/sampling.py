@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import LocalspecError
+from . import options
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,10 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise LocalspecError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise LocalspecError("top-k must be >= 0 (0 disables it)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise LocalspecError("top-p must be in (0, 1]")
-        if not 0.0 <= self.min_p < 1.0:
-            raise LocalspecError("min-p must be in [0, 1)")
+        # ranges, types and finiteness: localspec.options (one table for every entry point)
+        for name in ("temperature", "top_k", "top_p", "min_p"):
+            object.__setattr__(self, name, options.check(name, getattr(self, name)))
+        object.__setattr__(self, "seed", options.check_seed(self.seed))
 
     @property
     def greedy(self) -> bool:

@@ -26,6 +26,14 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
                 vram: Optional[str] = None, spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``spec``) from the memory plan."""
+    import sys
+
+    from ..options import check_cli, threads_warning
+
+    check_cli(dict(n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))   # before any file or llama.cpp
+    warning = threads_warning(threads)
+    if warning:
+        print(warning, file=sys.stderr)
     spec = spec or resolve(model, target=target, draft=draft)
     # the memory plan (localspec.fit) chooses offload, KV type and verify-sized buffers by default
     from ..fit import plan_for

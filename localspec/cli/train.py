@@ -35,8 +35,11 @@ def train(
     train_threads: Optional[int] = typer.Option(None, "--train-threads", help="torch threads."),
     seed: int = typer.Option(0, "--seed"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
 ) -> None:
     """Train an EAGLE-3.1 drafter on the target's own responses (self-distillation)."""
+    if out.expanduser().is_file() and not (force or resume):   # as `convert`: never overwrite unasked
+        raise LocalspecError(f"{out} exists (use --force to overwrite)")
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -217,6 +217,11 @@ def run(opts: TrainOptions) -> TrainSummary:
     data_seqs = load_sequences(opts.data) if opts.data is not None else None
     if data_seqs is not None and not data_seqs:
         raise LocalspecError(f"{opts.data}: the dataset has no sequences")
+    if data_seqs is not None:   # token ids go to llama.cpp as they are
+        top = max(max(s.prompt + s.response, default=0) for s in data_seqs)
+        if top >= info.n_vocab:
+            raise LocalspecError(f"{opts.data}: token id {top} is outside {target.name}'s vocabulary "
+                                 f"(0..{info.n_vocab - 1})")
     _check_device(opts.device)
     work = Path(opts.work_dir).expanduser() if opts.work_dir else out.with_name(out.stem + ".train")
     check_free_space(out.parent)
