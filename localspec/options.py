@@ -45,6 +45,7 @@ class Option:
     choices: tuple = ()                # str options: the accepted words
     flag: str | None = None            # the CLI flag that sets it
     note: str = ""                     # what the special values mean, shown with the rule
+    label: str = ""                    # the words errors use for it (default: its name)
 
     @property
     def rule(self) -> str:
@@ -107,7 +108,7 @@ class Option:
         ``where`` (e.g. the CLI flag) is added in parentheses."""
         value, bad = self.problem(value)
         if bad:
-            raise LocalspecError(f"{self.name} {bad}" + (f" ({where})" if where else ""))
+            raise LocalspecError(f"{self.label or self.name} {bad}" + (f" ({where})" if where else ""))
         return value
 
 
@@ -131,7 +132,7 @@ def _float(name, lo=None, hi=None, **kw) -> Option:
 # The table: every user value, once.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # sampling (SamplingParams)
-    _int("max_tokens", 1, flag="--max-tokens"),
+    _int("max_tokens", 1, flag="--max-tokens", label="max tokens"),
     _float("temperature", 0.0, flag="--temperature", note="0: greedy"),
     _int("top_k", 0, flag="--top-k", note="0: off"),
     _float("top_p", 0.0, 1.0, lo_open=True, flag="--top-p"),
