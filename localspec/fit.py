@@ -66,6 +66,8 @@ def parse_size(text: str) -> int:
         raise LocalspecError(f"bad size '{text}': use a number with K, M, G or T (e.g. 12G, 8000M)")
     value, unit = float(m.group(1)), (m.group(2) or "b").lower()
     scale = {"b": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[unit[0]]
+    if not value * scale < 1 << 62:   # (inf and nan too) no machine has this much memory
+        raise LocalspecError(f"bad size '{text}': too large")
     return int(value * scale)
 
 

@@ -25,6 +25,7 @@ INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 N_CTX_MIN = 16            # llama.cpp asserts on contexts of a few tokens (its output buffer rows)
 MAX_THREADS = 512         # GGML_MAX_N_THREADS: ggml indexes fixed arrays by thread
+MAX_SEQUENCES = 256       # LLAMA_MAX_SEQ: sequences of one llama.cpp context
 DRAFT_MAX = 32            # deepest draft chain (speculation.policy.MAX_DEPTH)
 TREE_MAX_NODES = 32       # draft nodes of one tree (each leaf a llama.cpp sequence)
 TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's sequences)
@@ -156,6 +157,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("n_ctx", N_CTX_MIN, flag="--ctx"),
     _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic"),
     _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all"),
+    # drafter training (localspec train)
+    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel"),
+    _int("max_new", 1, flag="--max-new"),
+    _int("draft_vocab", 16, flag="--draft-vocab"),
+    _int("ttt_steps", 1, 64, flag="--ttt-steps"),
+    _int("batch_tokens", 64, flag="--batch-tokens"),
+    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only"),
+    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr"),
+    _int("train_threads", 1, MAX_THREADS, flag="--train-threads"),
 )}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -228,18 +229,43 @@ def test_target_head_checks(tiny, tmp_path):
                      contains="not a multiple of its 5 attention heads")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def _without_read_override() -> list[str]:
+    """A command prefix under which file permissions apply: root reads anything unless it gives up
+    CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (setpriv drops them from the bounding set)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot be tested")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+
+
 def test_unreadable_gguf_is_one_line(tiny, tmp_path):
+    """An unreadable GGUF as MODEL, --target, --draft or a Modelfile's FROM / DRAFT: one Error line."""
     d, target, drafter = tiny
     locked = tmp_path / "locked.gguf"
     locked.write_bytes(target.read_bytes())
     locked.chmod(0)
-    assert_one_error(cli("generate", "--target", str(locked), "-p", "hi"), contains="cannot read")
-    assert_one_error(cli("generate", "--target", str(target), "--draft", str(locked), "-p", "hi"),
-                     contains="cannot read")
-    mf = tmp_path / "Modelfile"
-    mf.write_text(f"FROM {locked}\n")
-    assert_one_error(cli("create", "locked", "-f", str(mf)), contains="cannot read")
+    prefix = _without_read_override()
+
+    def run(*args):
+        return subprocess.run([*prefix, sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    try:
+        proc = run("generate", str(locked), "-p", "hi")
+        assert_one_error(proc, contains="cannot read (Permission denied)")
+        assert_one_error(run("generate", "--target", str(locked), "-p", "hi"), contains="cannot read")
+        assert_one_error(run("generate", "--target", str(target), "--draft", str(locked), "-p", "hi"),
+                         contains="cannot read")
+        assert_one_error(run("fit", "--target", str(locked)), contains="cannot read")
+        mf = tmp_path / "Modelfile"
+        for text in (f"FROM {locked}\n", f"FROM {target}\nDRAFT {locked}\n"):
+            mf.write_text(text)
+            assert_one_error(run("create", "locked", "-f", str(mf)), contains="cannot read")
+        proc = run("generate", "--target", str(target), "-p", "hi", "--raw", "-n", "2", "--no-spec")
+        assert proc.returncode == 0, proc.stderr   # the next run works
+    finally:
+        locked.chmod(0o644)
 
 
 def test_unreadable_gguf_read_error_is_a_localspec_error(tmp_path, monkeypatch):

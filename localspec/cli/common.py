@@ -11,8 +11,10 @@ from ..engine import Engine
 from ..models import ModelSpec, resolve
 
 ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
-TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False)
-DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False)
+# readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
+TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False, readable=False)
+DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False,
+                        readable=False)
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
 GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,

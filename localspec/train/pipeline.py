@@ -82,8 +82,8 @@ def parse_duration(text: str) -> float:
             value = float(t)
     except ValueError:
         raise LocalspecError(f"not a duration: '{text}' (examples: 600, 90s, 25m, 1.5h)") from None
-    if value <= 0:
-        raise LocalspecError(f"the duration must be positive (got '{text}')")
+    if not 0 < value < float("inf"):   # nan and inf too
+        raise LocalspecError(f"the duration must be a positive finite number (got '{text}')")
     return value
 
 
