@@ -451,7 +451,7 @@ class Engine:
             return time.perf_counter() > deadline or (cancel is not None and cancel.is_set())
         ctx = self.ctx
         n_ctx_room = self.n_ctx - 1
-        base = min(128, n_ctx_room // 2)
+        base = min(128, n_ctx_room // 2, ctx.n_batch)   # one decode (a small --ctx gives a small n_batch)
         limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
         sizes = [b for b in list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES) if b <= limit]
         filler = [self.model.bos if self.model.bos >= 0 else 0] + [(i * 7919) % self.model.n_vocab for i in range(1, base)]

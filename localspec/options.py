@@ -253,6 +253,8 @@ def check_text(what: str, text: str) -> str:
 
 def check_messages(messages: Iterable) -> None:
     """Chat messages: each with a text role and text content."""
+    if isinstance(messages, (bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise LocalspecError(f"a prompt is text or a list of messages, got {type(messages).__name__}")
     for m in messages:
         role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
         content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)

@@ -113,6 +113,12 @@ def test_context_too_small_or_huge_never_reaches_llama_cpp(tiny, tmp_path):
     mf.write_text(f"FROM {target}\nPARAMETER num_ctx 4\n")
     assert_one_error(cli("create", "small", "-f", str(mf)), contains="PARAMETER num_ctx must be between 16")
     works(target, "--ctx", "16")
+    # the smallest context runs with a drafter and the auto policy too (calibration fits its batch)
+    proc = cli("generate", "--target", str(target), "--draft", str(drafter), "-p", "hi", "--raw", "-n", "30",
+               "--ctx", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["finish_reason"] in ("length", "context")
+    assert_one_error(cli("chat", "--resume", "99999999999999999999"), contains="no conversation with id")
 
 
 def test_the_planner_never_asks_llama_cpp_about_a_context_beyond_the_budget(tiny):

@@ -24,6 +24,8 @@ def _parse_resume(value: str, store) -> int:
         conversation_id = int(value.lstrip("#"))
     except ValueError:
         raise LocalspecError(f"--resume takes a conversation id or 'last', not '{value}'") from None
+    if not 0 <= conversation_id < 2**63:   # an SQLite integer
+        raise LocalspecError(f"no conversation with id {conversation_id} (localspec chat --list shows them)")
     if not store.exists(conversation_id):
         raise LocalspecError(f"no conversation with id {conversation_id} (localspec chat --list shows them)")
     return conversation_id
