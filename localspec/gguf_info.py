@@ -220,9 +220,10 @@ def check_attention(info: GGUFInfo) -> None:
     if n_rot is not None:
         if isinstance(n_rot, bool) or not isinstance(n_rot, (int, np.integer)) or n_rot < 0:
             raise LocalspecError(f"{name}: rope.dimension_count must be a non-negative integer, got {_short(n_rot)}")
-        if n_rot > head_dim or n_rot % 2:
-            raise LocalspecError(f"{name}: rope.dimension_count {n_rot} must be even and at most the "
-                                 f"head size {head_dim}")
+        if n_rot > head_dim or n_rot % 2 or (n_rot == 0 and info.is_drafter):
+            # (a drafter with 0 RoPE dimensions made llama.cpp spin forever in its first draft)
+            raise LocalspecError(f"{name}: rope.dimension_count {n_rot} must be even, "
+                                 f"{'positive ' if info.is_drafter else ''}and at most the head size {head_dim}")
     ff = info.metadata.get(K.key(K.KEY_FEED_FORWARD_LENGTH, info.arch))
     if isinstance(ff, (int, np.integer)) and not isinstance(ff, bool) and ff <= 0 and info.is_drafter:
         raise LocalspecError(f"{name}: feed_forward_length must be positive, got {ff}")

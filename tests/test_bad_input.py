@@ -200,7 +200,7 @@ def test_drafter_rope_dimensions_beyond_its_head_are_refused(tiny, tmp_path):
     """GGML_ASSERT(n_dims <= ne0) used to abort the process."""
     d, target, drafter = tiny
     bad = rewrite_gguf(drafter, tmp_path / "rope.gguf", {"eagle3.rope.dimension_count": (2 * HEAD_DIM, U32)})
-    with pytest.raises(LocalspecError, match="rope.dimension_count 32 must be even and at most the head size 16"):
+    with pytest.raises(LocalspecError, match="rope.dimension_count 32 must be even, positive and at most the head size 16"):
         check_pair(read_gguf(target), read_gguf(bad))
     assert_one_error(cli("generate", "--target", str(target), "--draft", str(bad), "-p", "hi", "-n", "2"),
                      contains="rope.dimension_count")
@@ -212,6 +212,7 @@ def test_drafter_rope_dimensions_beyond_its_head_are_refused(tiny, tmp_path):
     ({"eagle3.attention.head_count": (0, U32)}, "missing or zero eagle3.attention.head_count"),
     ({"eagle3.attention.head_count_kv": (0, U32)}, "cannot be shared by 0 KV heads"),
     ({"eagle3.rope.dimension_count": (15, U32)}, "must be even"),
+    ({"eagle3.rope.dimension_count": (0, U32)}, "must be even, positive"),   # made llama.cpp spin
     ({"eagle3.attention.key_length": (0, U32)}, "key_length must be a positive integer"),
     ({"eagle3.embedding_length": (0, U32)}, "zero embedding size"),
     ({"eagle3.block_count": (2, U32)}, "has one layer"),

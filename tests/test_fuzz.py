@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from localspec.gguf_info import GGUFInfo, check_pair, read_gguf
 from localspec.modelfile import INSTRUCTIONS, PARAMETERS, Modelfile, parse
 from tiny_models import build_drafter, build_target, rewrite_gguf
 
+HANG_SECONDS = 30   # a tiny model loads and generates 4 tokens in well under a second
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
@@ -100,11 +102,15 @@ def test_bench_file_json_lines(objs):
 WORKER = r"""
 import sys
 from localspec import LocalspecError
-from localspec.engine import Engine
+from localspec.engine import Engine, GenerationConfig
+from localspec.speculation.policy import PolicyConfig
+config = GenerationConfig(max_tokens=4, policy=PolicyConfig(name="fixed", draft_max=2))
 for line in sys.stdin:
     target, drafter = (line.rstrip("\n").split("\t") + [""])[:2]
     try:
-        Engine(target, drafter or None, n_ctx=64, n_threads=1).close()
+        with Engine(target, drafter or None, n_ctx=64, n_threads=1) as engine:
+            for _ in engine.generate("hi there", config):   # a prefill, drafts and a verify
+                pass
         print("ok", flush=True)
     except LocalspecError as exc:
         print("error", str(exc).replace("\n", " "), flush=True)
@@ -114,7 +120,8 @@ for line in sys.stdin:
 
 
 class Loader:
-    """One worker process that loads (target, drafter) pairs in llama.cpp through the Engine's checks."""
+    """One worker process that loads (target, drafter) pairs in llama.cpp through the Engine's checks
+    and generates a few tokens with them."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -124,6 +131,10 @@ class Loader:
         assert self.proc.poll() is None, "the loader died earlier"
         self.proc.stdin.write(f"{target}\t{drafter or ''}\n")
         self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], HANG_SECONDS)
+        if not ready:   # a file the checks let through made llama.cpp spin
+            self.proc.kill()
+            raise AssertionError(f"llama.cpp hung for {HANG_SECONDS} s on {target} {drafter}")
         answer = self.proc.stdout.readline()
         assert answer, f"llama.cpp ended the process (exit {self.proc.wait()}) on {target} {drafter}"
         assert not answer.startswith("other"), answer
@@ -242,4 +253,4 @@ def test_check_pair_on_mutated_infos_never_raises_anything_else(tiny):
             check_pair(t, info)
         except LocalspecError:
             continue
-        assert heads and kv_heads and heads % kv_heads == 0 and rope <= 16 and rope % 2 == 0 and n_embd
+        assert heads and kv_heads and heads % kv_heads == 0 and 0 < rope <= 16 and rope % 2 == 0 and n_embd
