@@ -82,9 +82,9 @@ MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 def check_threads(n: int) -> int:
     """``n`` if llama.cpp can run that many threads: ggml indexes fixed arrays by thread, so more
     crashes the process."""
-    if not 1 <= n <= MAX_THREADS:
-        raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got {n}")
-    return n
+    if n == 0:   # "automatic" is resolved before this point
+        raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got 0")
+    return options.check_threads(n)
 
 
 def default_threads(*, reserve: int = 0) -> int:

@@ -146,13 +146,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _float("frequency_penalty", -2.0, 2.0, flag="--frequency-penalty", note="0: off"),
     # speculation (PolicyConfig)
     Option("policy", str, choices=("auto", "fixed"), flag="--policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source"),
-    Option("tree", str, choices=("auto", "on", "off"), flag="--tree"),
+    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source"),
+    Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting"),
     _int("draft_max", 1, DRAFT_MAX, flag="--draft-max"),
     _float("p_min", 0.0, 1.0, flag="--p-min"),
     _int("probe_every", 1),
-    _int("tree_width", 1, TREE_MAX_WIDTH),
-    _int("tree_nodes", 1, TREE_MAX_NODES),
+    _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width"),
+    _int("tree_nodes", 1, TREE_MAX_NODES, label="tree nodes"),
     # model and context (Engine, the memory plan)
     _int("n_ctx", N_CTX_MIN, flag="--ctx"),
     _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic"),

@@ -157,8 +157,8 @@ def test_python_api_checks_the_same_table():
         (lambda: GenerationConfig(stop=["ok", 7]), "stop strings must be text"),
         (lambda: PolicyConfig(draft_max=0), "draft_max must be between 1 and 32"),
         (lambda: PolicyConfig(p_min=float("inf")), "p_min must be a finite number"),
-        (lambda: PolicyConfig(tree="maybe"), "tree must be auto, on or off"),
-        (lambda: PolicyConfig(tree_nodes=99), "tree_nodes must be between 1 and 32"),
+        (lambda: PolicyConfig(tree="maybe"), "tree setting must be auto, on or off"),
+        (lambda: PolicyConfig(tree_nodes=99), "tree nodes must be between 1 and 32"),
     ]:
         with pytest.raises(LocalspecError, match=message.replace("(", r"\(").replace("[", r"\[")):
             make()
