@@ -13,6 +13,7 @@ in one line. Formats:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,13 +179,23 @@ def _checkpoint_subdir(path: Path) -> Path:
     return path
 
 
+def _looks_like_path(text: str) -> bool:
+    """A local path, not a repo id: it starts with '.', '/' or '~', has more than one separator, or
+    its parent directory exists here (``ckpts/eagle`` beside an existing ``ckpts/``)."""
+    if text.startswith((".", "/", "~")) or text.count(os.sep) > 1 or (os.altsep and os.altsep in text):
+        return True
+    return os.sep in text and Path(text).expanduser().parent.is_dir()
+
+
 def open_checkpoint(src: str | Path) -> Checkpoint:
     """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
     text = str(src)
     path = Path(text).expanduser()
     from_hub = False
     if not path.exists():
-        if _REPO_ID.match(text) and not text.startswith((".", "/")):
+        if _looks_like_path(text):
+            raise LocalspecError(f"{text}: no such file or directory")
+        if _REPO_ID.match(text):
             path = _download(text)
             from_hub = True
         else:

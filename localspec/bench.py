@@ -22,6 +22,7 @@ from typing import Callable
 from . import interrupts
 from .chat_format import Message
 from .engine import Engine, GenerationConfig
+from . import options
 from .errors import LocalspecError
 from .events import DoneEvent, GenerationStats
 from .speculation.policy import PolicyConfig
@@ -224,20 +225,34 @@ class BenchReport:
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
+    """A JSONL prompt file: one ``{"prompt": str, "category": str?, "system": str?}`` per line."""
     p = Path(path)
     if not p.is_file():
         raise LocalspecError(f"{p}: no such prompts file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LocalspecError(f"{p}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise LocalspecError(f"{p}: cannot read ({exc.strerror})") from None
     prompts = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{p}:{lineno}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LocalspecError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise LocalspecError(f"{where}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-            raise LocalspecError(f'{p}:{lineno}: expected an object with a non-empty "prompt" string')
-        prompts.append(BenchPrompt(obj["prompt"], str(obj.get("category", "default")), obj.get("system")))
+            raise LocalspecError(f'{where}: expected an object with a non-empty "prompt" string')
+        for key in ("category", "system"):
+            if obj.get(key) is not None and not isinstance(obj[key], str):
+                raise LocalspecError(f'{where}: "{key}" must be a string, got {type(obj[key]).__name__}')
+            if obj.get(key) is not None:
+                options.check_text(f'{where}: "{key}"', obj[key])
+        options.check_text(f'{where}: "prompt"', obj["prompt"])
+        prompts.append(BenchPrompt(obj["prompt"], str(obj.get("category") or "default"), obj.get("system")))
     if not prompts:
         raise LocalspecError(f"{p}: no prompts")
     return prompts

@@ -17,6 +17,7 @@ lazily, only before it drafts). With ``spec=False`` the same loop runs with no d
 from __future__ import annotations
 
 import codecs
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .chat_format import ChatFormatter, Message
+from . import options
 from .errors import LocalspecError
 from .events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
 from .gguf_info import GGUFInfo, check_pair, check_target, read_gguf
@@ -36,7 +38,7 @@ from .speculation import costmodel
 from .speculation.eagle import DRAFTER_BATCH, EagleDrafter
 from .speculation.lookup import NgramLookup, ShadowScore
 from .speculation import tree
-from .speculation.policy import (EAGLE, LOOKUP, POLICIES, SOURCES, TREE, TREES, DraftPolicy, Learned,
+from .speculation.policy import (EAGLE, LOOKUP, TREE, DraftPolicy, Learned,
                                  PolicyConfig, top1_probability)
 
 PROMPT_BATCH = 512
@@ -60,22 +62,13 @@ class GenerationConfig:
     parse_special: bool = True             # a raw str prompt: "<|im_start|>" etc. become special tokens
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise LocalspecError("max tokens must be at least 1")
-        if self.policy.name not in POLICIES:
-            raise LocalspecError(f"unknown policy '{self.policy.name}' (auto or fixed)")
-        if self.policy.source not in SOURCES:
-            raise LocalspecError(f"unknown draft source '{self.policy.source}' (auto, eagle or lookup)")
-        if not 1 <= self.policy.draft_max <= 32:
-            raise LocalspecError("draft-max must be between 1 and 32")
-        if not 0.0 <= self.policy.p_min <= 1.0:
-            raise LocalspecError("--p-min (draft_p_min) must be in [0, 1]")
-        if self.policy.tree not in TREES:
-            raise LocalspecError(f"unknown tree setting '{self.policy.tree}' (auto, on or off)")
-        if not 1 <= self.policy.tree_width <= tree.MAX_WIDTH:
-            raise LocalspecError(f"tree width must be between 1 and {tree.MAX_WIDTH}")
-        if not 1 <= self.policy.tree_nodes <= tree.MAX_NODES:
-            raise LocalspecError(f"tree nodes must be between 1 and {tree.MAX_NODES}")
+        # ranges: localspec.options; the policy and sampling values check themselves
+        self.max_tokens = options.check("max_tokens", self.max_tokens)
+        self.stop = options.check_stop(self.stop)
+        if not isinstance(self.sampling, SamplingParams):
+            raise LocalspecError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
+        if not isinstance(self.policy, PolicyConfig):
+            raise LocalspecError(f"policy must be PolicyConfig, got {type(self.policy).__name__}")
 
 
 def _margin(logits) -> float:
@@ -146,8 +139,11 @@ class Engine:
         if drafter is not None:
             self.drafter_info = read_gguf(drafter)
             check_pair(self.target_info, self.drafter_info)
-        if n_ctx < 16:
-            raise LocalspecError("context size must be at least 16 tokens")
+        n_ctx = options.check_n_ctx(n_ctx, self.target_info.n_ctx_train, model=self.target_info.path.name)
+        if n_threads is not None:
+            n_threads = options.check_threads(n_threads)
+        n_gpu_layers = options.check("gpu_layers", n_gpu_layers)
+        drafter_gpu_layers = options.check("gpu_layers", drafter_gpu_layers)
         # memory plan hook (localspec.fit): KV type, verify-sized logit rows, the plan to report against
         self.plan = plan
         from .fit import KV_TYPES
@@ -171,8 +167,11 @@ class Engine:
             from_modelfile=chat_template is not None,
             bos_token=self.model.piece(self.model.bos).decode("utf-8", "replace") if self.model.bos >= 0 else "",
             eos_token=self.model.piece(self.model.eos).decode("utf-8", "replace") if self.model.eos >= 0 else "",
+            name=("the Modelfile TEMPLATE" if chat_template is not None
+                  else f"the chat template of {self.target_info.path.name}"),
         )
         self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
+        self._verbose = verbose
         self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
@@ -191,8 +190,10 @@ class Engine:
         In a raw prompt, special-token text such as ``<|im_start|>`` becomes the special token, as
         llama.cpp's tools parse it; ``parse_special=False`` keeps it plain text."""
         if isinstance(prompt, str):
+            options.check_text("the prompt", prompt)
             tokens = self.model.tokenize(prompt, add_special=True, parse_special=parse_special)
         else:
+            options.check_messages(prompt)
             text = self.formatter.render(prompt, add_generation_prompt=True)
             tokens = self.model.tokenize(text, add_special=True, parse_special=True)
         if len(tokens) >= 2 and tokens[0] == tokens[1] == self.model.bos:
@@ -214,8 +215,8 @@ class Engine:
             raise LocalspecError("the prompt is empty")
         if len(tokens) >= self.n_ctx:
             raise LocalspecError(
-                f"the prompt has {len(tokens)} tokens, more than the context of {self.n_ctx} allows; "
-                "shorten it or raise --ctx"
+                f"the prompt has {len(tokens)} tokens, more than the context of {self.n_ctx} (n_ctx) allows; "
+                "shorten it or use a larger context"
             )
         if not self._lock.acquire(blocking=False):
             raise LocalspecError("the engine is already generating")
@@ -450,8 +451,13 @@ class Engine:
                         f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
                         costmodel._file_key(self.drafter_info.path if self.drafter is not None else None)))
         self.cost = costmodel.load_or_calibrate(key, user_dir() / "calibration.json",
-                                                lambda: self._calibrate(cancel), refresh=refresh)
+                                                lambda: self._calibrate(cancel), refresh=refresh,
+                                                note=self._verbose_note)
         return self.cost
+
+    def _verbose_note(self, text: str) -> None:
+        if self._verbose:
+            print(f"note: {text}", file=sys.stderr)
 
     def _calibrate(self, cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None,
                                                                           float | None, bool]:
@@ -464,7 +470,7 @@ class Engine:
             return time.perf_counter() > deadline or (cancel is not None and cancel.is_set())
         ctx = self.ctx
         n_ctx_room = self.n_ctx - 1
-        base = min(128, n_ctx_room // 2)
+        base = min(128, n_ctx_room // 2, ctx.n_batch)   # one decode (a small --ctx gives a small n_batch)
         limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
         sizes = [b for b in list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES) if b <= limit]
         filler = [self.model.bos if self.model.bos >= 0 else 0] + [(i * 7919) % self.model.n_vocab for i in range(1, base)]

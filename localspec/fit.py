@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import gguf_consts as K
+from . import options
 from .errors import LocalspecError
 from .gguf_info import GGUFInfo, TensorInfo, check_pair, check_target, read_gguf
 from .speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
@@ -65,6 +66,8 @@ def parse_size(text: str) -> int:
         raise LocalspecError(f"bad size '{text}': use a number with K, M, G or T (e.g. 12G, 8000M)")
     value, unit = float(m.group(1)), (m.group(2) or "b").lower()
     scale = {"b": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[unit[0]]
+    if not value * scale < 1 << 62:   # (inf and nan too) no machine has this much memory
+        raise LocalspecError(f"bad size '{text}': too large")
     return int(value * scale)
 
 
@@ -332,6 +335,7 @@ def plan(target: Layout, drafter: Layout | None, devices: list[DeviceBudget], co
         margins.setdefault(d.name, default_margin(d.budget_bytes, d.is_gpu))
     want_ctx = n_ctx or n_ctx_max or 4096
     if n_ctx is not None:
+        n_ctx = options.check_n_ctx(n_ctx)
         ctx_choices = [n_ctx]
     else:
         ctx_choices, c = [], want_ctx
@@ -344,11 +348,15 @@ def plan(target: Layout, drafter: Layout | None, devices: list[DeviceBudget], co
     if len(gpus) > 1:
         notes.append(f"{len(gpus)} GPUs seen; the plan places layers on {gpus[0].name} only")
 
+    total_budget = sum(d.budget_bytes for d in devices)
     best_fail: Plan | None = None
     for c in ctx_choices:
         for kv in kv_choices:
-            p = _place(target, drafter, cpu_dev, gpu_dev, compute, c, kv, draft_max, gpu_layers,
-                       drafter_gpu_layers, margins, notes)
+            # weights and KV alone over every device's memory: llama.cpp is never asked about this
+            # context (reserving a huge one allocates its cell bookkeeping for real)
+            hopeless = lower_bound(target, drafter, c, kv) > total_budget
+            p = _place(target, drafter, cpu_dev, gpu_dev, (lambda *a: (0, 0)) if hopeless else compute, c, kv,
+                       draft_max, gpu_layers, drafter_gpu_layers, margins, notes)
             if p.fits:
                 return p
             if best_fail is None or p.total_bytes < best_fail.total_bytes:
@@ -359,6 +367,14 @@ def plan(target: Layout, drafter: Layout | None, devices: list[DeviceBudget], co
     best_fail.reason = ("does not fit even at context " f"{best_fail.n_ctx} with {best_fail.kv_type} KV: "
                         + "; ".join(over))
     return best_fail
+
+
+def lower_bound(target: Layout, drafter: Layout | None, n_ctx: int, kv: str) -> int:
+    """Bytes a context of ``n_ctx`` needs at the least: the weights and both KV caches."""
+    total = target.weights_bytes + int(n_ctx * sum(target.kv_per_token) * KV_TYPES[kv][1])
+    if drafter is not None:
+        total += drafter.weights_bytes + int(n_ctx * sum(drafter.kv_per_token) * KV_TYPES["f32"][1])
+    return total
 
 
 def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_dev: DeviceBudget | None,
@@ -459,6 +475,7 @@ class LlamaCompute:
         from .engine import target_context
         from .llama_model import Context, Model
 
+        n_ctx = options.check_n_ctx(n_ctx)   # never a llama.cpp context from an unchecked value
         tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True)
         tc = dm = dc = None
         try:
@@ -505,6 +522,10 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     from . import backends
 
     tinfo = read_gguf(target)
+    if n_ctx is not None:   # before llama.cpp is asked anything about it
+        n_ctx = options.check_n_ctx(n_ctx, tinfo.n_ctx_train, model=tinfo.path.name)
+    if draft_max is not None:
+        draft_max = options.check("draft_max", draft_max)
     dinfo = read_gguf(drafter) if drafter else None
     if dinfo is not None:
         check_pair(tinfo, dinfo)  # llama.cpp aborts the process on a mismatched pair
@@ -602,8 +623,9 @@ def plan_for(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: int 
             print(f"note: context {n_ctx} does not fit the memory budget; using {flexible.n_ctx} "
                   f"({flexible.kv_type} KV)", file=sys.stderr)
             p = flexible
-        else:
-            print(f"warning: the memory plan {p.reason}", file=sys.stderr)
+        else:   # not even the smallest context fits: nothing is allocated beyond the budget
+            raise LocalspecError(f"the model does not fit the memory budget: {p.reason} "
+                                 "(see `localspec fit`)")
     simulated_gpu = any(d.name == "GPU" for d in p.devices)
     ngl = p.target.gpu_layers if not simulated_gpu else 0
     dngl = p.drafter.gpu_layers if (p.drafter and not simulated_gpu) else 0

@@ -98,18 +98,29 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
     def meta(template: str) -> Any:
         return kv.get(K.key(template, arch))
 
+    def count(template: str) -> int:
+        """A size or count from the header: a non-negative integer (0 when absent)."""
+        value = meta(template)
+        if value is None:
+            return 0
+        if isinstance(value, (bool, float, str, bytes)) or not isinstance(value, (int, np.integer)):
+            raise LocalspecError(f"{p}: {K.key(template, arch)} must be an integer, got {_short(value)}")
+        if value < 0:
+            raise LocalspecError(f"{p}: {K.key(template, arch)} must not be negative, got {value}")
+        return int(value)
+
     metadata = {k: v for k, v in kv.items() if not k.startswith(K.KEY_TOKENIZER_PREFIX)}
     tokens = kv.get(K.KEY_TOKENIZER_TOKENS)
-    n_vocab = len(tokens) if isinstance(tokens, list) else int(meta(K.KEY_VOCAB_SIZE) or 0)
+    n_vocab = len(tokens) if isinstance(tokens, list) else count(K.KEY_VOCAB_SIZE)
 
     info: dict[str, Any] = dict(
         path=p,
         arch=arch,
         name=str(kv.get(K.KEY_NAME) or p.stem),
         size_bytes=size,
-        n_embd=int(meta(K.KEY_EMBEDDING_LENGTH) or 0),
-        n_layer=int(meta(K.KEY_BLOCK_COUNT) or 0),
-        n_ctx_train=int(meta(K.KEY_CONTEXT_LENGTH) or 0),
+        n_embd=count(K.KEY_EMBEDDING_LENGTH),
+        n_layer=count(K.KEY_BLOCK_COUNT),
+        n_ctx_train=count(K.KEY_CONTEXT_LENGTH),
         n_vocab=n_vocab,
         tokenizer_sha256=_tokenizer_sha(header),
         chat_template=kv.get(K.KEY_CHAT_TEMPLATE),
@@ -118,10 +129,14 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
     )
     if arch == K.EAGLE3_ARCH:
         layers = meta(K.KEY_TARGET_LAYERS)
+        if layers is not None and not (isinstance(layers, (list, np.ndarray))
+                                       and all(isinstance(x, (int, np.integer)) for x in layers)):
+            raise LocalspecError(f"{p}: {K.key(K.KEY_TARGET_LAYERS, arch)} must be a list of integers, "
+                                 f"got {_short(layers)}")
         d2t = tensors.get(K.T_D2T)
         info.update(
             target_layers=tuple(int(x) for x in layers) if layers is not None else None,
-            target_hidden_size=int(meta(K.KEY_TARGET_HIDDEN_SIZE) or 0) or None,
+            target_hidden_size=count(K.KEY_TARGET_HIDDEN_SIZE) or None,
             variant=str(kv.get(K.KEY_LS_VARIANT) or K.VARIANT_EAGLE3),
             fc_norm=bool(kv.get(K.KEY_LS_FC_NORM) or False),
             fc_norm_eps=kv.get(K.KEY_LS_FC_NORM_EPS),
@@ -133,6 +148,11 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
     return GGUFInfo(**info)
 
 
+def _short(value: Any) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def read_gguf(path: str | Path) -> GGUFInfo:
     """Metadata of a GGUF file, or LocalspecError with one line saying what is wrong."""
     p = Path(path).expanduser()
@@ -140,9 +160,12 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         raise LocalspecError(f"{p}: no such file")
     if not p.is_file():
         raise LocalspecError(f"{p}: not a file")
-    with open(p, "rb") as fh:
-        if fh.read(4) != GGUF_MAGIC:
-            raise LocalspecError(f"{p}: not a GGUF file")
+    try:
+        with open(p, "rb") as fh:
+            if fh.read(4) != GGUF_MAGIC:
+                raise LocalspecError(f"{p}: not a GGUF file")
+    except OSError as exc:   # unreadable (permissions), or gone since
+        raise LocalspecError(f"{p}: cannot read ({exc.strerror or exc})") from None
     st = p.stat()
     return _read_cached(str(p.resolve()), st.st_mtime_ns, st.st_size)
 
@@ -152,19 +175,83 @@ def read_tensor(info: GGUFInfo, name: str) -> np.ndarray:
     return GGUFHeader(info.path).tensor_data(name)
 
 
+def _per_layer(info: GGUFInfo, template: str) -> list[int] | None:
+    """A head count: one integer, or one per layer (GGUF arrays); None when absent."""
+    value = info.metadata.get(K.key(template, info.arch))
+    if value is None:
+        return None
+    items = value.tolist() if isinstance(value, np.ndarray) else value if isinstance(value, list) else [value]
+    if not items or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in items):
+        raise LocalspecError(f"{info.path.name}: {K.key(template, info.arch)} must be non-negative integers, "
+                             f"got {_short(value)}")
+    return [int(x) for x in items]
+
+
+def check_attention(info: GGUFInfo) -> None:
+    """Sizes llama.cpp divides by or builds tensors from (it aborts the process, or divides by zero,
+    on a file where they disagree): heads dividing the embedding, KV heads dividing heads, RoPE
+    dimensions within a head (and even), nothing zero that must not be."""
+    name = info.path.name
+    if info.n_embd <= 0 or info.n_layer <= 0:
+        raise LocalspecError(f"{name}: missing or zero embedding size or layer count")
+    n_head = _per_layer(info, K.KEY_HEAD_COUNT)
+    if n_head is None or not any(n_head):
+        raise LocalspecError(f"{name}: missing or zero {K.key(K.KEY_HEAD_COUNT, info.arch)}")
+    n_head_kv = _per_layer(info, K.KEY_HEAD_COUNT_KV) or n_head
+    for counts, what in ((n_head, "head_count"), (n_head_kv, "head_count_kv")):
+        if len(counts) not in (1, info.n_layer):
+            raise LocalspecError(f"{name}: attention.{what} lists {len(counts)} layers, the model has {info.n_layer}")
+    n_head = n_head * info.n_layer if len(n_head) == 1 else n_head
+    n_head_kv = n_head_kv * info.n_layer if len(n_head_kv) == 1 else n_head_kv
+    for h, hkv in zip(n_head, n_head_kv):
+        if h and (hkv == 0 or h % hkv):
+            raise LocalspecError(f"{name}: {h} attention heads cannot be shared by {hkv} KV heads "
+                                 "(head_count_kv must divide head_count)")
+    head = max(n_head)
+    key_len = info.metadata.get(K.key(K.KEY_KEY_LENGTH, info.arch))
+    val_len = info.metadata.get(K.key(K.KEY_VALUE_LENGTH, info.arch))
+    for what, v in (("key_length", key_len), ("value_length", val_len)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0):
+            raise LocalspecError(f"{name}: attention.{what} must be a positive integer, got {_short(v)}")
+    if key_len is None and info.n_embd % head:
+        raise LocalspecError(f"{name}: embedding size {info.n_embd} is not a multiple of its {head} attention heads")
+    head_dim = int(key_len) if key_len is not None else info.n_embd // head
+    n_rot = info.metadata.get(K.key(K.KEY_ROPE_DIMENSION_COUNT, info.arch))
+    if n_rot is not None:
+        if isinstance(n_rot, bool) or not isinstance(n_rot, (int, np.integer)) or n_rot < 0:
+            raise LocalspecError(f"{name}: rope.dimension_count must be a non-negative integer, got {_short(n_rot)}")
+        if n_rot > head_dim or n_rot % 2 or (n_rot == 0 and info.is_drafter):
+            # (a drafter with 0 RoPE dimensions made llama.cpp spin forever in its first draft)
+            raise LocalspecError(f"{name}: rope.dimension_count {n_rot} must be even, "
+                                 f"{'positive ' if info.is_drafter else ''}and at most the head size {head_dim}")
+    ff = info.metadata.get(K.key(K.KEY_FEED_FORWARD_LENGTH, info.arch))
+    if isinstance(ff, (int, np.integer)) and not isinstance(ff, bool) and ff <= 0 and info.is_drafter:
+        raise LocalspecError(f"{name}: feed_forward_length must be positive, got {ff}")
+
+
 def check_target(target: GGUFInfo) -> None:
     if target.is_drafter:
         raise LocalspecError(f"{target.path.name} is an EAGLE-3 drafter, not a target model")
     if target.n_vocab <= 0 or target.n_embd <= 0:
         raise LocalspecError(f"{target.path.name}: missing vocabulary or embedding size")
+    if target.arch in K.FEATURE_ARCHS or target.arch == "llama":
+        check_attention(target)   # the architectures localspec runs as targets: llama-style attention
+
+
+def check_drafter(drafter: GGUFInfo) -> None:
+    """A drafter's own sizes (the pair checks come on top, in :func:`check_pair`)."""
+    if not drafter.is_drafter:
+        raise LocalspecError(f"{drafter.path.name} is not an EAGLE-3 drafter (architecture '{drafter.arch}')")
+    check_attention(drafter)
+    if drafter.n_layer != 1:
+        raise LocalspecError(f"{drafter.path.name}: an EAGLE-3 drafter has one layer, this one says {drafter.n_layer}")
 
 
 def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
     """Every check that keeps llama.cpp from aborting on a target/drafter mismatch."""
     t, d = target.path.name, drafter.path.name
     check_target(target)
-    if not drafter.is_drafter:
-        raise LocalspecError(f"{d} is not an EAGLE-3 drafter (architecture '{drafter.arch}')")
+    check_drafter(drafter)
     if target.arch not in K.FEATURE_ARCHS:
         raise LocalspecError(
             f"target architecture '{target.arch}' ({t}) cannot export layer features in this llama.cpp; "

@@ -18,7 +18,7 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from . import interrupts
+from . import interrupts, options
 from .errors import LocalspecError
 
 _verbose = False
@@ -107,15 +107,15 @@ def _llama_failure(what: str) -> LocalspecError:
     return LocalspecError(f"{what}{detail}")
 
 
-MAX_THREADS = 512   # GGML_MAX_N_THREADS
+MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 
 
 def check_threads(n: int) -> int:
     """``n`` if llama.cpp can run that many threads: ggml indexes fixed arrays by thread, so more
     crashes the process."""
-    if not 1 <= n <= MAX_THREADS:
-        raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got {n}")
-    return n
+    if n == 0:   # "automatic" is resolved before this point
+        raise LocalspecError(f"threads must be between 1 and {MAX_THREADS} (0: automatic), got 0")
+    return options.check_threads(n)
 
 
 def default_threads(*, reserve: int = 0) -> int:

@@ -31,11 +31,13 @@ Every error is a :class:`LocalspecError` reading ``FILE:LINE: what was wrong (wh
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import options
 from .errors import LocalspecError
 
 INSTRUCTIONS = ("FROM", "DRAFT", "PARAMETER", "TEMPLATE", "SYSTEM", "MESSAGE", "LICENSE")
@@ -63,41 +65,51 @@ def _str(v: str) -> str:
 
 
 # name -> (parse, what is expected, check or None). Ollama's documented parameters are accepted
-# (and kept) even where localspec's engine does not use them yet; the sampling ones it uses
-# (models.OPTION_FOR_PARAMETER) are checked against SamplingParams' ranges.
+# (and kept) even where localspec's engine does not use them yet.
 _TYPES: dict[Callable[[str], Any], str] = {_int: "an integer", _float: "a number", _bool: "true or false", _str: "a string"}
 
+# Parameters that set a localspec option are checked by localspec.options (one range table for
+# every entry point), with the Ollama values that mean "automatic" or "no limit" accepted besides.
+OPTION_FOR = {
+    "num_ctx": ("n_ctx", ()), "num_predict": ("max_tokens", (-1, -2)), "temperature": ("temperature", ()),
+    "top_k": ("top_k", ()), "top_p": ("top_p", ()), "min_p": ("min_p", ()), "seed": ("seed", ()),
+    "repeat_last_n": ("repeat_last_n", ()), "repeat_penalty": ("repeat_penalty", ()),
+    "presence_penalty": ("presence_penalty", ()), "frequency_penalty": ("frequency_penalty", ()),
+    "num_thread": ("threads", (0,)), "num_gpu": ("gpu_layers", ()),
+    "draft_max": ("draft_max", ()), "draft_policy": ("policy", ()), "draft_p_min": ("p_min", ()),
+}
+
 OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
-    "num_ctx": (_int, lambda x: x >= 1, "at least 1"),
-    "num_predict": (_int, lambda x: x >= 1 or x in (-1, -2), "at least 1 (or -1: no limit)"),
-    "temperature": (_float, lambda x: x >= 0, ">= 0"),
-    "top_k": (_int, lambda x: x >= 0, ">= 0"),
-    "top_p": (_float, lambda x: 0 < x <= 1, "in (0, 1]"),
-    "min_p": (_float, lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "num_ctx": (_int, None, ""),
+    "num_predict": (_int, None, ""),
+    "temperature": (_float, None, ""),
+    "top_k": (_int, None, ""),
+    "top_p": (_float, None, ""),
+    "min_p": (_float, None, ""),
     "typical_p": (_float, lambda x: 0 < x <= 1, "in (0, 1]"),
     "seed": (_int, None, ""),
     "stop": (_str, lambda x: x != "", "not empty"),
-    "repeat_last_n": (_int, lambda x: x >= -1, ">= -1"),
-    "repeat_penalty": (_float, lambda x: 0 < x <= 10, "in (0, 10] (1: off)"),
-    "presence_penalty": (_float, lambda x: -2 <= x <= 2, "between -2 and 2"),
-    "frequency_penalty": (_float, lambda x: -2 <= x <= 2, "between -2 and 2"),
+    "repeat_last_n": (_int, None, ""),
+    "repeat_penalty": (_float, None, ""),
+    "presence_penalty": (_float, None, ""),
+    "frequency_penalty": (_float, None, ""),
     "mirostat": (_int, lambda x: x in (0, 1, 2), "0, 1 or 2"),
     "mirostat_eta": (_float, None, ""),
     "mirostat_tau": (_float, None, ""),
-    "num_keep": (_int, None, ""),
-    "num_batch": (_int, lambda x: x >= 1, "at least 1"),
+    "num_keep": (_int, lambda x: -1 <= x <= options.INT32_MAX, f"between -1 and {options.INT32_MAX}"),
+    "num_batch": (_int, lambda x: 1 <= x <= options.INT32_MAX, f"between 1 and {options.INT32_MAX}"),
     "num_gpu": (_int, None, ""),
-    "num_thread": (_int, lambda x: 0 <= x <= 512, "between 0 and 512"),
+    "num_thread": (_int, None, ""),
     "penalize_newline": (_bool, None, ""),
     "use_mmap": (_bool, None, ""),
 }
 
 # localspec's speculative parameters.
 SPEC_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
-    "draft_max": (_int, lambda x: 1 <= x <= 32, "between 1 and 32"),          # draft depth
-    "draft_policy": (_str, lambda x: x in ("auto", "fixed"), "auto or fixed"),
-    "draft_tree": (_bool, None, ""),                                          # tree drafting on/off
-    "draft_p_min": (_float, lambda x: 0 <= x <= 1, "in [0, 1]"),              # confidence cut-off
+    "draft_max": (_int, None, ""),                # draft depth
+    "draft_policy": (_str, None, ""),             # auto or fixed
+    "draft_tree": (_bool, None, ""),              # tree drafting on/off
+    "draft_p_min": (_float, None, ""),            # confidence cut-off
 }
 
 PARAMETERS = {**OLLAMA_PARAMETERS, **SPEC_PARAMETERS}
@@ -122,8 +134,21 @@ def check_parameter(name: str, raw: Any) -> Any:
         if type(raw) is not expected:
             raise ValueError(f"PARAMETER {key} expects {_TYPES[parse]}, got {raw!r}")
         value = raw
+    shown = raw.strip() if isinstance(raw, str) else repr(value)
+    if key in OPTION_FOR:
+        option, extra = OPTION_FOR[key]
+        if value not in extra or isinstance(value, bool):
+            value, bad = options.OPTIONS[option].problem(value)
+            if bad:
+                raise ValueError(f"PARAMETER {key} {bad.rsplit(', got ', 1)[0]}, got {shown}")
+    elif parse is _float and not math.isfinite(value):
+        raise ValueError(f"PARAMETER {key} must be a finite number, got {shown}")
+    elif parse is _str:
+        try:
+            options.check_text(f"PARAMETER {key}", value)
+        except LocalspecError as exc:
+            raise ValueError(str(exc)) from None
     if check is not None and not check(value):
-        shown = raw.strip() if isinstance(raw, str) else repr(value)
         raise ValueError(f"PARAMETER {key} must be {rule}, got {shown}")
     return value
 
@@ -234,6 +259,7 @@ _EXPECTS = {
 
 def parse(text: str, path: str | Path = "Modelfile", base_dir: Path | None = None) -> Modelfile:
     """Parse Modelfile text. ``path`` names it in errors; ``base_dir`` anchors relative paths."""
+    options.check_text(f"{path}", text)
     src = _Lines(text, str(path))
     fields: dict[str, Any] = {"parameters": {}, "messages": [], "license": []}
     lines: dict[str, int] = {}

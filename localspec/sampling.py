@@ -13,17 +13,13 @@ would follow (earlier drafts of the same cycle), so every position gets plain de
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import LocalspecError
+from . import options
 from .penalties import PenaltyWindow
-
-MAX_REPEAT_PENALTY = 10.0
-MAX_PRESENCE_FREQUENCY = 2.0   # OpenAI's range for presence_penalty and frequency_penalty: [-2, 2]
 
 
 @dataclass(frozen=True)
@@ -42,23 +38,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise LocalspecError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise LocalspecError("top-k must be >= 0 (0 disables it)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise LocalspecError("top-p must be in (0, 1]")
-        if not 0.0 <= self.min_p < 1.0:
-            raise LocalspecError("min-p must be in [0, 1)")
-        if not (math.isfinite(self.repeat_penalty) and 0.0 < self.repeat_penalty <= MAX_REPEAT_PENALTY):
-            raise LocalspecError(f"repeat penalty must be in (0, {MAX_REPEAT_PENALTY:g}] (1: off)")
-        n = self.repeat_last_n
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < -1:
-            raise LocalspecError("repeat-last-n must be an integer >= -1 (0: off, -1: the whole context)")
-        for name, value in (("presence", self.presence_penalty), ("frequency", self.frequency_penalty)):
-            if not (math.isfinite(value) and abs(value) <= MAX_PRESENCE_FREQUENCY):
-                raise LocalspecError(f"{name} penalty must be between -{MAX_PRESENCE_FREQUENCY:g} "
-                                     f"and {MAX_PRESENCE_FREQUENCY:g} (0: off)")
+        # ranges, types and finiteness: localspec.options (one table for every entry point)
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                     "presence_penalty", "frequency_penalty"):
+            object.__setattr__(self, name, options.check(name, getattr(self, name)))
+        object.__setattr__(self, "seed", options.check_seed(self.seed))
 
     @property
     def greedy(self) -> bool:

@@ -35,12 +35,12 @@ N_FF = 128
 N_LAYER = 4
 
 
-def _copy_tokenizer(writer, source: Path) -> int:
+def _copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = ()) -> int:
     import gguf
 
     header = GGUFHeader(source)
     for key, value in header.kv.items():
-        if key.startswith("tokenizer."):
+        if key.startswith("tokenizer.") and key not in skip:
             kind, sub = header.types[key]
             if kind == ARRAY:
                 items = value.tolist() if isinstance(value, np.ndarray) else list(value)
@@ -57,13 +57,15 @@ def unit_embeddings(n_vocab: int, seed: int = 0) -> np.ndarray:
 
 
 def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed: int = 0,
-                 n_layer: int = N_LAYER, noise: float = 0.35) -> Path:
+                 n_layer: int = N_LAYER, noise: float = 0.35, chat_template: str | None = None) -> Path:
     import gguf
 
     rng = np.random.default_rng(seed + 1)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{kind}")
-    n_vocab = _copy_tokenizer(writer, embedded_target())
+    n_vocab = _copy_tokenizer(writer, embedded_target(), skip=(K.KEY_CHAT_TEMPLATE,) if chat_template else ())
+    if chat_template:
+        writer.add_chat_template(chat_template)
     writer.add_context_length(4096)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(n_layer)
@@ -142,3 +144,32 @@ def drafter_weights(kind: str = "repeat", *, variant: str = K.VARIANT_EAGLE3, d2
 
 def build_drafter(path: Path, target: Path, kind: str = "repeat", **kwargs) -> Path:
     return write_drafter_gguf(drafter_weights(kind, **kwargs), target, path, outtype="f32")
+
+
+def rewrite_gguf(src: Path, dst: Path, changes: dict) -> Path:
+    """A copy of GGUF ``src`` with metadata changed: ``changes`` maps a key to ``(value, GGUFValueType)``
+    (``sub_type`` as a third item for arrays), or to None to drop it. Tensors are copied as they are
+    (plain-typed tensors only, as the tiny models have)."""
+    import gguf
+
+    header = GGUFHeader(src)
+    writer = gguf.GGUFWriter(str(dst), str(header.kv["general.architecture"]))
+    for key, value in header.kv.items():
+        if key == "general.architecture" or key in changes:
+            continue
+        kind, sub = header.types[key]
+        if kind == ARRAY:
+            items = value.tolist() if isinstance(value, np.ndarray) else list(value)
+            writer.add_key_value(key, items, gguf.GGUFValueType(kind), sub_type=gguf.GGUFValueType(sub))
+        else:
+            writer.add_key_value(key, value, gguf.GGUFValueType(kind))
+    for key, change in changes.items():
+        if change is not None:
+            writer.add_key_value(key, change[0], change[1], sub_type=change[2] if len(change) > 2 else None)
+    for name in header.tensors:
+        writer.add_tensor(name, header.tensor_data(name))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst

@@ -29,7 +29,9 @@ from textual.widgets.option_list import Option
 from localspec.chat_format import Message
 from localspec.conversations import Conversation, ConversationStore
 from localspec.engine import Engine, GenerationConfig
+from localspec import options
 from localspec.errors import LocalspecError
+from localspec.options import check_text
 from localspec.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
 from localspec.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
@@ -280,7 +282,13 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             policy=str(self.query_one("#set-policy", Select).value),
             draft_max=number("#set-draft-max", int, "draft max"),
         )
-        s.config(True)  # the engine's own checks name what is out of range
+        # the ranges of localspec.options, named as the dialog labels them
+        for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
+                            ("top_p", "top-p"), ("draft_max", "draft max")):
+            opt = options.OPTIONS[name]
+            opt.check(getattr(s, name), where=None if label == (opt.label or opt.name) else label)
+        check_text("the system prompt", s.system)
+        s.config(True)  # and everything else the configuration checks
         return s
 
     @on(Button.Pressed, "#save")

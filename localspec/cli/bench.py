@@ -50,6 +50,9 @@ def bench(
     """Greedy plain and speculative decoding of each prompt, side by side."""
     from ..bench import DEFAULT_MODES
 
+    from ..options import check_cli
+
+    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
     items = load_prompts(prompts)
     draft_max = default_draft_max(policy, draft_max)
     config = GenerationConfig(max_tokens=max_tokens,

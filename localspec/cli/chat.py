@@ -28,6 +28,8 @@ def _parse_resume(value: str, store) -> int:
         conversation_id = int(value.lstrip("#"))
     except ValueError:
         raise LocalspecError(f"--resume takes a conversation id or 'last', not '{value}'") from None
+    if not 0 <= conversation_id < 2**63:   # an SQLite integer
+        raise LocalspecError(f"no conversation with id {conversation_id} (localspec chat --list shows them)")
     if not store.exists(conversation_id):
         raise LocalspecError(f"no conversation with id {conversation_id} (localspec chat --list shows them)")
     return conversation_id
@@ -117,6 +119,12 @@ def chat(
         resume_id = _parse_resume(resume, store) if resume is not None else None
         from ..models import resolve
 
+        from ..options import check_cli, check_text, threads_warning
+
+        check_cli(dict(max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, threads=threads,
+                       gpu_layers=gpu_layers))
+        if system is not None:
+            check_text("the system prompt", system)
         spec = resolve(model, target=target, draft=draft)
         for label, path in (("target", spec.target), ("drafter", spec.drafter)):
             if path is not None and not Path(path).is_file():
@@ -132,10 +140,17 @@ def chat(
                                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
+        from ..gguf_info import read_gguf
         from ..llama_model import check_threads, default_threads
+        from ..options import check_n_ctx
+
+        check_n_ctx(ctx, read_gguf(spec.target).n_ctx_train, model=Path(spec.target).name)  # before the UI
 
         if threads:
             check_threads(threads)   # before the UI starts, not in it
+            warning = threads_warning(threads)
+            if warning:
+                print(warning, file=sys.stderr)
         else:
             # the UI renders the reply on a core of its own: with llama.cpp on every core, its spinning
             # workers and the UI preempt each other (measured on 2 cores: plain 59-61 tok/s with 2 threads,

@@ -11,8 +11,10 @@ from ..engine import Engine
 from ..models import ModelSpec, resolve
 
 ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
-TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False)
-DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False)
+# readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
+TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False, readable=False)
+DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False,
+                        readable=False)
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
 ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
 GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
@@ -35,6 +37,14 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
                 vram: Optional[str] = None, spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``spec``) from the memory plan."""
+    import sys
+
+    from ..options import check_cli, threads_warning
+
+    check_cli(dict(n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))   # before any file or llama.cpp
+    warning = threads_warning(threads)
+    if warning:
+        print(warning, file=sys.stderr)
     spec = spec or resolve(model, target=target, draft=draft)
     # the memory plan (localspec.fit) chooses offload, KV type and verify-sized buffers by default
     from ..fit import plan_for

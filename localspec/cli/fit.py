@@ -15,6 +15,7 @@ from .. import backends
 from ..errors import LocalspecError
 from ..fit import KV_TYPES, fmt_size, parse_size, plan_files
 from ..models import resolve
+from ..options import check_cli
 from . import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
 
@@ -42,12 +43,9 @@ def fit(
     """Plan memory for the target and drafter together, on the GPU and in RAM."""
     vram_b = parse_size(vram) if vram is not None else None
     ram_b = parse_size(ram) if ram is not None else None
-    if ctx is not None and ctx < 16:
-        raise LocalspecError("--ctx must be at least 16")
+    check_cli(dict(n_ctx=ctx, draft_max=draft_max, gpu_layers=gpu_layers, threads=threads))
     if kv_type is not None and kv_type not in KV_TYPES:
         raise LocalspecError(f"unknown KV type '{kv_type}' ({', '.join(KV_TYPES)})")
-    if draft_max is not None and not 1 <= draft_max <= 32:
-        raise LocalspecError("--draft-max must be between 1 and 32")
     spec = resolve(model, target=target, draft=draft)
     for label, path in (("target", spec.target), ("drafter", spec.drafter)):
         if path is not None and not Path(path).is_file():

@@ -15,6 +15,7 @@ from ..engine import GenerationConfig
 from ..errors import LocalspecError
 from ..events import DoneEvent, TokenEvent
 from ..models import apply_model_defaults, resolve
+from ..options import check_cli, check_text
 from ..sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
@@ -154,6 +155,11 @@ def generate(
              repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
              frequency_penalty=frequency_penalty),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
+    check_cli(dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, draft_max=draft_max, p_min=p_min, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
+    check_text("the prompt", prompt)
+    if system is not None:
+        check_text("the system prompt", system)
     config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                           min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
                           source=source, tree=tree, p_min=p_min, repeat_penalty=repeat_penalty,

@@ -35,8 +35,18 @@ def train(
     train_threads: Optional[int] = typer.Option(None, "--train-threads", help="torch threads."),
     seed: int = typer.Option(0, "--seed"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
 ) -> None:
     """Train an EAGLE-3.1 drafter on the target's own responses (self-distillation)."""
+    from ..options import check_cli
+
+    check_cli(dict(parallel=parallel, max_new=max_new, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
+                   batch_tokens=batch_tokens, max_steps=max_steps, lr=lr, threads=threads,
+                   train_threads=train_threads, seed=seed))
+    if seed == -1:   # training is always seeded (reproducible runs)
+        raise LocalspecError("seed must be between 0 and 4294967295 for training, got -1 (--seed)")
+    if out.expanduser().is_file() and not (force or resume):   # as `convert`: never overwrite unasked
+        raise LocalspecError(f"{out} exists (use --force to overwrite)")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -45,8 +55,6 @@ def train(
     from ..train.pipeline import TrainOptions, parse_duration, run
     from .train_progress import ProgressView
 
-    if parallel < 1 or max_new < 1 or draft_vocab < 16 or ttt_steps < 1 or batch_tokens < 64:
-        raise LocalspecError("--parallel, --max-new, --ttt-steps must be positive, --draft-vocab at least 16, --batch-tokens at least 64")
     opts = TrainOptions(
         target=target or default_target(), out=out, prompts=prompts, data=data, work_dir=work_dir, device=device,
         time_budget_s=parse_duration(time_budget), gen_time_s=parse_duration(gen_time) if gen_time else None,

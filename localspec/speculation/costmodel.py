@@ -142,10 +142,8 @@ class CostModel:
         if self.cache is None or not self.key:
             return
         try:
-            data = json.loads(self.cache.read_text()) if self.cache.is_file() else {}
-            if data.get("version") != CACHE_VERSION:
-                data = {"version": CACHE_VERSION, "entries": {}}
-        except (OSError, ValueError):
+            data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
+        except (OSError, ValueError):   # a cache of the wrong shape is replaced
             data = {"version": CACHE_VERSION, "entries": {}}
         entry = self.live()
         entry["measured_at"] = time.time()
@@ -185,21 +183,58 @@ def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
     return out
 
 
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+def read_cache(cache: Path) -> dict:
+    """The cache file's data, ``{"version": CACHE_VERSION, "entries": {key: entry}}``; ValueError
+    saying what is wrong when the file is not of that shape (it is then treated as absent)."""
+    try:
+        data = json.loads(cache.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON text ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError("not an object with an \"entries\" object")
+    if data.get("version") != CACHE_VERSION:
+        raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
+    return data
+
+
+def _entry_figures(entry) -> tuple[dict[int, float], float | None, float | None]:
+    """(verify seconds by batch size, drafter step, drafter width) of one cache entry; ValueError
+    unless every figure is a positive finite number and the one-token cost is there."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("verify"), dict):
+        raise ValueError("an entry without a \"verify\" object")
+    verify = {}
+    for b, sec in entry["verify"].items():
+        if not (isinstance(b, str) and b.isdigit() and 0 < int(b) <= 4096 and _positive(sec)):
+            raise ValueError(f"a bad verify figure {b!r}: {sec!r}")
+        verify[int(b)] = float(sec)
+    if 1 not in verify:
+        raise ValueError("no one-token verify cost")
+    extra = [entry.get("drafter_step"), entry.get("drafter_width")]
+    if any(x is not None and not _positive(x) for x in extra):
+        raise ValueError(f"a bad drafter figure {extra!r}")
+    return verify, *(float(x) if x is not None else None for x in extra)
+
+
 def load_or_calibrate(key: str, cache: Path,
                       calibrate: Callable[[], tuple[dict[int, float], float | None, float | None, bool]],
-                      *, refresh: bool = False) -> CostModel:
-    """The cached figures for ``key``, else a fresh calibration (written to the cache)."""
+                      *, refresh: bool = False, note: Callable[[str], None] | None = None) -> CostModel:
+    """The cached figures for ``key``, else a fresh calibration (written to the cache). A cache of
+    the wrong shape counts as absent (``note`` hears why: the engine prints it under --verbose)."""
     if not refresh and cache.is_file():
         try:
-            data = json.loads(cache.read_text())
-            entry = data.get("entries", {}).get(key) if data.get("version") == CACHE_VERSION else None
-            if entry:
-                verify = {int(b): float(s) for b, s in entry["verify"].items()}
-                if 1 in verify and all(s > 0 for s in verify.values()):
-                    return CostModel(verify, entry.get("drafter_step"), key=key, cache=cache,
-                                     drafter_width=entry.get("drafter_width"))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            entry = read_cache(cache)["entries"].get(key)
+            if entry is not None:
+                verify, drafter_step, drafter_width = _entry_figures(entry)
+                return CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
+        except OSError:
             pass
+        except ValueError as exc:
+            if note is not None:
+                note(f"{cache}: ignored ({exc}); calibrating again")
     verify, drafter_step, drafter_width, complete = calibrate()
     model = CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
     if complete:  # an interrupted calibration serves this engine only

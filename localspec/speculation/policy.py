@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import options
 from .costmodel import CostModel
 
-POLICIES = ("auto", "fixed")
-SOURCES = ("auto", "eagle", "lookup")
-TREES = ("auto", "on", "off")
+POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
+SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
+TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
 EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
-MAX_DEPTH = 32
+MAX_DEPTH = options.DRAFT_MAX
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16)  # lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16+
 DECAY = 0.97           # weight of past observations, per observation of a position
 MARGIN = 1.03          # speculation must beat plain decoding by this factor
@@ -49,6 +50,12 @@ class PolicyConfig:
     tree: str = "auto"          # drafter trees: auto (where batching is cheap), on (always), off (chains)
     tree_width: int = 4         # branches expanded per depth, children offered by each
     tree_nodes: int = 24        # most draft nodes in a tree
+
+    def __post_init__(self) -> None:
+        # ranges and choices: localspec.options
+        self.name = options.check("policy", self.name)
+        for name in ("draft_max", "p_min", "probe_every", "source", "tree", "tree_width", "tree_nodes"):
+            setattr(self, name, options.check(name, getattr(self, name)))
 
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:

@@ -26,10 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import options
+
 WIDTH = 4          # candidates expanded per depth, and children offered by each
-MAX_NODES = 32     # draft nodes verified at most (plus the root); also the most leaves, each a
-                   # llama.cpp sequence of the target context (built with 1 + MAX_NODES)
-MAX_WIDTH = 8      # the drafter context has 1 + MAX_WIDTH sequences
+# draft nodes verified at most (plus the root); also the most leaves, each a llama.cpp sequence
+# of the target context (built with 1 + MAX_NODES)
+MAX_NODES = options.TREE_MAX_NODES
+MAX_WIDTH = options.TREE_MAX_WIDTH   # the drafter context has 1 + MAX_WIDTH sequences
 BANDS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # draft probability band edges
 DECAY = 0.995
 

@@ -66,6 +66,17 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
+def _token(t) -> int:
+    """A token id from a dataset line: a non-negative integer (JSON true/1.5/"7" are not)."""
+    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31:
+        raise ValueError(t)
+    return t
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def load_sequences(path: Path) -> list[Sequence]:
     """Read a dataset file (.jsonl or .jsonl.gz), deduplicated; a torn last line (interrupted write) is skipped."""
     path = Path(path)
@@ -74,17 +85,22 @@ def load_sequences(path: Path) -> list[Sequence]:
     out: list[Sequence] = []
     keys: set[str] = set()
     digests: set[str] = set()
-    with _open_text(path) as fh:
-        lines = fh.read().splitlines()
+    try:
+        with _open_text(path) as fh:
+            lines = fh.read().splitlines()
+    except UnicodeDecodeError:
+        raise LocalspecError(f"{path}: not a dataset (expected UTF-8 JSON lines{', gzipped' if path.suffix == '.gz' else ''})") from None
+    except (OSError, EOFError) as exc:   # unreadable, or not (or a truncated) gzip file
+        raise LocalspecError(f"{path}: cannot read the dataset ({_one_line(exc)})") from None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-            seq = Sequence(str(obj["key"]), str(obj.get("category", "")), [int(t) for t in obj["prompt"]],
-                           [int(t) for t in obj["response"]], str(obj.get("finish", "stop")),
+            seq = Sequence(str(obj["key"]), str(obj.get("category", "")), [_token(t) for t in obj["prompt"]],
+                           [_token(t) for t in obj["response"]], str(obj.get("finish", "stop")),
                            str(obj.get("group", "")))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             if lineno == len(lines):
                 continue
             raise LocalspecError(f"{path}:{lineno}: not a dataset record") from None

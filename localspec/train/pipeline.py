@@ -83,8 +83,8 @@ def parse_duration(text: str) -> float:
             value = float(t)
     except ValueError:
         raise LocalspecError(f"not a duration: '{text}' (examples: 600, 90s, 25m, 1.5h)") from None
-    if value <= 0:
-        raise LocalspecError(f"the duration must be positive (got '{text}')")
+    if not 0 < value < float("inf"):   # nan and inf too
+        raise LocalspecError(f"the duration must be a positive finite number (got '{text}')")
     return value
 
 
@@ -218,6 +218,11 @@ def run(opts: TrainOptions) -> TrainSummary:
     data_seqs = load_sequences(opts.data) if opts.data is not None else None
     if data_seqs is not None and not data_seqs:
         raise LocalspecError(f"{opts.data}: the dataset has no sequences")
+    if data_seqs is not None:   # token ids go to llama.cpp as they are
+        top = max(max(s.prompt + s.response, default=0) for s in data_seqs)
+        if top >= info.n_vocab:
+            raise LocalspecError(f"{opts.data}: token id {top} is outside {target.name}'s vocabulary "
+                                 f"(0..{info.n_vocab - 1})")
     _check_device(opts.device)
     work = Path(opts.work_dir).expanduser() if opts.work_dir else out.with_name(out.stem + ".train")
     check_free_space(out.parent)

@@ -1,0 +1,263 @@
+"""Every value a user can set, with its type and range stated once, checked before llama.cpp,
+numpy or the file system sees it.
+
+CLI flags, Modelfile PARAMETERs, bench files, the chat's settings and the Python API
+(``SamplingParams``, ``GenerationConfig``, ``PolicyConfig``, ``Engine``) all check through
+:data:`OPTIONS`. A check says what is wrong with a value (``"must be in (0, 1], got 2"``); each
+caller names the value its own way: the API by its field name (``top_p must be ...``), the CLI with
+its flag appended (``top_p must be ..., got 2 (--top-p)``), a Modelfile by its PARAMETER.
+
+Integer widths: sizes and counts are llama.cpp ``int32``; the seed is a ``uint32`` (numpy's
+generator takes it as is), ``-1`` (or no seed) meaning a random one. Floats must be finite.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .errors import LocalspecError
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+N_CTX_MIN = 16            # llama.cpp asserts on contexts of a few tokens (its output buffer rows)
+MAX_THREADS = 512         # GGML_MAX_N_THREADS: ggml indexes fixed arrays by thread
+MAX_SEQUENCES = 256       # LLAMA_MAX_SEQ: sequences of one llama.cpp context
+DRAFT_MAX = 32            # deepest draft chain (speculation.policy.MAX_DEPTH)
+TREE_MAX_NODES = 32       # draft nodes of one tree (each leaf a llama.cpp sequence)
+TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's sequences)
+RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
+
+
+@dataclass(frozen=True)
+class Option:
+    """One value: its type, its range (closed unless ``*_open``), extra accepted values and choices."""
+
+    name: str
+    kind: type                         # int, float, str or bool
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple = ()                # values accepted outside the range (e.g. seed -1)
+    choices: tuple = ()                # str options: the accepted words
+    flag: str | None = None            # the CLI flag that sets it
+    note: str = ""                     # what the special values mean, shown with the rule
+    label: str = ""                    # the words errors use for it (default: its name)
+
+    @property
+    def rule(self) -> str:
+        """The range in words: ">= 0", "in (0, 1]", "between 1 and 32", "auto or fixed"."""
+        if self.choices:
+            words = list(self.choices)
+            return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+        lo, hi = self.lo, self.hi
+        fmt = (lambda x: str(int(x))) if self.kind is int else (lambda x: f"{x:g}")
+        if lo is not None and hi is not None:
+            if self.kind is int:
+                text = f"between {fmt(lo)} and {fmt(hi)}"
+            else:
+                text = f"in {'(' if self.lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if self.hi_open else ']'}"
+        elif lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {fmt(lo)}"
+        elif hi is not None:
+            text = f"{'<' if self.hi_open else '<='} {fmt(hi)}"
+        else:
+            text = "a finite number" if self.kind is float else f"a {self.kind.__name__}"
+        return f"{text} ({self.note})" if self.note else text
+
+    def problem(self, value: Any) -> tuple[Any, str | None]:
+        """(the value in its type, None) or (value, what is wrong: "must be >= 0, got -1")."""
+        shown = _show(value)
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                return value, f"must be true or false, got {shown}"
+            return value, None
+        if self.kind is str:
+            if not isinstance(value, str):
+                return value, f"must be {self.rule}, got {shown}"
+            if self.choices and value not in self.choices:
+                return value, f"must be {self.rule}, got '{value}'"
+            return value, None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            what = "an integer" if self.kind is int else "a number"
+            return value, f"must be {what}, got {shown}"
+        if self.kind is int:
+            if not isinstance(value, numbers.Integral):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    return value, f"must be an integer, got {shown}"
+            value = int(value)
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                return value, f"must be a finite number, got {shown}"
+        if value in self.special:
+            return value, None
+        lo_bad = self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
+        hi_bad = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
+        if lo_bad or hi_bad:
+            return value, f"must be {self.rule}, got {shown}"
+        return value, None
+
+    def check(self, value: Any, *, where: str | None = None) -> Any:
+        """The value in its type, or LocalspecError naming it: ``NAME must be ..., got V``;
+        ``where`` (e.g. the CLI flag) is added in parentheses."""
+        value, bad = self.problem(value)
+        if bad:
+            raise LocalspecError(f"{self.label or self.name} {bad}" + (f" ({where})" if where else ""))
+        return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if value.strip() == value and value else repr(value)
+    if isinstance(value, float):
+        return f"{value:g}" if math.isfinite(value) else str(value)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(name, lo=None, hi=INT32_MAX, **kw) -> Option:
+    return Option(name, int, lo, hi, **kw)
+
+
+def _float(name, lo=None, hi=None, **kw) -> Option:
+    return Option(name, float, lo, hi, **kw)
+
+
+# The table: every user value, once.
+OPTIONS: dict[str, Option] = {o.name: o for o in (
+    # sampling (SamplingParams)
+    _int("max_tokens", 1, flag="--max-tokens", label="max tokens"),
+    _float("temperature", 0.0, flag="--temperature", note="0: greedy"),
+    _int("top_k", 0, flag="--top-k", note="0: off"),
+    _float("top_p", 0.0, 1.0, lo_open=True, flag="--top-p"),
+    _float("min_p", 0.0, 1.0, flag="--min-p"),
+    _int("seed", 0, UINT32_MAX, special=(RANDOM_SEED,), flag="--seed", note="-1: random"),
+    # penalties (SamplingParams; as llama.cpp: repeat 1 = off, presence/frequency 0 = off)
+    _float("repeat_penalty", 0.0, 10.0, lo_open=True, flag="--repeat-penalty", note="1: off"),
+    _int("repeat_last_n", -1, flag="--repeat-last-n", note="-1: the whole context, 0: off"),
+    _float("presence_penalty", -2.0, 2.0, flag="--presence-penalty", note="0: off"),
+    _float("frequency_penalty", -2.0, 2.0, flag="--frequency-penalty", note="0: off"),
+    # speculation (PolicyConfig)
+    Option("policy", str, choices=("auto", "fixed"), flag="--policy"),
+    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source"),
+    Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting"),
+    _int("draft_max", 1, DRAFT_MAX, flag="--draft-max"),
+    _float("p_min", 0.0, 1.0, flag="--p-min"),
+    _int("probe_every", 1),
+    _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width"),
+    _int("tree_nodes", 1, TREE_MAX_NODES, label="tree nodes"),
+    # model and context (Engine, the memory plan)
+    _int("n_ctx", N_CTX_MIN, flag="--ctx"),
+    _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic"),
+    _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all"),
+    # drafter training (localspec train)
+    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel"),
+    _int("max_new", 1, flag="--max-new"),
+    _int("draft_vocab", 16, flag="--draft-vocab"),
+    _int("ttt_steps", 1, 64, flag="--ttt-steps"),
+    _int("batch_tokens", 64, flag="--batch-tokens"),
+    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only"),
+    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr"),
+    _int("train_threads", 1, MAX_THREADS, flag="--train-threads"),
+)}
+
+
+def check(name: str, value: Any, *, where: str | None = None) -> Any:
+    """``OPTIONS[name].check(value)``: the value in its type, or one-line LocalspecError."""
+    return OPTIONS[name].check(value, where=where)
+
+
+def check_cli(values: dict[str, Any]) -> dict[str, Any]:
+    """Options from command-line flags (None: not given): errors name the value and its flag."""
+    out = {}
+    for name, value in values.items():
+        opt = OPTIONS[name]
+        out[name] = value if value is None else opt.check(value, where=opt.flag)
+    return out
+
+
+def check_seed(seed: Any, *, where: str | None = None) -> int | None:
+    """A seed for numpy's generator: None for a random one (no seed, or -1)."""
+    if seed is None:
+        return None
+    seed = check("seed", seed, where=where)
+    return None if seed == RANDOM_SEED else seed
+
+
+def check_stop(stop: Any) -> tuple[str, ...]:
+    """Stop strings: a sequence of text; empty ones never match and are dropped."""
+    if isinstance(stop, str):
+        stop = (stop,)
+    try:
+        items = tuple(stop)
+    except TypeError:
+        raise LocalspecError(f"stop must be a list of strings, got {_show(stop)}") from None
+    for s in items:
+        if not isinstance(s, str):
+            raise LocalspecError(f"stop strings must be text, got {_show(s)}")
+        check_text("a stop string", s)
+    return tuple(s for s in items if s)
+
+
+def check_n_ctx(n_ctx: Any, n_ctx_train: int | None = None, *, model: str = "the model",
+                where: str | None = None) -> int:
+    """A context size: at least :data:`N_CTX_MIN`, an int32, and at most the context the model was
+    trained for (``n_ctx_train`` from its GGUF header; 0 or None: unknown)."""
+    n_ctx = check("n_ctx", n_ctx, where=where)
+    if n_ctx_train and n_ctx > n_ctx_train:
+        raise LocalspecError(f"n_ctx {n_ctx} is above the {n_ctx_train} tokens {model} was trained for"
+                             + (f" ({where})" if where else ""))
+    return n_ctx
+
+
+def check_threads(n: Any, *, where: str | None = None) -> int:
+    return check("threads", n, where=where)
+
+
+def threads_warning(n: int | None) -> str | None:
+    """A warning when ``n`` llama.cpp threads exceed the cores this process may use (its workers
+    spin while they wait: more threads than cores runs many times slower)."""
+    if not n:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        cores = os.cpu_count() or 1
+    if n > cores:
+        return (f"warning: {n} threads on {cores} core{'s' if cores != 1 else ''}: llama.cpp's threads spin "
+                f"while they wait, so more threads than cores is much slower (try --threads {cores})")
+    return None
+
+
+def check_text(what: str, text: str) -> str:
+    """Text that can be encoded as UTF-8: a command-line argument with invalid bytes arrives as lone
+    surrogates (Python's surrogateescape), a JSON file can spell one out (``"\\ud800"``)."""
+    if not isinstance(text, str):
+        raise LocalspecError(f"{what} must be text, got {_show(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        code = ord(bad)
+        byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise LocalspecError(f"{what} is not valid UTF-8 text ({byte} at character {exc.start})") from None
+    return text
+
+
+def check_messages(messages: Iterable) -> None:
+    """Chat messages: each with a text role and text content."""
+    if isinstance(messages, (bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise LocalspecError(f"a prompt is text or a list of messages, got {type(messages).__name__}")
+    for m in messages:
+        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if not isinstance(role, str) or not role:
+            raise LocalspecError(f"a message needs a role (system, user or assistant), got {_show(role)}")
+        check_text("the prompt" if role == "user" else f"the {role} message", content)
