@@ -122,7 +122,8 @@ def chat(
         from ..options import check_cli, check_text, threads_warning
 
         check_cli(dict(max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, threads=threads,
-                       gpu_layers=gpu_layers))
+                       gpu_layers=gpu_layers, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
         if system is not None:
             check_text("the system prompt", system)
         spec = resolve(model, target=target, draft=draft)

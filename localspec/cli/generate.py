@@ -156,7 +156,9 @@ def generate(
              frequency_penalty=frequency_penalty),
         lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
     check_cli(dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   seed=seed, draft_max=draft_max, p_min=p_min, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
+                   seed=seed, draft_max=draft_max, p_min=p_min, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                   frequency_penalty=frequency_penalty))
     check_text("the prompt", prompt)
     if system is not None:
         check_text("the system prompt", system)
