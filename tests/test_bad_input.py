@@ -18,7 +18,6 @@ import gguf
 import pytest
 
 from localspec import LocalspecError, options
-from localspec import gguf_consts as K
 from localspec.chat_format import ChatFormatter
 from localspec.engine import GenerationConfig
 from localspec.gguf_info import check_pair, read_gguf

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 from localspec import gguf_consts as K  # noqa: E402
 from localspec.converters.convert import convert_checkpoint  # noqa: E402
 from localspec.converters.export import export_drafter  # noqa: E402
-from localspec.converters.gguf_reader import read_drafter_gguf, stored_types  # noqa: E402
+from localspec.converters.gguf_reader import read_drafter_gguf  # noqa: E402
 from localspec.converters.gguf_writer import write_drafter_gguf  # noqa: E402
 from localspec.engine import Engine, GenerationConfig  # noqa: E402
 from localspec.errors import LocalspecError  # noqa: E402

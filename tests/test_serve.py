@@ -4,7 +4,6 @@ output, and Prometheus metrics read with prometheus_client's own parser."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

@@ -15,7 +15,7 @@ from ..engine import GenerationConfig
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
-from .generate import Policy, Source, Tree, TreeOpt, default_draft_max
+from .spec_options import Policy, Source, Tree, TreeOpt, default_draft_max
 
 
 @app.command()

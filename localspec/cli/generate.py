@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +11,6 @@ import typer
 
 from ..chat_format import Message
 from ..engine import GenerationConfig
-from ..errors import LocalspecError
 from ..events import DoneEvent, TokenEvent
 from ..models import apply_model_defaults, resolve
 from ..options import check_cli, check_text
@@ -20,35 +18,8 @@ from ..sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
-
-
-class Policy(str, Enum):
-    auto = "auto"
-    fixed = "fixed"
-
-
-def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:
-    """auto chooses the depth each cycle up to a generous cap; fixed always drafts the cap."""
-    if draft_max is not None:
-        return draft_max
-    return PolicyConfig().draft_max if policy == Policy.auto else 4
-
-
-class Source(str, Enum):
-    auto = "auto"
-    eagle = "eagle"
-    lookup = "lookup"
-
-
-class Tree(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
-
-
-TreeOpt = typer.Option(Tree.auto, "--tree",
-                       help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
-                            "on (always), off (chains only).")
+from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,  # noqa: F401
+                           default_draft_max)
 
 
 PENALTY_DEFAULTS = SamplingParams()   # generate stays greedy with penalties off unless asked
@@ -111,15 +82,12 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message (or raw text with --raw)."),
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding, no drafter."),
-    policy: Policy = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
-                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
-    source: Source = typer.Option(Source.auto, "--source",
-                                  help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    no_spec: bool = NoSpecOpt,
+    policy: Policy = PolicyOpt,
+    draft_max: Optional[int] = DraftMaxOpt,
+    source: Source = SourceOpt,
     tree: Tree = TreeOpt,
-    p_min: float = typer.Option(PolicyConfig.p_min, "--p-min",
-                                help="auto: the drafter stops drafting below this confidence."),
+    p_min: float = PMinOpt,
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
     top_k: int = typer.Option(40, "--top-k"),

@@ -14,7 +14,8 @@ from ..errors import LocalspecError
 from ..models import apply_model_defaults, resolve
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
-from .generate import Policy, Source, Tree, TreeOpt, default_draft_max
+from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,
+                           default_draft_max)
 
 from ..speculation.policy import PolicyConfig
 
@@ -59,15 +60,12 @@ def serve(
                                              help="Default max_tokens of a request (default: up to the context's end)."),
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding, no drafter."),
-    policy: Policy = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
-                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
-    source: Source = typer.Option(Source.auto, "--source",
-                                  help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    no_spec: bool = NoSpecOpt,
+    policy: Policy = PolicyOpt,
+    draft_max: Optional[int] = DraftMaxOpt,
+    source: Source = SourceOpt,
     tree: Tree = TreeOpt,
-    p_min: float = typer.Option(PolicyConfig.p_min, "--p-min",
-                                help="auto: the drafter stops drafting below this confidence."),
+    p_min: float = PMinOpt,
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
