@@ -164,7 +164,7 @@ def test_python_api_checks_the_same_table():
     assert SamplingParams(seed=-1).seed is None           # -1: a random seed, as llama.cpp
     assert SamplingParams(min_p=1.0).min_p == 1.0         # one rule for min_p everywhere: [0, 1]
     assert GenerationConfig(stop=["", "x"]).stop == ("x",)
-    assert options.OPTIONS["repeat_penalty"].rule.startswith("> 0")   # room for the penalty fields
+    assert options.OPTIONS["repeat_penalty"].rule.startswith("in (0, 10]")   # SamplingParams checks its penalties here too
 
 
 def test_modelfile_parameters_use_the_same_table(tiny, tmp_path):

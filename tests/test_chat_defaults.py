@@ -95,10 +95,10 @@ def test_generate_penalty_flags(reference):
     assert json.loads(proc.stdout)["text"] == reference["flags"]
     proc = cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
     assert json.loads(proc.stdout)["text"] == reference["off"]            # generate stays greedy, no penalties
-    for flag, value, what in (("--repeat-penalty", "0", "repeat penalty"), ("--repeat-last-n", "-5", "repeat-last-n"),
-                              ("--frequency-penalty", "3", "frequency penalty")):
+    for flag, value, what in (("--repeat-penalty", "0", "repeat_penalty"), ("--repeat-last-n", "-5", "repeat_last_n"),
+                              ("--frequency-penalty", "3", "frequency_penalty")):
         proc = cli("generate", "--prompt", "x", "-n", "2", flag, value)
-        assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and what in proc.stderr
+        assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and what in proc.stderr and flag in proc.stderr
         assert proc.stderr.count("\n") == 1
 
 

@@ -208,7 +208,7 @@ def test_errors_have_openais_shape_and_status(server):
     r = server.http.post(url, json={**good, "presence_penalty": 3})
     assert r.status_code == 400 and error_of(r)["param"] == "presence_penalty"
     r = server.http.post(url, json={**good, "repeat_penalty": 50})
-    assert r.status_code == 400 and "repeat penalty" in error_of(r)["message"]
+    assert r.status_code == 400 and "repeat_penalty" in error_of(r)["message"]
     r = server.http.get("/v1/nothing-here")
     assert r.status_code == 404 and error_of(r)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"   # no key needed

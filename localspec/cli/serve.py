@@ -85,8 +85,9 @@ def serve(
         raise LocalspecError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
         raise LocalspecError("--queue-size must be at least 1")
-    if max_tokens is not None and max_tokens < 1:
-        raise LocalspecError("--max-tokens must be at least 1")
+    from ..options import check_cli
+
+    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min))
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
