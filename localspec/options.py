@@ -115,7 +115,7 @@ class Option:
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
-        return repr(value) if value.strip() == value and value else repr(value)
+        return repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
     if isinstance(value, float):
         return f"{value:g}" if math.isfinite(value) else str(value)
     text = repr(value)
