@@ -31,6 +31,7 @@ _callback_codes: set[CodeType] = set()
 _pending = threading.Event()
 _installed = False
 _watcher: threading.Thread | None = None
+_closing = False   # set once report() has run: later Ctrl-Cs are ignored
 _lock = threading.Lock()
 _deferred_raised_at = float("-inf")
 
@@ -81,6 +82,8 @@ def _retrigger() -> None:
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     global _watcher, _deferred_raised_at
+    if _closing:   # "Interrupted." is printed and the process is on its way out
+        return
     if _in_callback(frame):
         _pending.set()
         if _watcher is None:
@@ -101,7 +104,8 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 def install() -> None:
     """Use the deferring SIGINT handler (main thread only; a no-op elsewhere or when the program
     has put a SIGINT handler of its own in place)."""
-    global _installed
+    global _installed, _closing
+    _closing = False
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -134,7 +138,15 @@ def is_interrupt(exc: BaseException | None) -> bool:
 
 
 def report() -> int:
-    """Print the one line a Ctrl-C ends with; return the exit status (130, as shells use)."""
+    """Print the one line a Ctrl-C ends with; return the exit status (130, as shells use).
+
+    Further Ctrl-Cs (a second key press, or the watcher's re-trigger crossing this exit) are ignored
+    from here on: one arriving during interpreter shutdown would kill the process by the signal
+    after the line was printed."""
+    global _closing
+    with _lock:
+        _pending.clear()
+        _closing = True
     try:
         print("Interrupted.", file=sys.stderr, flush=True)
     except (OSError, ValueError):
