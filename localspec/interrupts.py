@@ -141,8 +141,7 @@ def report() -> int:
     """Print the one line a Ctrl-C ends with; return the exit status (130, as shells use).
 
     Further Ctrl-Cs (a second key press, or the watcher's re-trigger crossing this exit) are ignored
-    from here on: one arriving during interpreter shutdown would kill the process by the signal
-    after the line was printed."""
+    from here on, so none raises again while the process exits."""
     global _closing
     with _lock:
         _pending.clear()
