@@ -15,9 +15,9 @@ import argparse
 import json
 import time
 
-from localspec.gguf_info import read_gguf
-from localspec.llama_model import Context, Model, set_verbose
-from localspec.paths import default_target
+from localspec.formats.gguf_info import read_gguf
+from localspec.llama.llama_model import Context, Model, set_verbose
+from localspec.core.paths import default_target
 from localspec.train.datagen import measure_throughput
 from localspec.train.pipeline import prompt_token_ids
 from localspec.train.prompts import load_prompts

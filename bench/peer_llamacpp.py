@@ -35,11 +35,11 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from localspec.bench import load_prompts
-from localspec.chat_format import Message
-from localspec.engine import Engine, GenerationConfig
-from localspec.events import DoneEvent
-from localspec.models import resolve
+from localspec.runtime.bench import load_prompts
+from localspec.formats.chat_format import Message
+from localspec.runtime.engine import Engine, GenerationConfig
+from localspec.core.events import DoneEvent
+from localspec.store.models import resolve
 from localspec.speculation.policy import PolicyConfig
 
 TOOL = "llama-speculative-simple"

@@ -2,7 +2,7 @@
 
 Layout readers produce a :class:`DrafterWeights`; :mod:`.gguf_writer` turns it into a GGUF that
 stock llama.cpp loads as ``eagle3``. Conventions of the canonical form:
-- tensors are keyed by their GGUF names (``localspec.gguf_consts.T_*``) and stored as float32 numpy
+- tensors are keyed by their GGUF names (``localspec.formats.gguf_consts.T_*``) and stored as float32 numpy
   arrays in PyTorch orientation (``[out_features, in_features]``);
 - q/k projections are already permuted for llama.cpp's rope (``LLAMA_ROPE_TYPE_NORM``);
 - EAGLE-3.1 ``fc_norm`` weights are already folded into ``fc.weight`` (``fc_norm`` stays True so
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from localspec import gguf_consts as K
+from localspec.formats import gguf_consts as K
 
 
 @dataclass

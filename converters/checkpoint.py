@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from localspec.errors import LocalspecError
+from localspec.core.errors import LocalspecError
 
 from .provenance import provenance
 
@@ -148,9 +148,9 @@ def _download(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
     except ImportError:  # pragma: no cover - declared dependency
         raise LocalspecError("downloading from the Hugging Face Hub needs huggingface_hub") from None
-    from localspec import hub
+    from localspec.store import hub
 
-    try:   # bounded waits, quiet retries (see localspec.hub); the cache serves an unreachable Hub
+    try:   # bounded waits, quiet retries (see localspec.store.hub); the cache serves an unreachable Hub
         return hub.snapshot(repo_id, lambda **kw: Path(snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS, **kw)))
     except LocalspecError:
         raise

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.atomic import atomic_path
-from localspec.errors import LocalspecError
-from localspec.gguf_info import check_pair, check_target, read_gguf
+from localspec.core.atomic import atomic_path
+from localspec.core.errors import LocalspecError
+from localspec.formats.gguf_info import check_pair, check_target, read_gguf
 
 from .checkpoint import open_checkpoint
 from .gguf_writer import OUTTYPES, write_gguf_file

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from localspec import gguf_consts as K
-from localspec.errors import LocalspecError
+from localspec.formats import gguf_consts as K
+from localspec.core.errors import LocalspecError
 
 from .canonical import DrafterWeights
 from .gguf_reader import read_drafter_gguf, stored_types

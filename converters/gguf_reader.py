@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec import gguf_consts as K
-from localspec.errors import LocalspecError
-from localspec.gguf_info import read_gguf
-from localspec.gguf_native import TENSOR_NUMPY, GGUFHeader
+from localspec.formats import gguf_consts as K
+from localspec.core.errors import LocalspecError
+from localspec.formats.gguf_info import read_gguf
+from localspec.llama.gguf_native import TENSOR_NUMPY, GGUFHeader
 
 from .canonical import DrafterConfig, DrafterWeights
 

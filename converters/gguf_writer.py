@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from localspec import gguf_consts as K
-from localspec.atomic import atomic_path
-from localspec.errors import LocalspecError
-from localspec.gguf_native import ARRAY, GGUFHeader
+from localspec.formats import gguf_consts as K
+from localspec.core.atomic import atomic_path
+from localspec.core.errors import LocalspecError
+from localspec.llama.gguf_native import ARRAY, GGUFHeader
 
 from .canonical import DrafterWeights
 from .provenance import base_name, looks_like_path
@@ -58,7 +58,7 @@ def write_drafter_gguf(weights: DrafterWeights, target_gguf: str | Path, out: st
 
 def write_gguf_file(weights: DrafterWeights, target_gguf: str | Path, tmp: str | Path, *,
                     outtype: str = "f16", progress: bool = False) -> Path:
-    """Write the drafter to ``tmp`` as it is (a partial file of :func:`localspec.atomic.atomic_path`)."""
+    """Write the drafter to ``tmp`` as it is (a partial file of :func:`localspec.core.atomic.atomic_path`)."""
     import gguf
 
     if outtype not in OUTTYPES:

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 # Imported on first use, so that `localspec` (the command) starts its Ctrl-C handling before the
 # heavy imports (llama.cpp, numpy): a Ctrl-C during them is then "Interrupted.", not a traceback.
 _EXPORTS = {
-    "Message": ".chat_format", "Engine": ".engine", "GenerationConfig": ".engine", "LocalspecError": ".errors",
-    "CycleEvent": ".events", "DoneEvent": ".events", "GenerationStats": ".events", "TokenEvent": ".events",
-    "SamplingParams": ".sampling", "PolicyConfig": ".speculation.policy",
+    "Message": ".formats.chat_format", "Engine": ".runtime.engine", "GenerationConfig": ".runtime.engine", "LocalspecError": ".core.errors",
+    "CycleEvent": ".core.events", "DoneEvent": ".core.events", "GenerationStats": ".core.events", "TokenEvent": ".core.events",
+    "SamplingParams": ".runtime.sampling", "PolicyConfig": ".speculation.policy",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .chat_format import Message
-    from .engine import Engine, GenerationConfig
-    from .errors import LocalspecError
-    from .events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
-    from .sampling import SamplingParams
+    from .formats.chat_format import Message
+    from .runtime.engine import Engine, GenerationConfig
+    from .core.errors import LocalspecError
+    from .core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+    from .runtime.sampling import SamplingParams
     from .speculation.policy import PolicyConfig
 
 __all__ = [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.paths import embedded_target
+from localspec.core.paths import embedded_target
 
 
 @pytest.fixture(autouse=True)

@@ -159,8 +159,7 @@ def through_dtype(weights: DrafterWeights, dtype: str, fc_norm_weights: np.ndarr
     """The drafter as a checkpoint of ``dtype`` stores it (floats rounded to it, back to float32).
     With ``fc_norm_weights`` the checkpoint's fc is the folded fc divided by them: that is what is
     rounded, and converting multiplies it back."""
-    from localspec import gguf_consts as K
-
+    from localspec.formats import gguf_consts as K
     tdtype = DTYPES[dtype]
 
     def rnd(v: np.ndarray) -> np.ndarray:

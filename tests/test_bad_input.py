@@ -1,7 +1,7 @@
 """Bad input, as a user types it: the CLI as a subprocess gives exactly one ``Error:`` line on stderr,
 exit 1 (2 for usage), no traceback, no native crash, and the next run works (issue 15).
 
-One test per class of input; localspec.options holds the ranges these probes hit.
+One test per class of input; localspec.core.options holds the ranges these probes hit.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from pathlib import Path
 import gguf
 import pytest
 
-from localspec import LocalspecError, options
-from localspec.chat_format import ChatFormatter
-from localspec.engine import GenerationConfig
-from localspec.gguf_info import check_pair, read_gguf
-from localspec.sampling import SamplingParams
+from localspec import LocalspecError
+
+from localspec.core import options
+from localspec.formats.chat_format import ChatFormatter
+from localspec.runtime.engine import GenerationConfig
+from localspec.formats.gguf_info import check_pair, read_gguf
+from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
 from tiny_models import HEAD_DIM, build_drafter, build_target, rewrite_gguf
 
@@ -123,8 +125,8 @@ def test_context_too_small_or_huge_never_reaches_llama_cpp(tiny, tmp_path):
 def test_the_planner_never_asks_llama_cpp_about_a_context_beyond_the_budget(tiny):
     """A context whose weights and KV alone exceed every device's memory is not reserved in llama.cpp
     (reserving allocates its cell bookkeeping for real), and plan_for refuses rather than allocate."""
-    from localspec import fit
-    from localspec.models import ModelSpec
+    from localspec.memory import fit
+    from localspec.store.models import ModelSpec
 
     d, target, drafter = tiny
     info = read_gguf(target)

@@ -16,10 +16,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from localspec import hub, registry, repo_files
+from localspec.store import hub, registry, repo_files
 from localspec.cli import main
-from localspec.errors import LocalspecError
-from localspec.models import resolve
+from localspec.core.errors import LocalspecError
+from localspec.store.models import resolve
 from test_pull import COMMIT, FakeHub, _handler
 
 ROOT = Path(__file__).resolve().parents[1]

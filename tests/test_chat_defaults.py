@@ -11,8 +11,8 @@ import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, Message, SamplingParams
 from localspec.cli import main
-from localspec.models import resolve
-from localspec.sampling import CHAT_SAMPLING
+from localspec.store.models import resolve
+from localspec.runtime.sampling import CHAT_SAMPLING
 from localspec.tui.app import ChatSettings
 from test_cli import cli
 

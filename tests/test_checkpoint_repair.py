@@ -17,15 +17,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from localspec import gguf_consts as K  # noqa: E402
-from localspec import registry  # noqa: E402
-from localspec.checkpoint_repair import consistent_head_dim, weights_head_dim  # noqa: E402
+from localspec.formats import gguf_consts as K  # noqa: E402
+from localspec.store import registry  # noqa: E402
+from localspec.store.checkpoint_repair import consistent_head_dim, weights_head_dim  # noqa: E402
 from localspec.cli import main  # noqa: E402
 from localspec.converters.canonical import DrafterConfig  # noqa: E402
 from localspec.converters.convert import convert_checkpoint  # noqa: E402
 from localspec.converters.reference import EagleReference  # noqa: E402
-from localspec.errors import LocalspecError  # noqa: E402
-from localspec.gguf_native import GGUFHeader  # noqa: E402
+from localspec.core.errors import LocalspecError  # noqa: E402
+from localspec.llama.gguf_native import GGUFHeader  # noqa: E402
 from test_convert import H, FF, N_LAYER, NH, NKV, VOCAB, write_checkpoint  # noqa: E402
 from test_catalog import listing_hub  # noqa: E402,F401  (the Hub stand-in fixture)
 from tiny_models import N_EMBD, build_target  # noqa: E402

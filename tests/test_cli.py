@@ -147,7 +147,7 @@ def test_chat_leaves_a_core_to_the_ui(monkeypatch):
     """The chat's default thread count is every core but one; LOCALSPEC_THREADS still wins."""
     import os
 
-    from localspec.llama_model import default_threads
+    from localspec.llama.llama_model import default_threads
 
     monkeypatch.delenv("LOCALSPEC_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from localspec.conversations import TITLE_CHARS, ConversationStore, default_path, make_title
-from localspec.errors import LocalspecError
+from localspec.store.conversations import TITLE_CHARS, ConversationStore, default_path, make_title
+from localspec.core.errors import LocalspecError
 
 
 def test_lives_under_the_user_dir(isolated_home):

@@ -16,17 +16,17 @@ import pytest
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
-from localspec import gguf_consts as K  # noqa: E402
-from localspec import llama_ext  # noqa: E402
+from localspec.formats import gguf_consts as K  # noqa: E402
+from localspec.llama import llama_ext  # noqa: E402
 from localspec.converters.canonical import DrafterConfig  # noqa: E402
 from localspec.converters.convert import convert_checkpoint  # noqa: E402
 from localspec.converters.layouts import default_layers  # noqa: E402
 from localspec.converters.layouts.base import llama3_rope_factors  # noqa: E402
 from localspec.converters.reference import EagleReference  # noqa: E402
-from localspec.engine import Engine  # noqa: E402
-from localspec.errors import LocalspecError  # noqa: E402
-from localspec.gguf_info import read_gguf  # noqa: E402
-from localspec.gguf_native import GGUFHeader  # noqa: E402
+from localspec.runtime.engine import Engine  # noqa: E402
+from localspec.core.errors import LocalspecError  # noqa: E402
+from localspec.formats.gguf_info import read_gguf  # noqa: E402
+from localspec.llama.gguf_native import GGUFHeader  # noqa: E402
 
 from tiny_models import N_EMBD, build_target  # noqa: E402
 

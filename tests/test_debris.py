@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from localspec import atomic, registry
-from localspec.errors import LocalspecError
+from localspec.core import atomic
+
+from localspec.store import registry
+from localspec.core.errors import LocalspecError
 
 from tiny_models import build_drafter, build_target
 

@@ -9,7 +9,7 @@ import pytest
 
 from localspec import (CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, Message,
                        PolicyConfig, SamplingParams, TokenEvent)
-from localspec import gguf_consts as K
+from localspec.formats import gguf_consts as K
 from tiny_models import build_drafter, build_target
 
 PROMPTS = [

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec import fit
-from localspec import gguf_consts as K
-from localspec.engine import Engine
-from localspec.errors import LocalspecError
-from localspec.gguf_info import read_gguf
-from localspec.models import ModelSpec
+from localspec.memory import fit
+from localspec.formats import gguf_consts as K
+from localspec.runtime.engine import Engine
+from localspec.core.errors import LocalspecError
+from localspec.formats.gguf_info import read_gguf
+from localspec.store.models import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_drafter, build_target, drafter_weights, unit_embeddings  # noqa: E402
@@ -40,7 +40,7 @@ def tiny_pair(tmp_path_factory):
 def real_pair(tmp_path_factory):
     """The default target (Q4_0, derived once) and a small drafter made for it (own embeddings and head)."""
     from localspec.converters.gguf_writer import write_drafter_gguf
-    from localspec.paths import default_target
+    from localspec.core.paths import default_target
 
     d = tmp_path_factory.mktemp("fit_real")
     os.environ.setdefault("LOCALSPEC_HOME", str(d))

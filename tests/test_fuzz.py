@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec import LocalspecError
-from localspec import gguf_consts as K
-from localspec.bench import load_prompts
-from localspec.gguf_info import GGUFInfo, check_pair, read_gguf
-from localspec.modelfile import INSTRUCTIONS, PARAMETERS, Modelfile, parse
+from localspec.formats import gguf_consts as K
+from localspec.runtime.bench import load_prompts
+from localspec.formats.gguf_info import GGUFInfo, check_pair, read_gguf
+from localspec.formats.modelfile import INSTRUCTIONS, PARAMETERS, Modelfile, parse
 from tiny_models import build_drafter, build_target, rewrite_gguf
 
 HANG_SECONDS = 30   # a tiny model loads and generates 4 tokens in well under a second
@@ -102,7 +102,7 @@ def test_bench_file_json_lines(objs):
 WORKER = r"""
 import sys
 from localspec import LocalspecError
-from localspec.engine import Engine, GenerationConfig
+from localspec.runtime.engine import Engine, GenerationConfig
 from localspec.speculation.policy import PolicyConfig
 config = GenerationConfig(max_tokens=4, policy=PolicyConfig(name="fixed", draft_max=2))
 for line in sys.stdin:
@@ -232,7 +232,7 @@ def test_gguf_header_byte_mutations(tiny, loader, data):
 
 
 def _data_offset(path: Path) -> int:
-    from localspec.gguf_native import GGUFHeader
+    from localspec.llama.gguf_native import GGUFHeader
 
     return min(offset for _, _, _, offset in GGUFHeader(path).tensors.values())
 

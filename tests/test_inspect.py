@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localspec.cli.inspect import describe_gguf, human_size
-from localspec.gguf_info import read_gguf
+from localspec.formats.gguf_info import read_gguf
 
 from tiny_models import build_drafter, build_target
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.errors import LocalspecError
-from localspec.modelfile import Modelfile, dumps, load, parse
+from localspec.core.errors import LocalspecError
+from localspec.formats.modelfile import Modelfile, dumps, load, parse
 
 FULL = '''# a pair for testing
 from ./target.gguf

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, LocalspecError, Message, PolicyConfig, SamplingParams
-from localspec.penalties import PenaltyWindow
-from localspec.sampling import Sampler, distribution
+from localspec.runtime.penalties import PenaltyWindow
+from localspec.runtime.sampling import Sampler, distribution
 from test_engine import PROMPTS, assert_lossless, run
 from test_sampling import SIGMAS, within_binomial_bounds
 from tiny_models import build_drafter, build_target

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from localspec import registry
+from localspec.store import registry
 from localspec.cli import main
-from localspec.errors import LocalspecError
-from localspec.hub import parse_hf_ref, pull
-from localspec.models import resolve
+from localspec.core.errors import LocalspecError
+from localspec.store.hub import parse_hf_ref, pull
+from localspec.store.models import resolve
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

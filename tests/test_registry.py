@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from localspec import registry
+from localspec.store import registry
 from localspec.cli import main
-from localspec.errors import LocalspecError
-from localspec.modelfile import dumps, load, parse
-from localspec.models import DEFAULT_MODEL, apply_model_defaults, resolve
+from localspec.core.errors import LocalspecError
+from localspec.formats.modelfile import dumps, load, parse
+from localspec.store.models import DEFAULT_MODEL, apply_model_defaults, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -286,7 +286,7 @@ def test_damaged_record(capsys):
 
 
 def test_apply_model_defaults():
-    from localspec.models import ModelSpec
+    from localspec.store.models import ModelSpec
 
     spec = ModelSpec("m", Path("t.gguf"), parameters={"temperature": 0.3, "num_predict": 7, "num_ctx": 512,
                                                        "stop": ["x"], "mirostat": 1, "num_predict_x": 1,

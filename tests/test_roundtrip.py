@@ -21,16 +21,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from localspec import gguf_consts as K  # noqa: E402
+from localspec.formats import gguf_consts as K  # noqa: E402
 from localspec.converters.convert import convert_checkpoint  # noqa: E402
 from localspec.converters.export import export_drafter  # noqa: E402
 from localspec.converters.gguf_reader import read_drafter_gguf  # noqa: E402
 from localspec.converters.gguf_writer import write_drafter_gguf  # noqa: E402
-from localspec.engine import Engine, GenerationConfig  # noqa: E402
-from localspec.errors import LocalspecError  # noqa: E402
-from localspec.events import CycleEvent, DoneEvent  # noqa: E402
-from localspec.gguf_native import GGUFHeader  # noqa: E402
-from localspec.paths import embedded_target  # noqa: E402
+from localspec.runtime.engine import Engine, GenerationConfig  # noqa: E402
+from localspec.core.errors import LocalspecError  # noqa: E402
+from localspec.core.events import CycleEvent, DoneEvent  # noqa: E402
+from localspec.llama.gguf_native import GGUFHeader  # noqa: E402
+from localspec.core.paths import embedded_target  # noqa: E402
 from localspec.speculation.policy import PolicyConfig  # noqa: E402
 
 from layout_writers import EAGLE31_LAYOUTS, through_dtype, write_layout  # noqa: E402
@@ -325,7 +325,7 @@ def assert_no_paths(path: Path, *needles: str) -> None:
 
 
 def test_no_absolute_paths_in_written_ggufs(tiny, tmp_path):
-    from localspec.quantize import requantize
+    from localspec.formats.quantize import requantize
     from localspec.train.export import export_gguf
     from localspec.converters.reference import EagleReference
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, PolicyConfig, SamplingParams
-from localspec.sampling import Sampler, distribution
+from localspec.runtime.sampling import Sampler, distribution
 from tiny_models import build_drafter, build_target
 
 SIGMAS = 5.0  # per-category bound: a fair test fails by chance with probability ~1e-6 per category

@@ -20,10 +20,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from localspec.chat_format import Message
-from localspec.engine import GenerationConfig
-from localspec.events import DoneEvent
-from localspec.sampling import CHAT_SAMPLING, SamplingParams
+from localspec.formats.chat_format import Message
+from localspec.runtime.engine import GenerationConfig
+from localspec.core.events import DoneEvent
+from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import PolicyConfig
 
 KEY = "sk-test-localspec"
@@ -335,7 +335,7 @@ def test_fields_left_out_take_the_chat_defaults(server, reference):
 
 
 def test_modelfile_parameters_are_a_models_defaults(smollm2):
-    from localspec.models import ModelSpec
+    from localspec.store.models import ModelSpec
     from localspec.server.params import ServeDefaults, generation_config
     from localspec.server.schemas import CompletionRequest
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, PolicyConfig, SamplingParams
-from localspec.paths import user_dir
+from localspec.core.paths import user_dir
 from localspec.speculation import costmodel
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore

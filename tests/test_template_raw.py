@@ -7,9 +7,9 @@ import json
 import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, LocalspecError, Message
-from localspec.chat_format import check_template
+from localspec.formats.chat_format import check_template
 from localspec.cli import main
-from localspec.models import resolve
+from localspec.store.models import resolve
 from test_cli import cli
 
 QUESTION = "What is the capital of France?"

@@ -17,14 +17,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from localspec.bench import BenchPrompt, run_bench  # noqa: E402
-from localspec.engine import Engine, GenerationConfig  # noqa: E402
-from localspec.errors import LocalspecError  # noqa: E402
+from localspec.runtime.bench import BenchPrompt, run_bench  # noqa: E402
+from localspec.runtime.engine import Engine, GenerationConfig  # noqa: E402
+from localspec.core.errors import LocalspecError  # noqa: E402
 from localspec.speculation.policy import PolicyConfig  # noqa: E402
 from localspec.train import dataset as dataset_mod  # noqa: E402
 from localspec.train.pipeline import TrainOptions, run  # noqa: E402
 from localspec.train.prompts import load_prompts  # noqa: E402
-from localspec import gguf_consts as K  # noqa: E402
+from localspec.formats import gguf_consts as K  # noqa: E402
 
 from tiny_models import build_drafter, build_target  # noqa: E402
 
@@ -92,8 +92,8 @@ def _torch_estimate(target: Path, work: Path) -> float:
     import torch
 
     from localspec.converters.reference import EagleReference
-    from localspec.gguf_info import read_gguf
-    from localspec.llama_model import Model
+    from localspec.formats.gguf_info import read_gguf
+    from localspec.llama.llama_model import Model
     from localspec.train.datagen import GenRequest, generate_batched
     from localspec.train.features import default_layers, extract_all, token_embeddings
     from localspec.train.pipeline import drafter_config

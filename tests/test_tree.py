@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, PolicyConfig
-from localspec import gguf_consts as K
+from localspec.formats import gguf_consts as K
 from localspec.speculation import tree as T
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.policy import DraftPolicy
@@ -185,7 +185,7 @@ def test_trees_on_the_default_pair_are_lossless_and_accept_more_than_chains(smol
 
 def test_each_tree_row_sees_exactly_its_ancestors(smollm2):
     """One tree decode gives every node the logits of decoding its own path as a chain."""
-    from localspec.llama_model import Context, Model
+    from localspec.llama.llama_model import Context, Model
 
     model = Model(smollm2)
     ctx = Context(model, n_ctx=512, n_batch=512, n_threads=1, n_seq_max=1 + T.MAX_NODES, kv_unified=True)

@@ -17,10 +17,10 @@ from rich.text import Text
 from textual.widgets import Input, Markdown, Sparkline, Static
 
 from localspec.cli import main
-from localspec.conversations import ConversationStore
-from localspec.engine import Engine
-from localspec.errors import LocalspecError
-from localspec.events import GenerationStats
+from localspec.store.conversations import ConversationStore
+from localspec.runtime.engine import Engine
+from localspec.core.errors import LocalspecError
+from localspec.core.events import GenerationStats
 from localspec.tui.app import (PLAIN_NOTE, ChatApp, ChatSettings, ConversationsScreen, InfoScreen,
                                SettingsScreen)
 from localspec.tui.widgets import DRAFT_STYLE, AssistantMessage, StatsPanel, UserMessage, render_histogram
@@ -415,7 +415,7 @@ def test_cli_list_and_bad_arguments(store, capsys):
 def test_end_to_end_with_the_default_pair(store):
     """What `localspec chat` runs: the default model resolved and loaded as the CLI does it."""
     from localspec.cli.chat import engine_factory
-    from localspec.models import DEFAULT_MODEL, resolve
+    from localspec.store.models import DEFAULT_MODEL, resolve
 
     spec = resolve(None)
     factory = engine_factory(spec, ctx=1024, threads=2)

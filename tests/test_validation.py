@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from localspec import Engine, LocalspecError
-from localspec import gguf_consts as K
+from localspec.formats import gguf_consts as K
 from localspec.converters.gguf_writer import write_drafter_gguf
-from localspec.gguf_info import check_pair, read_gguf
+from localspec.formats.gguf_info import check_pair, read_gguf
 from tiny_models import build_drafter, build_target, drafter_weights
 
 

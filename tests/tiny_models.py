@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec import gguf_consts as K
+from localspec.formats import gguf_consts as K
 from localspec.converters.canonical import DrafterConfig, DrafterWeights
 from localspec.converters.gguf_writer import write_drafter_gguf
-from localspec.gguf_native import ARRAY, GGUFHeader
-from localspec.paths import embedded_target
+from localspec.llama.gguf_native import ARRAY, GGUFHeader
+from localspec.core.paths import embedded_target
 
 N_EMBD = 64
 N_HEAD = 4

@@ -6,7 +6,7 @@ messages (thread-safe ``post_message``) at most every ``FLUSH_SECONDS``, so the 
 the engine and the engine never blocks the UI. Esc sets the reply's cancel Event; the engine ends
 with ``finish_reason="cancelled"`` and stays usable.
 
-Messages are written to the conversation store as they happen (see localspec.conversations).
+Messages are written to the conversation store as they happen (see localspec.store.conversations).
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, LoadingIndicator, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from localspec.chat_format import Message
-from localspec.conversations import Conversation, ConversationStore
-from localspec.engine import Engine, GenerationConfig
-from localspec import options
-from localspec.errors import LocalspecError
-from localspec.options import check_text
-from localspec.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
-from localspec.sampling import CHAT_SAMPLING, SamplingParams
+from localspec.formats.chat_format import Message
+from localspec.store.conversations import Conversation, ConversationStore
+from localspec.runtime.engine import Engine, GenerationConfig
+from localspec.core import options
+from localspec.core.errors import LocalspecError
+from localspec.core.options import check_text
+from localspec.core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
 
 from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans, format_size
@@ -155,7 +155,7 @@ def _kv_bytes(info, n_ctx: int, n_layer: int | None = None) -> int | None:
 
 
 def _plan_rows(plan) -> list[tuple[str, str]]:
-    """Rows from a ``localspec.fit`` Plan (what the engine was built from)."""
+    """Rows from a ``localspec.memory.fit`` Plan (what the engine was built from)."""
     rows: list[tuple[str, str]] = []
     for part in (plan.target, plan.drafter):
         if part is None:
@@ -282,7 +282,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             policy=str(self.query_one("#set-policy", Select).value),
             draft_max=number("#set-draft-max", int, "draft max"),
         )
-        # the ranges of localspec.options, named as the dialog labels them
+        # the ranges of localspec.core.options, named as the dialog labels them
         for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
                             ("top_p", "top-p"), ("draft_max", "draft max")):
             opt = options.OPTIONS[name]

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Sparkline, Static
 
-from localspec.events import GenerationStats
+from localspec.core.events import GenerationStats
 
 DRAFT_STYLE = "bold black on #8fd19e"
 SPARK_SAMPLES = 40

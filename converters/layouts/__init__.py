@@ -4,7 +4,7 @@ passes). Order matters: the first layout whose ``matches`` accepts the checkpoin
 
 from __future__ import annotations
 
-from localspec.errors import LocalspecError
+from localspec.core.errors import LocalspecError
 
 from ..checkpoint import Checkpoint
 from .automodel import AutomodelLayout

@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from localspec import gguf_consts as K
-from localspec.errors import LocalspecError
+from localspec.formats import gguf_consts as K
+from localspec.core.errors import LocalspecError
 
 from ..canonical import DrafterConfig, DrafterWeights
 from ..checkpoint import Checkpoint

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from .. import interrupts
-from ..errors import LocalspecError
+from ..core import interrupts
+from ..core.errors import LocalspecError
 
 
 def _make_app():

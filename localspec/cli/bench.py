@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..bench import load_prompts, parse_modes, run_bench
-from ..engine import GenerationConfig
+from ..runtime.bench import load_prompts, parse_modes, run_bench
+from ..runtime.engine import GenerationConfig
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
@@ -48,9 +48,9 @@ def bench(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Greedy plain and speculative decoding of each prompt, side by side."""
-    from ..bench import DEFAULT_MODES
+    from ..runtime.bench import DEFAULT_MODES
 
-    from ..options import check_cli
+    from ..core.options import check_cli
 
     check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
     items = load_prompts(prompts)
@@ -60,7 +60,7 @@ def bench(
                                                   tree=tree.value))
     mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
     if repeats < 1:
-        from ..errors import LocalspecError
+        from ..core.errors import LocalspecError
         raise LocalspecError("--repeats must be at least 1")
     spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
     console = Console(stderr=True)

@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from ..errors import LocalspecError
-from ..sampling import CHAT_SAMPLING
+from ..core.errors import LocalspecError
+from ..runtime.sampling import CHAT_SAMPLING
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
 from .generate import penalty_options
@@ -51,7 +51,7 @@ def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tu
     fill in whatever the command line left at its default, as for ``generate``."""
     from dataclasses import fields
 
-    from ..models import apply_model_defaults
+    from ..store.models import apply_model_defaults
     from ..tui.app import ChatSettings
 
     base = ChatSettings()
@@ -70,8 +70,8 @@ def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_
                    vram: Optional[str] = None,
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
-    from ..engine import Engine
-    from ..fit import plan_for
+    from ..runtime.engine import Engine
+    from ..memory.fit import plan_for
 
     def build() -> Engine:
         options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)  # memory plan
@@ -109,7 +109,7 @@ def chat(
 ) -> None:
     """Chat in the terminal. Conversations are saved as they happen; --list shows them.
     A model's Modelfile PARAMETERs are the defaults; the flags here override them."""
-    from ..conversations import ConversationStore
+    from ..store.conversations import ConversationStore
 
     store = ConversationStore()
     try:
@@ -117,9 +117,9 @@ def chat(
             _print_list(store)
             return
         resume_id = _parse_resume(resume, store) if resume is not None else None
-        from ..models import resolve
+        from ..store.models import resolve
 
-        from ..options import check_cli, check_text, threads_warning
+        from ..core.options import check_cli, check_text, threads_warning
 
         check_cli(dict(max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, threads=threads,
                        gpu_layers=gpu_layers, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
@@ -141,9 +141,9 @@ def chat(
                                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
 
-        from ..gguf_info import read_gguf
-        from ..llama_model import check_threads, default_threads
-        from ..options import check_n_ctx
+        from ..formats.gguf_info import read_gguf
+        from ..llama.llama_model import check_threads, default_threads
+        from ..core.options import check_n_ctx
 
         check_n_ctx(ctx, read_gguf(spec.target).n_ctx_train, model=Path(spec.target).name)  # before the UI
 

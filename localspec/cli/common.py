@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from ..engine import Engine
-from ..models import ModelSpec, resolve
+from ..runtime.engine import Engine
+from ..store.models import ModelSpec, resolve
 
 ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
 # readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
@@ -22,7 +22,7 @@ GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
 def _verbose_now(value: bool) -> bool:
     """Applied while the command line is parsed: llama.cpp / ggml lines printed before the engine
     exists (GGUF header checks, the memory plan) follow --verbose too."""
-    from ..llama_model import set_verbose
+    from ..llama.llama_model import set_verbose
 
     set_verbose(bool(value))
     return value
@@ -39,15 +39,15 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     """Build the engine for MODEL (or an already resolved ``spec``) from the memory plan."""
     import sys
 
-    from ..options import check_cli, threads_warning
+    from ..core.options import check_cli, threads_warning
 
     check_cli(dict(n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))   # before any file or llama.cpp
     warning = threads_warning(threads)
     if warning:
         print(warning, file=sys.stderr)
     spec = spec or resolve(model, target=target, draft=draft)
-    # the memory plan (localspec.fit) chooses offload, KV type and verify-sized buffers by default
-    from ..fit import plan_for
+    # the memory plan (localspec.memory.fit) chooses offload, KV type and verify-sized buffers by default
+    from ..memory.fit import plan_for
 
     options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
     engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..gguf_info import read_gguf
+from ..formats.gguf_info import read_gguf
 from . import app
 from .inspect import describe_gguf, print_description, runtime_notes
 from .models import HubVerboseOpt, TimeoutOpt
@@ -36,7 +36,7 @@ def convert(
     """Convert an EAGLE-3 / EAGLE-3.1 drafter checkpoint to a GGUF that llama.cpp loads as eagle3."""
     import sys
 
-    from .. import hub
+    from ..store import hub
     from ..converters.convert import convert_checkpoint
 
     hub.configure(timeout=timeout, verbose=verbose)

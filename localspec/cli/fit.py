@@ -11,11 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import backends
-from ..errors import LocalspecError
-from ..fit import KV_TYPES, fmt_size, parse_size, plan_files
-from ..models import resolve
-from ..options import check_cli
+from ..llama import backends
+from ..core.errors import LocalspecError
+from ..memory.fit import KV_TYPES, fmt_size, parse_size, plan_files
+from ..store.models import resolve
+from ..core.options import check_cli
 from . import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
 

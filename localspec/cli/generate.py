@@ -9,12 +9,12 @@ from typing import Optional
 
 import typer
 
-from ..chat_format import Message
-from ..engine import GenerationConfig
-from ..events import DoneEvent, TokenEvent
-from ..models import apply_model_defaults, resolve
-from ..options import check_cli, check_text
-from ..sampling import CHAT_SAMPLING, SamplingParams
+from ..formats.chat_format import Message
+from ..runtime.engine import GenerationConfig
+from ..core.events import DoneEvent, TokenEvent
+from ..store.models import apply_model_defaults, resolve
+from ..core.options import check_cli, check_text
+from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine

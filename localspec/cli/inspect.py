@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from .. import gguf_consts as K
-from ..gguf_info import GGUFInfo, read_gguf
+from ..formats import gguf_consts as K
+from ..formats.gguf_info import GGUFInfo, read_gguf
 from . import app
 
 

@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import modelfile as mfmod
-from .. import registry
-from ..errors import LocalspecError
+from ..formats import modelfile as mfmod
+from ..store import registry
+from ..core.errors import LocalspecError
 from . import app
 
 TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
@@ -89,7 +89,7 @@ def show(
     modelfile: bool = typer.Option(False, "--modelfile", help="Print a Modelfile that recreates it."),
 ) -> None:
     """Show a model's files and settings."""
-    from ..models import resolve
+    from ..store.models import resolve
 
     record = registry.load(name)
     if record is not None:
@@ -139,7 +139,7 @@ def pull(
     verbose: bool = HubVerboseOpt,
 ) -> None:
     """Download a curated target/drafter pair from the Hugging Face Hub and register it."""
-    from .. import hub
+    from ..store import hub
 
     hub.configure(timeout=timeout, verbose=verbose)
     record = registry_pull(name)
@@ -151,7 +151,7 @@ def pull(
 
 
 def registry_pull(name: str):
-    from .. import hub
+    from ..store import hub
 
     if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
         raise LocalspecError(f"invalid model name '{name}'")

@@ -10,8 +10,8 @@ from typing import Optional
 
 import typer
 
-from ..errors import LocalspecError
-from ..models import apply_model_defaults, resolve
+from ..core.errors import LocalspecError
+from ..store.models import apply_model_defaults, resolve
 from . import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
 from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,
@@ -74,7 +74,7 @@ def serve(
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
     /health and Prometheus /metrics. Requests run one at a time on the engine, in arrival order."""
-    from ..fit import parse_size
+    from ..memory.fit import parse_size
 
     resolved = resolve(model, target=target, draft=draft)
     for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
@@ -85,7 +85,7 @@ def serve(
         raise LocalspecError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
         raise LocalspecError("--queue-size must be at least 1")
-    from ..options import check_cli
+    from ..core.options import check_cli
 
     check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min))
     body_limit = parse_size(max_body)
@@ -97,7 +97,7 @@ def serve(
     policy_config = PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max),
                                  source=source.value, tree=tree.value, p_min=p_min)
 
-    from ..engine import GenerationConfig
+    from ..runtime.engine import GenerationConfig
     from ..server.app import ServerState, create_app
     from ..server.metrics import ServerMetrics
     from ..server.params import ServeDefaults

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import LocalspecError
+from ..core.errors import LocalspecError
 from . import app
 
 
@@ -38,7 +38,7 @@ def train(
     force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
 ) -> None:
     """Train an EAGLE-3.1 drafter on the target's own responses (self-distillation)."""
-    from ..options import check_cli
+    from ..core.options import check_cli
 
     check_cli(dict(parallel=parallel, max_new=max_new, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
                    batch_tokens=batch_tokens, max_steps=max_steps, lr=lr, threads=threads,
@@ -51,7 +51,7 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise LocalspecError("training needs torch: pip install 'localspec[torch]'") from None
-    from ..paths import default_target
+    from ..core.paths import default_target
     from ..train.pipeline import TrainOptions, parse_duration, run
     from .train_progress import ProgressView
 

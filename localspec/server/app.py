@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
-from ..events import DoneEvent
-from ..models import ModelSpec
+from ..core.events import DoneEvent
+from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest

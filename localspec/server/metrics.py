@@ -19,7 +19,7 @@ from typing import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import disable_created_metrics
 
-from ..events import GenerationStats
+from ..core.events import GenerationStats
 
 disable_created_metrics()  # no *_created series: llama-server and vLLM dashboards do not expect them
 

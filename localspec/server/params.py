@@ -1,17 +1,17 @@
 """OpenAI request fields -> what the engine takes: the prompt (messages or raw text) and a
 :class:`GenerationConfig`. Fields a request leaves out come from the model's Modelfile
-PARAMETERs, then from the chat sampling defaults (:data:`localspec.sampling.CHAT_SAMPLING`)."""
+PARAMETERs, then from the chat sampling defaults (:data:`localspec.runtime.sampling.CHAT_SAMPLING`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
-from ..chat_format import Message
-from ..engine import GenerationConfig
-from ..errors import LocalspecError
-from ..models import ModelSpec
-from ..sampling import CHAT_SAMPLING, SamplingParams
+from ..formats.chat_format import Message
+from ..runtime.engine import GenerationConfig
+from ..core.errors import LocalspecError
+from ..store.models import ModelSpec
+from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest

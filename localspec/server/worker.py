@@ -17,10 +17,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..chat_format import Message
-from ..engine import Engine, GenerationConfig
-from ..errors import LocalspecError
-from ..events import CycleEvent, DoneEvent, TokenEvent
+from ..formats.chat_format import Message
+from ..runtime.engine import Engine, GenerationConfig
+from ..core.errors import LocalspecError
+from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full
 from .metrics import ServerMetrics
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_write
-from ..errors import LocalspecError
+from ..core.atomic import atomic_write
+from ..core.errors import LocalspecError
 
 CALIBRATE_MAX = 9      # batch sizes measured at load: 1..9 (verify of up to 8 drafts)
 EXTRA_SIZES = (16,)    # measured too, so deep chains interpolate instead of extrapolating

@@ -20,11 +20,11 @@ import time
 import llama_cpp
 import numpy as np
 
-from .. import gguf_consts as K
-from .. import llama_ext
-from ..errors import LocalspecError
-from ..gguf_info import GGUFInfo, read_tensor
-from ..llama_model import Context, Model, _llama_failure
+from ..formats import gguf_consts as K
+from ..llama import llama_ext
+from ..core.errors import LocalspecError
+from ..formats.gguf_info import GGUFInfo, read_tensor
+from ..llama.llama_model import Context, Model, _llama_failure
 from .tree import MAX_WIDTH
 
 
@@ -35,7 +35,7 @@ ALL_OUTPUT_ROWS = 16
 DRAFTER_BATCH = 64
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
 TREE_SEQS = MAX_WIDTH
-# The drafter context's settings (localspec.fit reserves the same). One layer of attention: exact
+# The drafter context's settings (localspec.memory.fit reserves the same). One layer of attention: exact
 # arithmetic costs little and keeps the drafter within 1e-6 of its torch reference (flash attention
 # on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
 DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + TREE_SEQS, kv_unified=True)

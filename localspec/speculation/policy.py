@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import options
+from ..core import options
 from .costmodel import CostModel
 
 POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
@@ -52,7 +52,7 @@ class PolicyConfig:
     tree_nodes: int = 24        # most draft nodes in a tree
 
     def __post_init__(self) -> None:
-        # ranges and choices: localspec.options
+        # ranges and choices: localspec.core.options
         self.name = options.check("policy", self.name)
         for name in ("draft_max", "p_min", "probe_every", "source", "tree", "tree_width", "tree_nodes"):
             setattr(self, name, options.check(name, getattr(self, name)))

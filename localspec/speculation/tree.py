@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import options
+from ..core import options
 
 WIDTH = 4          # candidates expanded per depth, and children offered by each
 # draft nodes verified at most (plus the root); also the most leaves, each a llama.cpp sequence

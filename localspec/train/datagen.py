@@ -1,6 +1,6 @@
 """Batched greedy generation: many sequences per llama.cpp decode.
 
-One :class:`~localspec.llama_model.Context` with ``n_seq_max = B`` (one KV stream per sequence,
+One :class:`~localspec.llama.llama_model.Context` with ``n_seq_max = B`` (one KV stream per sequence,
 ``kv_unified`` off, so each sequence attends only to its own cells); each batch row carries its own
 ``seq_id``.
 Each step decodes one token for every active sequence; a finished slot (EOS or length) is cleared
@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..llama_model import Context, Model
+from ..llama.llama_model import Context, Model
 
 
 @dataclass

@@ -16,8 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_path, atomic_write
-from ..errors import LocalspecError
+from ..core.atomic import atomic_path, atomic_write
+from ..core.errors import LocalspecError
 
 # Refuse to start writing when less than this is free where data, checkpoints or the drafter go.
 MIN_FREE_BYTES = 64 * 1024 * 1024

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..atomic import atomic_path, atomic_write
+from ..core.atomic import atomic_path, atomic_write
 from ..converters.canonical import DrafterConfig
-from ..errors import LocalspecError
+from ..core.errors import LocalspecError
 from .dataset import check_free_space
 
 

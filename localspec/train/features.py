@@ -19,9 +19,9 @@ from typing import Callable
 import llama_cpp
 import numpy as np
 
-from .. import llama_ext
-from ..errors import LocalspecError
-from ..llama_model import Context, Model, _llama_failure
+from ..llama import llama_ext
+from ..core.errors import LocalspecError
+from ..llama.llama_model import Context, Model, _llama_failure
 
 RMS_EPS = 1e-6
 

@@ -17,10 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from .. import gguf_consts as K
-from ..atomic import atomic_path, atomic_write
-from ..errors import LocalspecError
-from ..gguf_info import check_target, read_gguf
+from ..formats import gguf_consts as K
+from ..core.atomic import atomic_path, atomic_write
+from ..core.errors import LocalspecError
+from ..formats.gguf_info import check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
 from .prompts import load_prompts
 
@@ -231,8 +231,8 @@ def run(opts: TrainOptions) -> TrainSummary:
     work.mkdir(parents=True, exist_ok=True)
     check_free_space(work)
 
-    from ..llama_model import Model, set_verbose
-    from .. import llama_ext
+    from ..llama.llama_model import Model, set_verbose
+    from ..llama import llama_ext
 
     set_verbose(False)
     llama_ext.check_available()
@@ -344,7 +344,7 @@ def run(opts: TrainOptions) -> TrainSummary:
 
 def prompt_token_ids(info, model, prompts):
     """Each prompt rendered with the target's chat template (plain text without one) as token ids."""
-    from ..chat_format import ChatFormatter
+    from ..formats.chat_format import ChatFormatter
 
     formatter = ChatFormatter(
         info.chat_template,

@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from ..atomic import atomic_write
+from ..core.atomic import atomic_write
 
 CHAT_TOPICS = [
     "staying motivated when working from home", "making new friends after moving to a new city",

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LocalspecError
-from ..paths import package_data
+from ..core.errors import LocalspecError
+from ..core.paths import package_data
 
 DEFAULT_PROMPTS = "train_prompts.jsonl"
 

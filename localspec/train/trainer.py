@@ -32,8 +32,8 @@ from torch.nn import functional as F
 
 from ..converters.canonical import DrafterConfig
 from ..converters.reference import EagleReference
-from ..atomic import atomic_path
-from ..errors import LocalspecError
+from ..core.atomic import atomic_path
+from ..core.errors import LocalspecError
 from .features import SeqFeatures
 
 

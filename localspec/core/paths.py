@@ -65,7 +65,7 @@ def writable_dir(path: Path) -> Path:
 
 def package_data(name: str) -> Path:
     """A file shipped inside localspec itself (``localspec/data``)."""
-    return Path(__file__).parent / "data" / name
+    return Path(__file__).resolve().parents[1] / "data" / name
 
 
 def embedded_target() -> Path:
@@ -89,7 +89,7 @@ def embedded_target() -> Path:
 
 def default_target() -> Path:
     """The embedded target as the project runs it: Q4_0, derived once into the user directory."""
-    from .quantize import requantize
+    from ..formats.quantize import requantize
 
     shipped = embedded_target()
     derived = user_dir() / "models" / f"SmolLM2-135M-Instruct.{DEFAULT_TARGET_QUANT.upper()}.gguf"

@@ -4,7 +4,7 @@ llama.cpp declares its EAGLE-3 plumbing (layer-input extraction, the drafter's p
 drafter's target layer ids) in the C++ staging header ``src/llama-ext.h``, so ``libllama`` exports
 them under Itanium-mangled names (Linux, macOS). This module binds exactly those, by both their C and
 mangled names, and nothing else. A library without them (another llama-cpp-python release) gives a
-:class:`~localspec.errors.LocalspecError` naming what is missing, at first use.
+:class:`~localspec.core.errors.LocalspecError` naming what is missing, at first use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import llama_cpp
 
-from .errors import LocalspecError
+from ..core.errors import LocalspecError
 
 _ctx_p = llama_cpp.llama_context_p_ctypes
 _model_p = llama_cpp.llama_model_p_ctypes

@@ -6,7 +6,7 @@ with probability ``p(x)``; on rejection sample from ``p`` with ``x`` removed and
 emitted token then has exactly the distribution ``p``:
 ``P(y) = p(x)[y = x] + (1 - p(x)) p(y)[y != x] / (1 - p(x)) = p(y)``.
 
-Repetition penalties (:mod:`localspec.penalties`) make ``p`` depend on the context: the sampler
+Repetition penalties (:mod:`localspec.runtime.penalties`) make ``p`` depend on the context: the sampler
 holds the committed context, and each call names the tokens ``after`` it that the judged position
 would follow (earlier drafts of the same cycle), so every position gets plain decoding's ``p``.
 """
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import options
+from ..core import options
 from .penalties import PenaltyWindow
 
 
@@ -38,7 +38,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        # ranges, types and finiteness: localspec.options (one table for every entry point)
+        # ranges, types and finiteness: localspec.core.options (one table for every entry point)
         for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                      "presence_penalty", "frequency_penalty"):
             object.__setattr__(self, name, options.check(name, getattr(self, name)))

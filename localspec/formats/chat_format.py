@@ -25,7 +25,7 @@ from typing import Any, Iterable
 from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from .errors import LocalspecError
+from ..core.errors import LocalspecError
 
 # Used when a model carries no template (ChatML: the most common convention).
 FALLBACK_TEMPLATE = (

@@ -28,10 +28,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .atomic import atomic_write as _atomic_write
-from .errors import LocalspecError
-from .modelfile import Modelfile, check_parameter
-from .paths import user_dir
+from ..core.atomic import atomic_write as _atomic_write
+from ..core.errors import LocalspecError
+from ..formats.modelfile import Modelfile, check_parameter
+from ..core.paths import user_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -300,7 +300,7 @@ def models_dir() -> Path:
 
 
 def drafters_dir() -> Path:
-    from .paths import writable_dir
+    from ..core.paths import writable_dir
 
     return writable_dir(user_dir() / "drafters")
 
@@ -311,7 +311,7 @@ def record_path(name: str) -> Path:
 
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Write ``path`` so that readers see the old file or the whole new one, never a part
-    (:func:`localspec.atomic.atomic_write`, kept here for its callers)."""
+    (:func:`localspec.core.atomic.atomic_write`, kept here for its callers)."""
     _atomic_write(path, data)
 
 
@@ -419,7 +419,7 @@ def _is_pathlike(value: str) -> bool:
 
 
 def _validate(target: Path, drafter: Path | None, mf: Modelfile) -> None:
-    from .gguf_info import check_pair, check_target, read_gguf
+    from ..formats.gguf_info import check_pair, check_target, read_gguf
 
     try:
         t = read_gguf(target)
@@ -441,7 +441,7 @@ def create(name: str, mf: Modelfile) -> UserModel:
 
     check_name(name)
     if mf.template is not None:   # before any download: a Go template would fail every chat later
-        from .chat_format import check_template
+        from ..formats.chat_format import check_template
 
         try:
             check_template(mf.template)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LocalspecError
-from .paths import user_dir
+from ..core.errors import LocalspecError
+from ..core.paths import user_dir
 
 DB_NAME = "conversations.db"
 SCHEMA_VERSION = 1

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .errors import LocalspecError
+from ..core.errors import LocalspecError
 
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(r"^(?:I?Q\d+(?:_[A-Z0-9]+)*|MXFP4(?:_MOE)?|F16|BF16|F32|TQ\d_\d)$", re.IGNORECASE)

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from . import gguf_consts as K
-from .errors import LocalspecError
-from .gguf_native import GGUFHeader
+from ..core.errors import LocalspecError
+from ..llama.gguf_native import GGUFHeader
 
 GGUF_MAGIC = b"GGUF"
 

@@ -1,5 +1,5 @@
 """Which files a model name means: a created or pulled model, a catalog entry, the embedded
-default, or a GGUF path (in that order; see :mod:`localspec.registry`)."""
+default, or a GGUF path (in that order; see :mod:`localspec.store.registry`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .errors import LocalspecError
-from .paths import default_target, package_data
+from ..core.errors import LocalspecError
+from ..core.paths import default_target, package_data
 
 DEFAULT_MODEL = "smollm2-135m"
 # The trained drafter for the embedded target ships in localspec/data once it exists.
@@ -34,7 +34,7 @@ def default_model() -> ModelSpec:
 
 
 def _from_record(record) -> ModelSpec:
-    from .modelfile import SPEC_PARAMETERS
+    from ..formats.modelfile import SPEC_PARAMETERS
 
     params = dict(record.parameters)
     draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
@@ -45,7 +45,7 @@ def _from_record(record) -> ModelSpec:
 
 
 def _from_catalog(name: str, entry) -> ModelSpec:
-    from .modelfile import SPEC_PARAMETERS
+    from ..formats.modelfile import SPEC_PARAMETERS
 
     if not entry.embedded:
         raise LocalspecError(f"model '{name}' is in the catalog but not downloaded: run `localspec pull {name}`")

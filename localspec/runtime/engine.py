@@ -8,7 +8,7 @@
 Each cycle: the policy picks a draft source and depth (or none) from the cost model and live
 acceptance; draft a chain (EAGLE drafter, or n-gram lookup in the prompt and the text so far),
 verify ``[last, d1..dk]`` in ONE target decode, accept the longest prefix the target agrees with
-(greedy: argmax; sampling: rejection rule of :mod:`localspec.sampling`; repetition penalties
+(greedy: argmax; sampling: rejection rule of :mod:`localspec.runtime.sampling`; repetition penalties
 counted over each position's own context, earlier drafts included), trim the target KV cache to
 the committed tokens, and record the committed positions' target features for the drafter (written
 lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
@@ -26,26 +26,26 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .chat_format import ChatFormatter, Message
-from . import options
-from .errors import LocalspecError
-from .events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
-from .gguf_info import GGUFInfo, check_pair, check_target, read_gguf
-from .llama_model import Context, Model, set_verbose
+from ..formats.chat_format import ChatFormatter, Message
+from ..core import options
+from ..core.errors import LocalspecError
+from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
+from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
+from ..llama.llama_model import Context, Model, set_verbose
 from .sampling import Sampler, SamplingParams
-from .paths import user_dir
-from .speculation import costmodel
-from .speculation.eagle import DRAFTER_BATCH, EagleDrafter
-from .speculation.lookup import NgramLookup, ShadowScore
-from .speculation import tree
-from .speculation.policy import (EAGLE, LOOKUP, TREE, DraftPolicy, Learned,
+from ..core.paths import user_dir
+from ..speculation import costmodel
+from ..speculation.eagle import DRAFTER_BATCH, EagleDrafter
+from ..speculation.lookup import NgramLookup, ShadowScore
+from ..speculation import tree
+from ..speculation.policy import (EAGLE, LOOKUP, TREE, DraftPolicy, Learned,
                                  PolicyConfig, top1_probability)
 
 PROMPT_BATCH = 512
 
 
 def target_context(with_drafter: bool) -> dict:
-    """Sequence settings of the target context (localspec.fit reserves the same): with a drafter,
+    """Sequence settings of the target context (localspec.memory.fit reserves the same): with a drafter,
     draft trees are verified in one batch, each leaf a sequence of one unified cache (the tree's
     rows share the prefix cells; see speculation.tree)."""
     return dict(n_seq_max=1 + tree.MAX_NODES, kv_unified=True) if with_drafter else {}
@@ -62,7 +62,7 @@ class GenerationConfig:
     parse_special: bool = True             # a raw str prompt: "<|im_start|>" etc. become special tokens
 
     def __post_init__(self) -> None:
-        # ranges: localspec.options; the policy and sampling values check themselves
+        # ranges: localspec.core.options; the policy and sampling values check themselves
         self.max_tokens = options.check("max_tokens", self.max_tokens)
         self.stop = options.check_stop(self.stop)
         if not isinstance(self.sampling, SamplingParams):
@@ -144,9 +144,9 @@ class Engine:
             n_threads = options.check_threads(n_threads)
         n_gpu_layers = options.check("gpu_layers", n_gpu_layers)
         drafter_gpu_layers = options.check("gpu_layers", drafter_gpu_layers)
-        # memory plan hook (localspec.fit): KV type, verify-sized logit rows, the plan to report against
+        # memory plan hook (localspec.memory.fit): KV type, verify-sized logit rows, the plan to report against
         self.plan = plan
-        from .fit import KV_TYPES
+        from ..memory.fit import KV_TYPES
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
@@ -558,7 +558,7 @@ class Engine:
 
     def memory_report(self) -> dict:
         """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""
-        from .fit import memory_report
+        from ..memory.fit import memory_report
 
         return memory_report(self)
 

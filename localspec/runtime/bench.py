@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import interrupts
-from .chat_format import Message
+from ..core import interrupts
+from ..formats.chat_format import Message
 from .engine import Engine, GenerationConfig
-from . import options
-from .errors import LocalspecError
-from .events import DoneEvent, GenerationStats
-from .speculation.policy import PolicyConfig
+from ..core import options
+from ..core.errors import LocalspecError
+from ..core.events import DoneEvent, GenerationStats
+from ..speculation.policy import PolicyConfig
 
 LLAMA_LOOKUP = "llama-lookup"
 DEFAULT_MODES = ("plain", "auto", "chain", "lookup", "lookup8", "fixed1", "fixed2", "fixed3", "fixed4", "fixed6",

@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import gguf_consts as K
-from . import options
-from .errors import LocalspecError
-from .gguf_info import GGUFInfo, TensorInfo, check_pair, check_target, read_gguf
-from .speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
+from ..formats import gguf_consts as K
+from ..core import options
+from ..core.errors import LocalspecError
+from ..formats.gguf_info import GGUFInfo, TensorInfo, check_pair, check_target, read_gguf
+from ..speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -464,7 +464,7 @@ class LlamaCompute:
         self.buffers: dict[tuple, list[tuple[str, str, int]]] = {}
 
     def __call__(self, n_ctx: int, kv: str, ngl: int, dngl: int) -> tuple[int, int]:
-        from . import backends
+        from ..llama import backends
         gpu = bool(backends.detect().gpus)
         key = (n_ctx, kv, ngl if gpu else 0, dngl if gpu else 0)
         if key not in self._cache:
@@ -472,8 +472,8 @@ class LlamaCompute:
         return self._cache[key]
 
     def _reserve(self, n_ctx: int, kv: str, ngl: int, dngl: int) -> tuple[int, int]:
-        from .engine import target_context
-        from .llama_model import Context, Model
+        from ..runtime.engine import target_context
+        from ..llama.llama_model import Context, Model
 
         n_ctx = options.check_n_ctx(n_ctx)   # never a llama.cpp context from an unchecked value
         tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True)
@@ -500,7 +500,7 @@ class LlamaCompute:
 def device_budgets(vram: int | None = None, ram: int | None = None) -> list[DeviceBudget]:
     """The CPU (RAM: --ram or MemAvailable) and the first GPU llama.cpp sees (--vram or its free memory).
     ``--vram`` on a CPU-only build simulates a GPU of that size (the plan says what would be offloaded)."""
-    from . import backends
+    from ..llama import backends
 
     info = backends.detect(refresh=True)
     cpu = info.devices[0]
@@ -519,7 +519,7 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
                gpu_layers: int | None = None, drafter_gpu_layers: int | None = None,
                n_threads: int | None = None) -> Plan:
     """Plan a real pair: read both GGUFs, ask llama.cpp for compute buffers, budget the real devices."""
-    from . import backends
+    from ..llama import backends
 
     tinfo = read_gguf(target)
     if n_ctx is not None:   # before llama.cpp is asked anything about it

@@ -18,8 +18,8 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from . import interrupts, options
-from .errors import LocalspecError
+from ..core import interrupts, options
+from ..core.errors import LocalspecError
 
 _verbose = False
 _recent_errors: collections.deque[str] = collections.deque(maxlen=4)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from .errors import LocalspecError
+from ..core.errors import LocalspecError
 
 _TRUE = {"1", "on", "yes", "true", "y"}
 CHECKPOINT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -285,7 +285,7 @@ def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: st
 def convert_drafter(src: Path, target: Path, out: Path) -> Path:
     """Convert a drafter checkpoint directory to ``out`` (GGUF) for ``target``; atomic."""
     try:
-        from .converters.convert import convert_checkpoint
+        from ..converters.convert import convert_checkpoint
     except ImportError:
         raise LocalspecError("converting drafter checkpoints needs the converter (not available)") from None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -301,7 +301,7 @@ def convert_drafter(src: Path, target: Path, out: Path) -> Path:
 def pull(name: str):
     """Download a catalog pair, convert its drafter if needed, verify it and register it as ``name``."""
     from . import registry
-    from .gguf_info import check_pair, check_target, read_gguf
+    from ..formats.gguf_info import check_pair, check_target, read_gguf
 
     entry = registry.catalog_entry(name)
     if entry is None:
@@ -356,7 +356,7 @@ def pull(name: str):
 
 
 # --------------------------------------------------------------------------------------------
-# catalog files under other names (the rules are in localspec.repo_files)
+# catalog files under other names (the rules are in localspec.store.repo_files)
 
 
 def _note(text: str) -> None:
@@ -379,7 +379,7 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
     """A GGUF (and the further shards of a split one) from ``repo``: (path of the first, its name).
 
     When the named file is not in the repository (a stale catalog), the repository's listing is
-    read and the file picked by :func:`localspec.repo_files.resolve_gguf`; ``pull`` says which.
+    read and the file picked by :func:`localspec.store.repo_files.resolve_gguf`; ``pull`` says which.
     """
     from . import repo_files
 

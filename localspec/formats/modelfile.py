@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import options
-from .errors import LocalspecError
+from ..core import options
+from ..core.errors import LocalspecError
 
 INSTRUCTIONS = ("FROM", "DRAFT", "PARAMETER", "TEMPLATE", "SYSTEM", "MESSAGE", "LICENSE")
 ROLES = ("system", "user", "assistant")
@@ -68,7 +68,7 @@ def _str(v: str) -> str:
 # (and kept) even where localspec's engine does not use them yet.
 _TYPES: dict[Callable[[str], Any], str] = {_int: "an integer", _float: "a number", _bool: "true or false", _str: "a string"}
 
-# Parameters that set a localspec option are checked by localspec.options (one range table for
+# Parameters that set a localspec option are checked by localspec.core.options (one range table for
 # every entry point), with the Ollama values that mean "automatic" or "no limit" accepted besides.
 OPTION_FOR = {
     "num_ctx": ("n_ctx", ()), "num_predict": ("max_tokens", (-1, -2)), "temperature": ("temperature", ()),

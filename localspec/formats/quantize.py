@@ -7,10 +7,10 @@ from pathlib import Path
 
 import llama_cpp
 
-from . import interrupts
-from .atomic import atomic_path
-from .errors import LocalspecError
-from .llama_model import _init_backend, default_threads
+from ..core import interrupts
+from ..core.atomic import atomic_path
+from ..core.errors import LocalspecError
+from ..llama.llama_model import _init_backend, default_threads
 
 # llama_ftype values (llama.h)
 FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "iq4_nl": 25}

@@ -15,7 +15,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from .errors import LocalspecError
+from ..core.errors import LocalspecError
 
 # enum gguf_type
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
