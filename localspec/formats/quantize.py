@@ -10,7 +10,7 @@ import llama_cpp
 from ..core import interrupts
 from ..core.atomic import atomic_path
 from ..core.errors import LocalspecError
-from ..llama.backend import init_backend
+from ..llama.process import init_backend
 from ..llama.llama_model import default_threads
 
 # llama_ftype values (llama.h)

@@ -140,7 +140,7 @@ def detect(refresh: bool = False) -> BackendInfo:
 
 @lru_cache(maxsize=1)
 def _detect() -> BackendInfo:
-    from .backend import init_backend
+    from .process import init_backend
 
     init_backend()  # registers the backends, routes llama.cpp's log through our callback
     raw = llama_cpp.llama_print_system_info()

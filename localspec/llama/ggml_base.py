@@ -1,7 +1,7 @@
 """The ggml-base library shipped with llama-cpp-python, with the signatures of its ``gguf_*`` functions.
 
 One handle per process (:func:`lib`); :mod:`localspec.llama.gguf_native` reads GGUF headers
-through it and :mod:`localspec.llama.backend` routes its log.
+through it and :mod:`localspec.llama.process` routes its log.
 """
 
 from __future__ import annotations

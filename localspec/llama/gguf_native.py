@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import LocalspecError
-from .backend import init_backend, take_recent_errors
+from .process import init_backend, take_recent_errors
 
 from .ggml_base import (ARRAY, BOOL, F32, F64, I8, I16, I32, I64, SCALAR_GETTERS, STRING, U8, U16, U32, U64,
                         InitParams, lib as ggml_base)

@@ -1,7 +1,7 @@
 """Thin wrappers over llama-cpp-python's ctypes layer: one model, one context, one token batch.
 
 Only what the engine needs, with llama.cpp's failures turned into LocalspecError (the log and the
-backend set-up are :mod:`localspec.llama.backend`'s).
+backend set-up are :mod:`localspec.llama.process`'s).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core import interrupts, options
 from ..core.errors import LocalspecError
-from .backend import capture_log, init_backend, llama_failure, load_progress
+from .process import capture_log, init_backend, llama_failure, load_progress
 
 MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 

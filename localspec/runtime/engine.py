@@ -31,7 +31,7 @@ from ..core import options
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
-from ..llama.backend import set_verbose
+from ..llama.process import set_verbose
 from ..llama.llama_model import Context, Model
 from .sampling import Sampler, SamplingParams
 from ..core.paths import user_dir

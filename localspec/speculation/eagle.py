@@ -24,7 +24,7 @@ from ..formats import gguf_consts as K
 from ..llama import llama_ext
 from ..core.errors import LocalspecError
 from ..formats.gguf_info import GGUFInfo, read_tensor
-from ..llama.backend import llama_failure
+from ..llama.process import llama_failure
 from ..llama.llama_model import Context, Model
 from .tree import MAX_WIDTH
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..llama import llama_ext
 from ..core.errors import LocalspecError
-from ..llama.backend import llama_failure
+from ..llama.process import llama_failure
 from ..llama.llama_model import Context, Model
 
 RMS_EPS = 1e-6

@@ -231,7 +231,7 @@ def run(opts: TrainOptions) -> TrainSummary:
     work.mkdir(parents=True, exist_ok=True)
     check_free_space(work)
 
-    from ..llama.backend import set_verbose
+    from ..llama.process import set_verbose
     from ..llama.llama_model import Model
     from ..llama import llama_ext
 
