@@ -155,7 +155,7 @@ def _kv_bytes(info, n_ctx: int, n_layer: int | None = None) -> int | None:
 
 
 def _plan_rows(plan) -> list[tuple[str, str]]:
-    """Rows from a ``localspec.memory.fit`` Plan (what the engine was built from)."""
+    """Rows from a ``localspec.memory`` Plan (what the engine was built from)."""
     rows: list[tuple[str, str]] = []
     for part in (plan.target, plan.drafter):
         if part is None:
@@ -175,8 +175,8 @@ def _plan_rows(plan) -> list[tuple[str, str]]:
 
 def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
     """What the memory panel shows: the ``localspec fit`` plan the engine was built from when it
-    has one (``engine.plan``), else file sizes, context and an f16 KV estimate."""
-    plan = getattr(engine, "plan", None)
+    has one (``engine.memory_plan``), else file sizes, context and an f16 KV estimate."""
+    plan = getattr(engine, "memory_plan", None)
     if plan is not None:
         try:
             return _plan_rows(plan)
@@ -477,6 +477,9 @@ class ChatApp(App):
             self._refresh_status()
             return
         self.engine = message.engine
+        note = getattr(getattr(self.engine, "memory_plan", None), "context_note", None)
+        if note:   # the memory plan used a smaller context than asked for
+            self._note(f"Note: {note}")
         self.query_one(StatsPanel).set_drafter(self.has_drafter)
         prompt.disabled = False
         prompt.placeholder = "Message (Enter sends)"

@@ -32,6 +32,7 @@ from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEvent
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model, set_verbose
+from ..llama.contexts import KV_TYPES, PROMPT_BATCH, target_context
 from .sampling import Sampler, SamplingParams
 from ..core.paths import user_dir
 from ..speculation import costmodel
@@ -40,15 +41,6 @@ from ..speculation.lookup import NgramLookup, ShadowScore
 from ..speculation import tree
 from ..speculation.policy import (EAGLE, LOOKUP, TREE, DraftPolicy, Learned,
                                  PolicyConfig, top1_probability)
-
-PROMPT_BATCH = 512
-
-
-def target_context(with_drafter: bool) -> dict:
-    """Sequence settings of the target context (localspec.memory.fit reserves the same): with a drafter,
-    draft trees are verified in one batch, each leaf a sequence of one unified cache (the tree's
-    rows share the prefix cells; see speculation.tree)."""
-    return dict(n_seq_max=1 + tree.MAX_NODES, kv_unified=True) if with_drafter else {}
 
 
 @dataclass
@@ -129,7 +121,7 @@ class Engine:
         verbose: bool = False,
         kv_type: str | None = None,
         n_outputs_max: int = 0,
-        plan=None,
+        memory_plan=None,
         chat_template: str | None = None,
     ) -> None:
         set_verbose(verbose)
@@ -144,9 +136,9 @@ class Engine:
             n_threads = options.check_threads(n_threads)
         n_gpu_layers = options.check("gpu_layers", n_gpu_layers)
         drafter_gpu_layers = options.check("gpu_layers", drafter_gpu_layers)
-        # memory plan hook (localspec.memory.fit): KV type, verify-sized logit rows, the plan to report against
-        self.plan = plan
-        from ..memory.fit import KV_TYPES
+        # from a memory plan (localspec.memory): KV type, verify-sized logit rows, the plan itself (kept
+        # for reports: localspec.memory.live reads it)
+        self.memory_plan = memory_plan
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
@@ -555,12 +547,6 @@ class Engine:
         self._drafter_pairs = 0
         if self.drafter is not None:
             self.drafter.reset(0)
-
-    def memory_report(self) -> dict:
-        """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""
-        from ..memory.fit import memory_report
-
-        return memory_report(self)
 
     # -- life cycle ------------------------------------------------------------------------------
     def close(self) -> None:
