@@ -33,10 +33,11 @@ from localspec.core import options
 from localspec.core.errors import LocalspecError
 from localspec.core.options import check_text
 from localspec.core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+from localspec.core.units import format_size
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
 
-from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans, format_size
+from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans
 
 CHAT_CSS = """
 #status { height: 1; background: $panel; }
