@@ -34,6 +34,7 @@ from localspec.core.errors import LocalspecError
 from localspec.core.options import check_text
 from localspec.core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
 from localspec.core.units import format_size
+from localspec.memory.planner import kv_bytes, layout
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
 
@@ -143,18 +144,6 @@ class ReplyDone(TMessage):
 
 
 # -- the memory plan -----------------------------------------------------------------------------
-def _kv_bytes(info, n_ctx: int, n_layer: int | None = None) -> int | None:
-    """f16 K and V for every layer and position (an estimate until `localspec fit` plans it)."""
-    meta = info.metadata
-    heads = meta.get(f"{info.arch}.attention.head_count")
-    heads_kv = meta.get(f"{info.arch}.attention.head_count_kv", heads)
-    if not heads or not info.n_embd:
-        return None
-    kv_dim = info.n_embd * int(heads_kv) // int(heads)
-    layers = n_layer if n_layer is not None else info.n_layer
-    return 2 * layers * n_ctx * kv_dim * 2
-
-
 def _plan_rows(plan) -> list[tuple[str, str]]:
     """Rows from a ``localspec.memory`` Plan (what the engine was built from)."""
     rows: list[tuple[str, str]] = []
@@ -187,11 +176,11 @@ def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
     if engine.drafter_info is not None:
         rows.append(("drafter weights", format_size(engine.drafter_info.size_bytes)))
     rows.append(("context", f"{engine.n_ctx} tokens"))
-    kv = _kv_bytes(engine.target_info, engine.n_ctx)
+    kv = kv_bytes(layout(engine.target_info), engine.n_ctx, "f16")   # the planner's rule
     if kv is not None:
         rows.append(("target KV (f16, est.)", format_size(kv)))
     if engine.drafter_info is not None:
-        dkv = _kv_bytes(engine.drafter_info, engine.n_ctx, n_layer=1)
+        dkv = kv_bytes(layout(engine.drafter_info), engine.n_ctx, "f16")
         if dkv is not None:
             rows.append(("drafter KV (f16, est.)", format_size(dkv)))
     rows.append(("plan", "none (engine built without `localspec fit`)"))

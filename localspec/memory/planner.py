@@ -364,11 +364,16 @@ def plan_memory(target: Layout, drafter: Layout | None, devices: list[DeviceBudg
     return best_fail
 
 
+def kv_bytes(lay: Layout, n_ctx: int, kv_type: str) -> int:
+    """One model's KV cache: K and V of every layer for ``n_ctx`` positions, in ``kv_type``."""
+    return int(n_ctx * sum(lay.kv_per_token) * KV_TYPES[kv_type][1])
+
+
 def lower_bound(target: Layout, drafter: Layout | None, n_ctx: int, kv: str) -> int:
     """Bytes a context of ``n_ctx`` needs at the least: the weights and both KV caches."""
-    total = target.weights_bytes + int(n_ctx * sum(target.kv_per_token) * KV_TYPES[kv][1])
+    total = target.weights_bytes + kv_bytes(target, n_ctx, kv)
     if drafter is not None:
-        total += drafter.weights_bytes + int(n_ctx * sum(drafter.kv_per_token) * KV_TYPES["f32"][1])
+        total += drafter.weights_bytes + kv_bytes(drafter, n_ctx, "f32")
     return total
 
 
