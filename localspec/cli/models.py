@@ -28,7 +28,9 @@ def create(
     """Create a model from a Modelfile (FROM target, DRAFT drafter, PARAMETERs, ...)."""
     registry.check_name(name)
     mf = mfmod.load(file)
-    record = registry.create(name, mf)
+    from ..store import install
+
+    record = install.create(name, mf)
     drafter = f" + {Path(record.drafter).name}" if record.drafter else " (no drafter)"
     print(f"created {name}: {Path(record.target).name}{drafter}")
 
@@ -151,8 +153,8 @@ def pull(
 
 
 def registry_pull(name: str):
-    from ..store import hub
+    from ..store import install
 
     if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
         raise LocalspecError(f"invalid model name '{name}'")
-    return hub.pull(name)
+    return install.pull(name)
