@@ -97,10 +97,10 @@ def show(
     if record is not None:
         mf = record.to_modelfile()
     else:
-        spec = resolve(name)
-        mf = mfmod.Modelfile(from_=str(spec.target), draft=str(spec.drafter) if spec.drafter else None,
-                             parameters={**spec.parameters, **spec.draft_params}, template=spec.template,
-                             system=spec.system, messages=list(spec.messages), license=list(spec.license))
+        model = resolve(name)
+        mf = mfmod.Modelfile(from_=str(model.target), draft=str(model.drafter) if model.drafter else None,
+                             parameters={**model.parameters, **model.draft_params}, template=model.template,
+                             system=model.system, messages=list(model.messages), license=list(model.license))
     if modelfile:
         sys.stdout.write(mfmod.dumps(mf, header=f"Modelfile for {name}, written by `localspec show --modelfile`\n"
                                                 "To make a copy: localspec create NEWNAME -f <this file>"))
