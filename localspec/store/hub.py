@@ -1,4 +1,6 @@
-"""Downloads from the Hugging Face Hub (through ``huggingface_hub``), drafter conversion, ``pull``.
+"""Downloads from the Hugging Face Hub (through ``huggingface_hub``): files, revisions, timeouts,
+checksums, repository listings. Nothing here writes the model registry (that is
+:mod:`localspec.store.install`); every file is fetched by :func:`download`.
 
 Files go to huggingface_hub's own cache (``HF_HOME`` / ``HF_HUB_CACHE``), so models already
 downloaded by other tools are reused; ``HF_ENDPOINT`` picks the server and ``HF_HUB_OFFLINE=1``

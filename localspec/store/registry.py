@@ -1,4 +1,5 @@
-"""Named models: the curated catalog (``models.toml``) and the user's own (``create`` / ``pull``).
+"""Storage of named models: the curated catalog (``models.toml``) and the user's own records
+(made by ``create`` / ``pull``); nothing here downloads, converts or resolves a name.
 
 Catalog
     The canonical catalog ships inside the package as ``localspec/data/models.toml`` (found with
@@ -8,8 +9,8 @@ Catalog
     one error naming the file and the key.
 
 User models
-    ``localspec create`` and ``localspec pull`` store one JSON record per model in
-    ``<user dir>/models/NAME.json``, written atomically (temporary file + ``os.replace``). A record
+    ``localspec create`` and ``localspec pull`` (:mod:`localspec.store.install`) store one JSON
+    record per model in ``<user dir>/models/NAME.json``, written by :mod:`localspec.core.atomic`. A record
     holds absolute paths (the target GGUF, the drafter GGUF), the Modelfile settings, and where the
     files came from. Drafters that localspec converted live in ``<user dir>/drafters/`` and are
     removed with the model; files in the Hugging Face cache are left to ``hf cache``.
@@ -18,7 +19,6 @@ User models
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from datetime import datetime, timezone
