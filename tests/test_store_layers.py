@@ -140,3 +140,21 @@ def test_only_core_atomic_renames_files_into_place():
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}"
                               for a in node.names if (node.module, a.name) in RENAMES]
     assert offenders == []
+
+
+def test_only_the_hub_module_downloads():
+    """One download path: huggingface_hub's download functions are named only in store/hub.py."""
+    downloads = {"hf_hub_download", "snapshot_download", "hf_hub_url"}
+    offenders = []
+    for name, path in _modules().items():
+        if name == f"{STORE}.hub":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            used = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                    else None)
+            if isinstance(node, ast.ImportFrom):
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: import {a.name}"
+                              for a in node.names if a.name in downloads]
+            elif used in downloads:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {used}")
+    assert offenders == []
