@@ -361,7 +361,8 @@ def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: st
 # catalog files under other names (the rules are in localspec.store.repo_files)
 
 
-def _note(text: str) -> None:
+def note(text: str) -> None:
+    """A ``note: ...`` line on stderr (what pull decided on the user's behalf)."""
     print(f"note: {text}", file=sys.stderr)
 
 
@@ -391,7 +392,7 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
     if resolved.rule == "as named":
         raise original             # the file is there: the failure was something else
     first, *rest = resolved.files
-    _note(f"{repo} has no '{filename}'; using '{first}'"
+    note(f"{repo} has no '{filename}'; using '{first}'"
           + (f" and {len(rest)} more shard(s)" if rest else "") + f" ({resolved.rule})"
           + ("; the catalog's sha256 is for the other name and was not checked" if sha256 else ""))
     path = download(repo, first, revision=revision)
@@ -414,6 +415,6 @@ def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None
         raise original
     kept = {f: digest for f, digest in digests.items() if f in resolved.files}
     dropped = sorted(set(digests) - set(kept))
-    _note(f"{repo}: {resolved.rule}"
+    note(f"{repo}: {resolved.rule}"
           + (f"; the catalog's sha256 of {', '.join(dropped)} does not apply and was not checked" if dropped else ""))
     return download_checkpoint(repo, revision=revision, files=list(resolved.files), digests=kept)

@@ -9,7 +9,6 @@ The layer above the others in ``localspec.store``: it reads names through :mod:`
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from ..core.errors import LocalspecError
@@ -20,10 +19,6 @@ from . import hub, registry
 from .checkpoint_repair import consistent_head_dim
 from .models import ModelSpec, resolve
 from .registry import DamagedRecord, UserModel, check_name, drafters_dir
-
-
-def _note(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
 
 
 def convert_drafter(src: Path, target: Path, out: Path) -> Path:
@@ -204,7 +199,7 @@ def pull(name: str) -> UserModel | None:
                                        alternatives=d.alternatives)
             with consistent_head_dim(src) as (fixed, note):
                 if note:
-                    _note(f"{d.repo}: {note}")
+                    hub.note(f"{d.repo}: {note}")
                 drafter = convert_drafter(fixed, target, drafters_dir() / f"{name}.gguf")
             owned.append(str(drafter))
         try:
