@@ -6,8 +6,9 @@ in one line. Formats:
 - ``*.safetensors`` (one or sharded), read with ``safetensors`` (torch framework: bf16 works);
 - ``*.bin`` / ``*.pt`` / ``*.pth`` PyTorch pickles, loaded with ``torch.load(weights_only=True)``:
   tensors only, no code from the file is ever executed;
-- a Hugging Face repo id (``org/name``), fetched with ``huggingface_hub.snapshot_download`` limited
-  to config and weight files; the HF cache, ``HF_HUB_OFFLINE`` and its progress bars apply.
+- a Hugging Face repo id (``org/name``): its config and weight files, fetched one by one through
+  :func:`localspec.store.hub.download` (the HF cache, ``HF_HUB_OFFLINE``, timeouts and progress bars
+  apply).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from localspec.core.errors import LocalspecError
+from localspec.store import hub
 
 from .provenance import provenance
 
@@ -144,24 +146,9 @@ def _weight_files(root: Path) -> list[Path]:
 
 
 def _download(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - declared dependency
-        raise LocalspecError("downloading from the Hugging Face Hub needs huggingface_hub") from None
-    from localspec.store import hub
-
-    try:   # bounded waits, quiet retries (see localspec.store.hub); the cache serves an unreachable Hub
-        return hub.snapshot(repo_id, lambda **kw: Path(snapshot_download(repo_id, allow_patterns=WEIGHT_PATTERNS, **kw)))
-    except LocalspecError:
-        raise
-    except Exception as exc:
-        name = type(exc).__name__
-        hint = ""
-        if "Offline" in name or "LocalEntryNotFound" in name:
-            hint = " (offline, and not in the Hugging Face cache)"
-        elif "RepositoryNotFound" in name or "GatedRepo" in name:
-            hint = " (no such repository, or it needs a login)"
-        raise LocalspecError(f"{repo_id}: cannot fetch from the Hugging Face Hub{hint}: {_one_line(exc)}") from None
+    """The config and weight files of Hub repository ``repo_id`` (localspec's one download path:
+    bounded waits, the cache when the Hub cannot be reached); the directory holding them."""
+    return hub.download_repo(repo_id, WEIGHT_PATTERNS)
 
 
 # where NeMo Automodel's checkpointer puts the HF-style drafter inside ``epoch_E_step_S/``

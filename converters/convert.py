@@ -2,7 +2,7 @@
 
 Flow: open the checkpoint (:mod:`.checkpoint`) -> detect its layout (:mod:`.layouts`) -> the
 layout reads it into the canonical :class:`~.canonical.DrafterWeights`, validating shapes, values,
-vocabulary and layer ids against the target -> :func:`~.gguf_writer.write_drafter_gguf` writes a
+vocabulary and layer ids against the target -> :func:`~.gguf_writer.write_gguf_file` writes the
 staging file -> the staged file passes the same target/drafter checks the engine runs before
 llama.cpp loads anything -> it is renamed to ``out``. Any failure leaves no new file behind (and
 an existing ``out`` untouched).

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from localspec.formats import gguf_consts as K
+from localspec.core.atomic import atomic_dir
 from localspec.core.errors import LocalspecError
 
 from .canonical import DrafterWeights
@@ -229,20 +229,8 @@ def export_drafter(drafter: str | Path, out: str | Path, fmt: str, *, force: boo
     tensors = checkpoint_tensors(weights, fmt, types=stored_types(drafter))
     if "torch_dtype" in config:   # the matrices' precision, as save_pretrained records it
         config["torch_dtype"] = "float16" if tensors["fc.weight"].dtype == np.float16 else "float32"
-    staging = out.with_name(f".{out.name}.export-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with atomic_dir(out) as staging:   # appears complete or not at all; stale ones are swept
         write_checkpoint(staging, config, tensors)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     ids = (config.get("eagle_aux_hidden_state_layer_ids")
            or config.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids") or [])
     return ExportSummary(out=out, format=fmt, files=sorted(p.name for p in out.iterdir()),

@@ -55,7 +55,7 @@ def read_drafter_gguf(path: str | Path) -> DrafterWeights:
         value = kv.get(K.key(template, arch))
         return default if value is None else value
 
-    head_dim = int(kv.get(f"{arch}.attention.key_length") or kv.get(f"{arch}.rope.dimension_count") or 0)
+    head_dim = int(meta(K.KEY_KEY_LENGTH) or meta(K.KEY_ROPE_DIMENSION_COUNT) or 0)
     n_head = int(meta(K.KEY_HEAD_COUNT, 0))
     tensors = {name: tensor_values(header, name) for name in header.tensors if name != K.T_D2T}
     d2t = header.tensor_data(K.T_D2T).astype(np.int64) if K.T_D2T in header.tensors else None
@@ -64,7 +64,7 @@ def read_drafter_gguf(path: str | Path) -> DrafterWeights:
         hidden_size=info.n_embd, intermediate_size=int(meta(K.KEY_FEED_FORWARD_LENGTH, 0)),
         num_heads=n_head, num_kv_heads=int(meta(K.KEY_HEAD_COUNT_KV, n_head)),
         head_dim=head_dim or info.n_embd // max(n_head, 1), rms_eps=float(meta(K.KEY_RMS_EPS, 1e-6)),
-        rope_theta=float(kv.get(f"{arch}.rope.freq_base") or 10000.0), max_position=info.n_ctx_train or 4096,
+        rope_theta=float(meta(K.KEY_ROPE_FREQ_BASE) or 10000.0), max_position=info.n_ctx_train or 4096,
         target_hidden_size=int(info.target_hidden_size or info.n_embd),
         target_layers=tuple(int(x) for x in info.target_layers or ()),  # type: ignore[arg-type]
         vocab_size=int(meta(K.KEY_VOCAB_SIZE, info.n_vocab) or info.n_vocab),
@@ -76,5 +76,5 @@ def read_drafter_gguf(path: str | Path) -> DrafterWeights:
         rope_freq_factors=tuple(float(x) for x in factors) if factors is not None else None,
     )
     if len(cfg.target_layers) != 3:
-        raise LocalspecError(f"{info.path}: eagle3.target_layers must hold 3 layers (got {list(cfg.target_layers)})")
+        raise LocalspecError(f"{info.path}: {K.key(K.KEY_TARGET_LAYERS, arch)} must hold 3 layers (got {list(cfg.target_layers)})")
     return DrafterWeights(cfg, tensors, d2t)

@@ -124,7 +124,7 @@ def test_context_too_small_or_huge_never_reaches_llama_cpp(tiny, tmp_path):
 
 def test_the_planner_never_asks_llama_cpp_about_a_context_beyond_the_budget(tiny):
     """A context whose weights and KV alone exceed every device's memory is not reserved in llama.cpp
-    (reserving allocates its cell bookkeeping for real), and plan_for refuses rather than allocate."""
+    (reserving allocates its cell bookkeeping for real), and plan_engine refuses rather than allocate."""
     from localspec.memory import pair, planner
     from localspec.store.models import ModelSpec
 

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from localspec.store import hub, registry, repo_files
+from localspec.store import hub, install, registry, repo_files
 from localspec.cli import main
 from localspec.core.errors import LocalspecError
 from localspec.store.models import resolve
@@ -245,7 +245,7 @@ def test_pull_takes_another_letter_case_and_alternatives(listing_hub, tiny_pair,
     listing_hub.add("test/tiny-GGUF", "tiny-MXFP4.gguf", t_bytes)
     listing_hub.add("test/tiny-eagle3", "tiny-drafter.gguf", d_bytes)
     _catalog(_entry("cased", "tiny-mxfp4.gguf"))
-    record = hub.pull("cased")
+    record = install.pull("cased")
     assert Path(record.target).read_bytes() == t_bytes
     assert "another letter case" in capsys.readouterr().err
 
@@ -253,7 +253,7 @@ def test_pull_takes_another_letter_case_and_alternatives(listing_hub, tiny_pair,
     listing_hub.add("test/tiny-GGUF", "tiny-v2-MXFP4.gguf", t_bytes + b"")
     listing_hub.add("test/tiny-GGUF", "tiny-v3-MXFP4.gguf", b"x")
     _catalog(_entry("alt", "tiny-gone-mxfp4.gguf", 'alternatives = ["tiny-v2-MXFP4.gguf"]\n'))
-    record = hub.pull("alt")
+    record = install.pull("alt")
     assert Path(record.target).name == "tiny-v2-MXFP4.gguf"
     assert "the catalog's alternative name 'tiny-v2-MXFP4.gguf'" in capsys.readouterr().err
 

@@ -83,9 +83,8 @@ def test_no_import_circle_through_the_memory_package():
 
 
 def test_the_shared_context_shapes_are_what_the_runtime_uses():
-    from localspec.speculation import eagle, tree
+    from localspec.speculation import tree
 
-    assert contexts.DRAFTER_BATCH == eagle.DRAFTER_BATCH
     assert contexts.target_context(True)["n_seq_max"] == 1 + tree.MAX_NODES
     assert contexts.target_context(False) == {}
     assert contexts.VERIFY_OUTPUTS_MAX == 33   # draft-max 32 + 1, and a 32-node tree + its root

@@ -21,7 +21,8 @@ import pytest
 from localspec.store import registry
 from localspec.cli import main
 from localspec.core.errors import LocalspecError
-from localspec.store.hub import parse_hf_ref, pull
+from localspec.store.hub import parse_hf_ref
+from localspec.store.install import pull
 from localspec.store.models import resolve
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from localspec.store import registry
+from localspec.store import install, registry
 from localspec.cli import main
 from localspec.core.errors import LocalspecError
 from localspec.formats.modelfile import dumps, load, parse
@@ -158,7 +159,7 @@ def test_create_show_round_trip(pair_dir, tmp_path, monkeypatch, capsys):
 
 
 def test_resolve_uses_created_model(pair_dir):
-    registry.create("tiny", load(pair_dir / "Modelfile"))
+    install.create("tiny", load(pair_dir / "Modelfile"))
     spec = resolve("tiny")
     assert spec.target == pair_dir / "target.gguf" and spec.drafter == pair_dir / "drafter.gguf"
     assert spec.parameters == {"temperature": 0.3, "stop": ["</s>", "<|im_end|>"], "num_predict": 3,
@@ -170,18 +171,18 @@ def test_resolve_uses_created_model(pair_dir):
     assert resolve("tiny", draft="/x/other.gguf").drafter == Path("/x/other.gguf")
 
     # a user model shadows a catalog entry of the same name
-    registry.create("qwen3-8b", parse(f"FROM {pair_dir / 'target.gguf'}\n", path="M"))
+    install.create("qwen3-8b", parse(f"FROM {pair_dir / 'target.gguf'}\n", path="M"))
     assert resolve("qwen3-8b").target == pair_dir / "target.gguf"
 
 
 def test_from_a_model_name_inherits(pair_dir):
-    registry.create("base", load(pair_dir / "Modelfile"))
-    registry.create("child", parse("FROM base\nPARAMETER temperature 0.9\nSYSTEM other\n", path="M"))
+    install.create("base", load(pair_dir / "Modelfile"))
+    install.create("child", parse("FROM base\nPARAMETER temperature 0.9\nSYSTEM other\n", path="M"))
     child = resolve("child")
     assert child.drafter == pair_dir / "drafter.gguf"
     assert child.parameters["temperature"] == 0.9 and child.parameters["num_predict"] == 3
     assert child.draft_params["draft_max"] == 2 and child.system == "other"
-    registry.create("plain", parse(f"FROM {DEFAULT_MODEL}\n", path="M"))
+    install.create("plain", parse(f"FROM {DEFAULT_MODEL}\n", path="M"))
     assert resolve("plain").target == resolve(DEFAULT_MODEL).target
 
 
@@ -239,7 +240,7 @@ def test_draft_checkpoint_is_converted_and_removed_with_the_model(pair_dir, tiny
     fake = types.ModuleType("localspec.converters.convert")
     fake.convert_checkpoint = convert_checkpoint
     monkeypatch.setitem(sys.modules, "localspec.converters.convert", fake)
-    record = registry.create("ck", load(pair_dir / "Modelfile"))
+    record = install.create("ck", load(pair_dir / "Modelfile"))
     assert seen == [(pair_dir / "ckpt", pair_dir / "target.gguf")]
     drafter = Path(record.drafter)
     assert drafter.parent == registry.drafters_dir() and drafter.is_file()
@@ -250,7 +251,7 @@ def test_draft_checkpoint_is_converted_and_removed_with_the_model(pair_dir, tiny
 
 
 def test_rm_and_unknown(pair_dir, capsys):
-    registry.create("tiny", load(pair_dir / "Modelfile"))
+    install.create("tiny", load(pair_dir / "Modelfile"))
     assert main(["rm", "tiny"]) == 0
     assert (pair_dir / "target.gguf").exists()                 # user files stay
     assert main(["rm", "tiny"]) == 1
@@ -259,7 +260,7 @@ def test_rm_and_unknown(pair_dir, capsys):
 
 
 def test_records_are_written_atomically(pair_dir, monkeypatch):
-    registry.create("tiny", load(pair_dir / "Modelfile"))
+    install.create("tiny", load(pair_dir / "Modelfile"))
     path = registry.record_path("tiny")
     before = path.read_text()
     assert json.loads(before)["name"] == "tiny"
@@ -267,9 +268,9 @@ def test_records_are_written_atomically(pair_dir, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(registry.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError):
-        registry.create("tiny", parse(f"FROM {pair_dir / 'target.gguf'}\n", path="M"))
+        install.create("tiny", parse(f"FROM {pair_dir / 'target.gguf'}\n", path="M"))
     assert path.read_text() == before                            # old record intact
     assert sorted(p.name for p in path.parent.iterdir()) == ["tiny.json"]   # no temp file left
 
@@ -305,7 +306,7 @@ def test_apply_model_defaults():
 def test_chat_starts_from_model_parameters(pair_dir):
     from localspec.cli.chat import chat_settings
 
-    registry.create("tiny", load(pair_dir / "Modelfile"))
+    install.create("tiny", load(pair_dir / "Modelfile"))
     spec = resolve("tiny")
     given = dict(max_tokens=512, temperature=0.0, ctx=4096, threads=None)
     settings, ctx, threads = chat_settings(spec, system=None, given=given,
@@ -322,7 +323,7 @@ def test_chat_starts_from_model_parameters(pair_dir):
 
 
 def test_generate_uses_model_parameters(pair_dir, capsys):
-    registry.create("tiny", load(pair_dir / "Modelfile"))
+    install.create("tiny", load(pair_dir / "Modelfile"))
     assert main(["generate", "tiny", "-p", "hello", "--json", "--threads", "1", "--ctx", "256"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model"] == "tiny" and result["n_tokens"] == 3      # num_predict 3

@@ -62,7 +62,7 @@ def bench(
     if repeats < 1:
         from ..core.errors import LocalspecError
         raise LocalspecError("--repeats must be at least 1")
-    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
     console = Console(stderr=True)
     with engine:
         def progress(i: int, result) -> None:
@@ -77,7 +77,7 @@ def bench(
         report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline, modes=mode_list,
                            repeats=repeats)
     summary = report.to_dict()
-    summary.update(model=spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
+    summary.update(model=model_spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
                    max_tokens=max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
         print(json.dumps(summary, ensure_ascii=False), flush=True)
@@ -90,7 +90,7 @@ def bench(
     if not out.is_terminal:  # files and pipes get the whole table
         out = Console(width=200)
     names = [n for n in report.modes if n != "plain"]
-    table = Table(title=f"localspec bench: {spec.name} (policy {policy.value}, source {source.value}, "
+    table = Table(title=f"localspec bench: {model_spec.name} (policy {policy.value}, source {source.value}, "
                         f"draft-max {draft_max}, {engine.ctx.n_threads} threads)")
     table.add_column("category", justify="left")
     table.add_column("plain tok/s", justify="right")

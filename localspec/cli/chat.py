@@ -46,7 +46,7 @@ def _print_list(store) -> None:
         print(f"{c.id:>5}  {when:<16}  {c.n_messages:>4}  {c.model[:16]:<16}  {c.title}")
 
 
-def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tuple:
+def chat_settings(model_spec, *, system: Optional[str], given: dict, is_default) -> tuple:
     """The chat's starting settings, context size and threads: the model's PARAMETERs (Modelfile)
     fill in whatever the command line left at its default, as for ``generate``."""
     from dataclasses import fields
@@ -57,27 +57,27 @@ def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tu
     base = ChatSettings()
     options = {f.name: getattr(base, f.name) for f in fields(ChatSettings) if f.name != "system"}
     options.update(given)
-    values = apply_model_defaults(spec, options, lambda name: name not in given or is_default(name))
+    values = apply_model_defaults(model_spec, options, lambda name: name not in given or is_default(name))
     ctx = values.pop("ctx")
     threads = values.pop("threads")
     values["stop"] = tuple(values["stop"])
-    settings = ChatSettings(system=system if system is not None else (spec.system or ""), **values)
+    settings = ChatSettings(system=system if system is not None else (model_spec.system or ""), **values)
     settings.config(True)  # validate before the UI starts
     return settings, ctx, threads
 
 
-def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
+def engine_factory(model_spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
                    vram: Optional[str] = None, ram: Optional[str] = None,
                    verbose: bool = False):
-    """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
+    """What the app calls in its loading worker to build the engine for ``model_spec`` (a ModelSpec)."""
     from ..runtime.engine import Engine
     from ..memory.pair import plan_engine
 
     def build() -> Engine:
         # the memory plan; runs in the app's worker thread, so it prints nothing: a smaller context
         # comes back as engine.memory_plan.context_note and the app shows it
-        options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram, ram=ram)
-        return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
+        options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram, ram=ram)
+        return Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
                       **options)
 
     return build
@@ -128,8 +128,8 @@ def chat(
                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
         if system is not None:
             check_text("the system prompt", system)
-        spec = resolve(model, target=target, draft=draft)
-        for label, path in (("target", spec.target), ("drafter", spec.drafter)):
+        model_spec = resolve(model, target=target, draft=draft)
+        for label, path in (("target", model_spec.target), ("drafter", model_spec.drafter)):
             if path is not None and not Path(path).is_file():
                 raise LocalspecError(f"the {label} file {path} does not exist")
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -138,7 +138,7 @@ def chat(
         from ..tui.app import ChatApp
 
         settings, ctx, threads = chat_settings(
-            spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads,
+            model_spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads,
                                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
             is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
@@ -147,7 +147,7 @@ def chat(
         from ..llama.llama_model import check_threads, default_threads
         from ..core.options import check_n_ctx
 
-        check_n_ctx(ctx, read_gguf(spec.target).n_ctx_train, model=Path(spec.target).name)  # before the UI
+        check_n_ctx(ctx, read_gguf(model_spec.target).n_ctx_train, model=Path(model_spec.target).name)  # before the UI
 
         if threads:
             check_threads(threads)   # before the UI starts, not in it
@@ -159,8 +159,8 @@ def chat(
             # workers and the UI preempt each other (measured on 2 cores: plain 59-61 tok/s with 2 threads,
             # 70-95 with 1)
             threads = default_threads(reserve=1)
-        factory = engine_factory(spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
-        chat_app = ChatApp(factory, model_name=spec.name, store=store, settings=settings, resume=resume_id)
+        factory = engine_factory(model_spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
+        chat_app = ChatApp(factory, model_name=model_spec.name, store=store, settings=settings, resume=resume_id)
         chat_app.spec_enabled = not no_spec
         chat_app.run()
     finally:

@@ -35,8 +35,8 @@ VramOpt = typer.Option(None, "--vram", show_default=False,
 
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
-                vram: Optional[str] = None, spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
-    """Build the engine for MODEL (or an already resolved ``spec``) from the memory plan."""
+                vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
+    """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan."""
     import sys
 
     from ..core.options import check_cli, threads_warning
@@ -45,14 +45,14 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     warning = threads_warning(threads)
     if warning:
         print(warning, file=sys.stderr)
-    spec = spec or resolve(model, target=target, draft=draft)
+    model_spec = model_spec or resolve(model, target=target, draft=draft)
     # the memory plan (localspec.memory) chooses offload, KV type and verify-sized buffers by default
     from ..memory.pair import plan_engine
 
-    options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
+    options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
-    engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
+    engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
                     **options)
-    return spec, engine
+    return model_spec, engine

@@ -48,22 +48,22 @@ def fit(
     check_cli(dict(n_ctx=ctx, draft_max=draft_max, gpu_layers=gpu_layers, threads=threads))
     if kv_type is not None and kv_type not in KV_TYPES:
         raise LocalspecError(f"unknown KV type '{kv_type}' ({', '.join(KV_TYPES)})")
-    spec = resolve(model, target=target, draft=draft)
-    for label, path in (("target", spec.target), ("drafter", spec.drafter)):
+    model_spec = resolve(model, target=target, draft=draft)
+    for label, path in (("target", model_spec.target), ("drafter", model_spec.drafter)):
         if path is not None and not Path(path).is_file():
             raise LocalspecError(f"the {label} file {path} does not exist")
-    plan = plan_files(spec.target, spec.drafter, vram=vram_b, ram=ram_b, n_ctx=ctx, kv_type=kv_type,
+    plan = plan_files(model_spec.target, model_spec.drafter, vram=vram_b, ram=ram_b, n_ctx=ctx, kv_type=kv_type,
                       draft_max=draft_max, gpu_layers=gpu_layers,
                       drafter_gpu_layers=(-1 if gpu_layers else 0) if gpu_layers is not None else None,
                       n_threads=threads)
     info = backends.detect()
     if as_json:
         out = plan.to_dict()
-        out.update(model=spec.name, backends=info.built_with, gpu_offload=info.gpu_offload)
+        out.update(model=model_spec.name, backends=info.built_with, gpu_offload=info.gpu_offload)
         print(json.dumps(out))
     else:
         console = Console()
-        table = Table(title=f"localspec fit: {spec.name} (context {plan.n_ctx}, KV {plan.kv_type}, "
+        table = Table(title=f"localspec fit: {model_spec.name} (context {plan.n_ctx}, KV {plan.kv_type}, "
                             f"draft-max {plan.draft_max})")
         for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
             table.add_column(col, justify="left" if col == "device" else "right")

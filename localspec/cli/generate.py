@@ -136,17 +136,17 @@ def generate(
                           source=source, tree=tree, p_min=p_min, repeat_penalty=repeat_penalty,
                           repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                           frequency_penalty=frequency_penalty, parse_special=not no_special)
-    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
-                               vram=vram, spec=resolved)
+    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
+                                     vram=vram, model_spec=resolved)
     with engine:
         if raw:
             request = prompt
         else:
-            system = system if system is not None else spec.system
+            system = system if system is not None else model_spec.system
             request = (([Message("system", system)] if system else [])
-                       + [Message(role, content) for role, content in spec.messages] + [Message("user", prompt)])
+                       + [Message(role, content) for role, content in model_spec.messages] + [Message("user", prompt)])
         if not as_json and engine.drafter is None and not no_spec:
-            print(f"note: no drafter for {spec.name}: n-gram lookup drafts only", file=sys.stderr)
+            print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
         done = None
         for event in engine.generate(request, config):
             if isinstance(event, TokenEvent) and not as_json:
@@ -160,9 +160,9 @@ def generate(
             result = {
                 "text": done.text,
                 "finish_reason": done.finish_reason,
-                "model": spec.name,
-                "target": str(spec.target),
-                "drafter": str(spec.drafter) if spec.drafter and engine.drafter else None,
+                "model": model_spec.name,
+                "target": str(model_spec.target),
+                "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
                 **stats.to_dict(),
                 "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
             }

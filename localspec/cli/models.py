@@ -29,7 +29,9 @@ def create(
     """Create a model from a Modelfile (FROM target, DRAFT drafter, PARAMETERs, ...)."""
     registry.check_name(name)
     mf = mfmod.load(file)
-    record = registry.create(name, mf)
+    from ..store import install
+
+    record = install.create(name, mf)
     drafter = f" + {Path(record.drafter).name}" if record.drafter else " (no drafter)"
     print(f"created {name}: {Path(record.target).name}{drafter}")
 
@@ -92,10 +94,10 @@ def show(
     if record is not None:
         mf = record.to_modelfile()
     else:
-        spec = resolve(name)
-        mf = mfmod.Modelfile(from_=str(spec.target), draft=str(spec.drafter) if spec.drafter else None,
-                             parameters={**spec.parameters, **spec.draft_params}, template=spec.template,
-                             system=spec.system, messages=list(spec.messages), license=list(spec.license))
+        model = resolve(name)
+        mf = mfmod.Modelfile(from_=str(model.target), draft=str(model.drafter) if model.drafter else None,
+                             parameters={**model.parameters, **model.draft_params}, template=model.template,
+                             system=model.system, messages=list(model.messages), license=list(model.license))
     if modelfile:
         sys.stdout.write(mfmod.dumps(mf, header=f"Modelfile for {name}, written by `localspec show --modelfile`\n"
                                                 "To make a copy: localspec create NEWNAME -f <this file>"))
@@ -148,8 +150,8 @@ def pull(
 
 
 def registry_pull(name: str):
-    from ..store import hub
+    from ..store import install
 
     if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
         raise LocalspecError(f"invalid model name '{name}'")
-    return hub.pull(name)
+    return install.pull(name)

@@ -107,16 +107,16 @@ def serve(
     defaults = ServeDefaults.for_model(resolved, n_ctx=ctx, max_tokens=max_tokens, spec_enabled=not no_spec,
                                        policy=policy_config)
     sock = bind(host, port)
-    spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                               verbose=verbose, vram=vram, spec=resolved)
+    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
+                                     verbose=verbose, vram=vram, model_spec=resolved)
     import uvicorn
 
-    worker = EngineWorker(engine, lambda **live: ServerMetrics(spec.name, **live), queue_size=queue_size)
-    state = ServerState(worker, spec, defaults, api_key=api_key, max_body=body_limit)
+    worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
+    state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
     server_app = create_app(state, on_shutdown=engine.close)
     url = url_of(sock)
-    drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {spec.drafter.name}"
-    print(f"localspec serve: {spec.name} ({drafter}{', speculation off' if no_spec else ''}), "
+    drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {model_spec.drafter.name}"
+    print(f"localspec serve: {model_spec.name} ({drafter}{', speculation off' if no_spec else ''}), "
           f"context {engine.n_ctx}, queue {queue_size}{', API key required' if api_key else ''}", file=sys.stderr)
     print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
     config = uvicorn.Config(server_app, log_level="info" if verbose else "warning", access_log=verbose,

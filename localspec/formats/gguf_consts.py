@@ -28,9 +28,15 @@ KEY_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
 KEY_KEY_LENGTH = "{arch}.attention.key_length"
 KEY_VALUE_LENGTH = "{arch}.attention.value_length"
 KEY_ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
+KEY_ROPE_FREQ_BASE = "{arch}.rope.freq_base"
+KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"
+KEY_SSM_PREFIX = "{arch}.ssm."            # recurrent-state models (no KV cache to plan)
+KEY_RWKV_PREFIX = "{arch}.rwkv"
 KEY_VOCAB_SIZE = "{arch}.vocab_size"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
+KEY_TOKENIZER_MODEL = "tokenizer.ggml.model"
 KEY_TOKENIZER_TOKENS = "tokenizer.ggml.tokens"
+KEY_TOKENIZER_MERGES = "tokenizer.ggml.merges"
 KEY_TOKENIZER_PREFIX = "tokenizer."
 
 # localspec's own drafter metadata

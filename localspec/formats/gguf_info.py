@@ -70,7 +70,7 @@ class GGUFInfo:
 def _tokenizer_sha(header: GGUFHeader) -> str:
     """Hash of the vocabulary and merges: two files share a tokenizer iff the hashes are equal."""
     h = hashlib.sha256()
-    for name in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+    for name in (K.KEY_TOKENIZER_MODEL, K.KEY_TOKENIZER_TOKENS, K.KEY_TOKENIZER_MERGES):
         value = header.kv.get(name)
         if value is None:
             continue
@@ -263,7 +263,7 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
         )
     layers = drafter.target_layers
     if layers is None or len(layers) != 3:
-        raise LocalspecError(f"{d}: eagle3.target_layers must list exactly 3 layers (got {layers})")
+        raise LocalspecError(f"{d}: {K.key(K.KEY_TARGET_LAYERS, K.EAGLE3_ARCH)} must list exactly 3 layers (got {layers})")
     bad = [lid for lid in layers if not 0 <= lid < target.n_layer]
     if bad:
         raise LocalspecError(

@@ -68,15 +68,38 @@ def _str(v: str) -> str:
 # (and kept) even where localspec's engine does not use them yet.
 _TYPES: dict[Callable[[str], Any], str] = {_int: "an integer", _float: "a number", _bool: "true or false", _str: "a string"}
 
-# Parameters that set a localspec option are checked by localspec.core.options (one range table for
-# every entry point), with the Ollama values that mean "automatic" or "no limit" accepted besides.
-OPTION_FOR = {
-    "num_ctx": ("n_ctx", ()), "num_predict": ("max_tokens", (-1, -2)), "temperature": ("temperature", ()),
-    "top_k": ("top_k", ()), "top_p": ("top_p", ()), "min_p": ("min_p", ()), "seed": ("seed", ()),
-    "repeat_last_n": ("repeat_last_n", ()), "repeat_penalty": ("repeat_penalty", ()),
-    "presence_penalty": ("presence_penalty", ()), "frequency_penalty": ("frequency_penalty", ()),
-    "num_thread": ("threads", (0,)), "num_gpu": ("gpu_layers", ()),
-    "draft_max": ("draft_max", ()), "draft_policy": ("policy", ()), "draft_p_min": ("p_min", ()),
+@dataclass(frozen=True)
+class ParameterOption:
+    """What a Modelfile PARAMETER sets: the :mod:`localspec.core.options` entry that checks its
+    value (None: its type alone), the ``generate``/``serve``/``chat`` option it is a default for
+    (None: none yet), and the Ollama values that mean "automatic" or "no limit" (accepted, and
+    leaving localspec's own default in place)."""
+
+    option: str | None
+    cli: str | None
+    automatic: tuple = ()
+
+
+# The one table from PARAMETERs to localspec's options (range checks: localspec.core.options).
+PARAMETER_OPTIONS: dict[str, ParameterOption] = {
+    "num_ctx": ParameterOption("n_ctx", "ctx"),
+    "num_predict": ParameterOption("max_tokens", "max_tokens", (-1, -2)),
+    "temperature": ParameterOption("temperature", "temperature"),
+    "top_k": ParameterOption("top_k", "top_k"),
+    "top_p": ParameterOption("top_p", "top_p"),
+    "min_p": ParameterOption("min_p", "min_p"),
+    "seed": ParameterOption("seed", "seed"),
+    "stop": ParameterOption(None, "stop"),
+    "repeat_last_n": ParameterOption("repeat_last_n", "repeat_last_n"),
+    "repeat_penalty": ParameterOption("repeat_penalty", "repeat_penalty"),
+    "presence_penalty": ParameterOption("presence_penalty", "presence_penalty"),
+    "frequency_penalty": ParameterOption("frequency_penalty", "frequency_penalty"),
+    "num_thread": ParameterOption("threads", "threads", (0,)),
+    "num_gpu": ParameterOption("gpu_layers", None),
+    "draft_max": ParameterOption("draft_max", "draft_max"),
+    "draft_policy": ParameterOption("policy", "policy"),
+    "draft_tree": ParameterOption(None, "tree"),
+    "draft_p_min": ParameterOption("p_min", "p_min"),
 }
 
 OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
@@ -135,10 +158,10 @@ def check_parameter(name: str, raw: Any) -> Any:
             raise ValueError(f"PARAMETER {key} expects {_TYPES[parse]}, got {raw!r}")
         value = raw
     shown = raw.strip() if isinstance(raw, str) else repr(value)
-    if key in OPTION_FOR:
-        option, extra = OPTION_FOR[key]
-        if value not in extra or isinstance(value, bool):
-            value, bad = options.OPTIONS[option].problem(value)
+    entry = PARAMETER_OPTIONS.get(key)
+    if entry is not None and entry.option is not None:
+        if value not in entry.automatic or isinstance(value, bool):
+            value, bad = options.OPTIONS[entry.option].problem(value)
             if bad:
                 raise ValueError(f"PARAMETER {key} {bad.rsplit(', got ', 1)[0]}, got {shown}")
     elif parse is _float and not math.isfinite(value):

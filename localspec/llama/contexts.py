@@ -24,7 +24,9 @@ PROMPT_BATCH = 512          # the target context's n_batch = n_ubatch
 # the target context's n_outputs_max: the largest verify batch, a chain (draft-max + 1) or a tree
 # (its nodes + the root), 33
 VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.TREE_MAX_NODES)
-DRAFTER_BATCH = 64          # the drafter context's n_batch (speculation.eagle.DRAFTER_BATCH: the same value)
+# The drafter context's n_batch: llama.cpp sizes its output buffer (full-vocabulary logits) by it,
+# and prompt chunks are written to the drafter without outputs in pieces of this size.
+DRAFTER_BATCH = 64
 
 
 def target_context(with_drafter: bool) -> dict:

@@ -46,7 +46,8 @@ class LlamaCompute:
 
     def _reserve(self, n_ctx: int, kv: str, ngl: int, dngl: int) -> tuple[int, int]:
         from ..llama.llama_model import Context, Model
-        from ..speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
+        from ..llama.contexts import DRAFTER_BATCH
+        from ..speculation.eagle import DRAFTER_CONTEXT
 
         n_ctx = options.check_n_ctx(n_ctx)   # never a llama.cpp context from an unchecked value
         tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True)

@@ -32,14 +32,14 @@ from typing import Iterator, Sequence
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.events import DoneEvent, Event
-from ..llama.contexts import KV_TYPES, PROMPT_BATCH, target_context
+from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, target_context
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
 from ..speculation import costmodel, tree
-from ..speculation.eagle import DRAFTER_BATCH, EagleDrafter
+from ..speculation.eagle import EagleDrafter
 from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned, PolicyConfig
 from .calibration import calibrate
 from .generation import GenerationLoop

@@ -30,16 +30,16 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "canc
 class ServerState:
     """What the routes share: the worker, the model and its names, the settings."""
 
-    def __init__(self, worker: EngineWorker, spec: ModelSpec, defaults: ServeDefaults, *,
+    def __init__(self, worker: EngineWorker, model: ModelSpec, defaults: ServeDefaults, *,
                  api_key: Optional[str], max_body: int) -> None:
         self.worker = worker
-        self.spec = spec
+        self.model = model
         self.defaults = defaults
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
         # the names a request's "model" may give: the model's own, and its target file's
-        self.names = [spec.name] + [n for n in dict.fromkeys((spec.target.name, spec.target.stem)) if n != spec.name]
+        self.names = [model.name] + [n for n in dict.fromkeys((model.target.name, model.target.stem)) if n != model.name]
         self.fingerprint = f"localspec-{__version__}"
 
 
@@ -280,7 +280,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         check_api_key(state, request)
         body = await read_body(request, ChatCompletionRequest)
         check_model(state, body.model)
-        messages, config = chat_request(body, state.spec, state.defaults)
+        messages, config = chat_request(body, state.model, state.defaults)
         job = Job(messages, config, param="messages")
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await answer(state, request, job, Reply(state, True, body.model), streaming=body.stream,
@@ -301,10 +301,10 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     @app.get("/v1/models")
     async def models(request: Request):
         check_api_key(state, request)
-        spec = state.spec
+        model = state.model
         return {"object": "list", "data": [{
             "id": state.names[0], "object": "model", "created": state.created, "owned_by": "localspec",
-            "meta": {"target": str(spec.target), "drafter": str(spec.drafter) if spec.drafter else None,
+            "meta": {"target": str(model.target), "drafter": str(model.drafter) if model.drafter else None,
                      "n_ctx": state.defaults.n_ctx, "speculative": state.defaults.spec},
         }]}
 

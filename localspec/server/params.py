@@ -34,12 +34,12 @@ class ServeDefaults:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     @classmethod
-    def for_model(cls, spec: ModelSpec, *, n_ctx: int, max_tokens: Optional[int], spec_enabled: bool,
+    def for_model(cls, model: ModelSpec, *, n_ctx: int, max_tokens: Optional[int], spec_enabled: bool,
                   policy: PolicyConfig) -> "ServeDefaults":
         sampling = asdict(CHAT_SAMPLING)
         names = {f.name for f in fields(SamplingParams)}
         stop: tuple[str, ...] = ()
-        for name, value in spec.parameters.items():   # the Modelfile's PARAMETERs
+        for name, value in model.parameters.items():   # the Modelfile's PARAMETERs
             if name in names:
                 sampling[name] = value
             elif name == "stop":
@@ -95,7 +95,7 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
         raise bad_request(str(exc)) from None
 
 
-def chat_messages(req: ChatCompletionRequest, spec: ModelSpec) -> list[Message]:
+def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]:
     """The conversation to render: the Modelfile's SYSTEM and MESSAGEs first unless the request
     brings its own system message (as Ollama does), then the request's messages, text only."""
     out: list[Message] = []
@@ -115,13 +115,13 @@ def chat_messages(req: ChatCompletionRequest, spec: ModelSpec) -> list[Message]:
             text = "".join(parts)
         out.append(Message("system" if message.role == "developer" else message.role, text))
     if not any(m.role == "system" for m in out):
-        preset = [Message("system", spec.system)] if spec.system else []
-        out = preset + [Message(role, content) for role, content in spec.messages] + out
+        preset = [Message("system", model.system)] if model.system else []
+        out = preset + [Message(role, content) for role, content in model.messages] + out
     return out
 
 
-def chat_request(req: ChatCompletionRequest, spec: ModelSpec, defaults: ServeDefaults):
-    return chat_messages(req, spec), generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
+def chat_request(req: ChatCompletionRequest, model: ModelSpec, defaults: ServeDefaults):
+    return chat_messages(req, model), generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
 
 
 def completion_request(req: CompletionRequest, defaults: ServeDefaults):

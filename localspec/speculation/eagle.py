@@ -31,12 +31,9 @@ from .tree import MAX_WIDTH
 
 # Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
 ALL_OUTPUT_ROWS = 16
-# The drafter's batch size: llama.cpp sizes its output buffer (full-vocabulary logits) by it, and
-# prompt chunks are written without outputs in pieces of this size.
-DRAFTER_BATCH = 64
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
 TREE_SEQS = MAX_WIDTH
-# The drafter context's settings (localspec.memory.fit reserves the same). One layer of attention: exact
+# The drafter context's settings (localspec.memory.probe reserves the same). One layer of attention: exact
 # arithmetic costs little and keeps the drafter within 1e-6 of its torch reference (flash attention
 # on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
 DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + TREE_SEQS, kv_unified=True)

@@ -1,4 +1,6 @@
-"""Downloads from the Hugging Face Hub (through ``huggingface_hub``), drafter conversion, ``pull``.
+"""Downloads from the Hugging Face Hub (through ``huggingface_hub``): files, revisions, timeouts,
+checksums, repository listings. Nothing here writes the model registry (that is
+:mod:`localspec.store.install`); every file is fetched by :func:`download`.
 
 Files go to huggingface_hub's own cache (``HF_HOME`` / ``HF_HUB_CACHE``), so models already
 downloaded by other tools are reused; ``HF_ENDPOINT`` picks the server and ``HF_HUB_OFFLINE=1``
@@ -20,11 +22,14 @@ import hashlib
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
-from pathlib import Path
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, TypeVar
 
 from ..core.errors import LocalspecError
+from . import repo_files
 
 _TRUE = {"1", "on", "yes", "true", "y"}
 CHECKPOINT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -178,34 +183,22 @@ class FileMissing(LocalspecError):
     which ``pull`` looks for the file under another name. Network failures are not this."""
 
 
-def download(repo: str, filename: str, *, revision: str | None = None, sha256: str | None = None) -> Path:
-    """One file of ``repo`` in the HF cache (downloaded unless cached), verified when ``sha256`` is known."""
-    try:
-        import huggingface_hub as hf
-        from huggingface_hub import errors as hf_errors
-    except ImportError:  # pragma: no cover - a declared dependency
-        raise LocalspecError("downloading models needs the 'huggingface_hub' package") from None
+@contextlib.contextmanager
+def _hub_errors(where: str, repo: str, revision: str | None, settings: dict,
+                filename: str | None = None) -> Iterator[None]:
+    """huggingface_hub's failures inside the block as one-line errors naming ``where``."""
+    from huggingface_hub import errors as hf_errors
 
-    where = f"{repo}/{filename}" + (f"@{revision}" if revision else "")
-    settings = _settings()
     try:
-        with _bounded() as timeout:
-            if not settings["local_files_only"]:
-                url = hf.hf_hub_url(repo, filename, revision=revision, endpoint=settings["endpoint"])
-                reason = _unreachable(lambda t: hf.get_hf_file_metadata(url, timeout=t), timeout)
-                if reason is not None:
-                    path = Path(_cached_or_fail(where, reason, settings, lambda: hf.hf_hub_download(
-                        repo, filename, revision=revision, **{**settings, "local_files_only": True})))
-                    return _verified(path, where, sha256)
-            path = Path(hf.hf_hub_download(repo, filename, revision=revision, etag_timeout=timeout, **settings))
+        yield
     except LocalspecError:
         raise
     except hf_errors.LocalEntryNotFoundError:
         if settings["local_files_only"]:
             raise FileMissing(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
-                                 "(unset it to download)") from None
+                              "(unset it to download)") from None
         raise LocalspecError(f"{where}: cannot reach the Hugging Face Hub "
-                             f"({settings['endpoint'] or 'huggingface.co'}) and the file is not cached") from None
+                             f"({_endpoint_name(settings)}) and the file is not cached") from None
     except hf_errors.GatedRepoError:
         raise LocalspecError(f"{where}: the repository is gated; accept its terms on huggingface.co "
                              "and log in with `hf auth login`") from None
@@ -226,6 +219,31 @@ def download(repo: str, filename: str, *, revision: str | None = None, sha256: s
     except Exception as exc:       # network errors of huggingface_hub's HTTP client
         raise LocalspecError(f"{where}: download failed ({type(exc).__name__}: {exc})") from None
 
+
+def download(repo: str, filename: str, *, revision: str | None = None, sha256: str | None = None) -> Path:
+    """One file of ``repo`` in the HF cache (downloaded unless cached), verified when ``sha256`` is known.
+
+    Every download of localspec goes through here (catalog files, ``hf.co/`` references, and the
+    checkpoints that ``convert`` is given by repo id)."""
+    return _download(repo, filename, revision, sha256, _settings())
+
+
+def _download(repo: str, filename: str, revision: str | None, sha256: str | None, settings: dict) -> Path:
+    try:
+        import huggingface_hub as hf
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise LocalspecError("downloading models needs the 'huggingface_hub' package") from None
+
+    where = f"{repo}/{filename}" + (f"@{revision}" if revision else "")
+    with _hub_errors(where, repo, revision, settings, filename), _bounded() as timeout:
+        if not settings["local_files_only"]:
+            url = hf.hf_hub_url(repo, filename, revision=revision, endpoint=settings["endpoint"])
+            reason = _unreachable(lambda t: hf.get_hf_file_metadata(url, timeout=t), timeout)
+            if reason is not None:
+                path = Path(_cached_or_fail(where, reason, settings, lambda: hf.hf_hub_download(
+                    repo, filename, revision=revision, **{**settings, "local_files_only": True})))
+                return _verified(path, where, sha256)
+        path = Path(hf.hf_hub_download(repo, filename, revision=revision, etag_timeout=timeout, **settings))
     return _verified(path, where, sha256)
 
 
@@ -239,20 +257,77 @@ def _verified(path: Path, where: str, sha256: str | None) -> Path:
     return path
 
 
-def snapshot(repo: str, fetch: Callable[..., T]) -> T:
-    """``fetch(**kw)`` (a ``snapshot_download`` of ``repo``) with bounded waits: after a metadata
-    request without retries, ``kw`` gives a timeout, or asks for the cache alone when the Hub cannot
-    be reached."""
+# --------------------------------------------------------------------------------------------
+# repository listings
+
+
+def _cached_listing(repo: str, revision: str | None, cache_dir: str | None) -> list[str] | None:
+    """Files of the cached snapshot of ``repo`` at ``revision`` (offline listing), or None."""
+    from huggingface_hub import constants
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
+    rev = revision or "main"
+    commit = rev
+    ref = root / "refs" / rev
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8").strip()
+    snap = root / "snapshots" / commit
+    if not snap.is_dir():
+        return None
+    out = []
+    for dirpath, _, names in os.walk(snap):
+        for n in names:
+            out.append(Path(dirpath, n).relative_to(snap).as_posix())
+    return sorted(out)
+
+
+def list_files(repo: str, revision: str | None = None) -> list[str] | None:
+    """The repository's file paths at ``revision``; None when no listing can be had."""
+    settings = _settings()
+    if settings["local_files_only"]:
+        return _cached_listing(repo, revision, settings["cache_dir"])
+    try:
+        from huggingface_hub import HfApi
+
+        with _bounded():   # the Hub timeout, and huggingface_hub's retry warnings quiet
+            return sorted(HfApi(endpoint=settings["endpoint"]).list_repo_files(repo, revision=revision))
+    except Exception:   # no listing (network, permissions): the caller reports its original error
+        return None
+
+
+def download_repo(repo: str, patterns: list[str], *, revision: str | None = None) -> Path:
+    """The files of ``repo`` whose paths match one of ``patterns`` (``fnmatch``, as huggingface_hub's
+    ``allow_patterns``), each fetched by :func:`download`; the snapshot directory that holds them.
+
+    After a metadata request without retries, an unreachable Hub leaves the cache alone to answer."""
     import huggingface_hub as hf
 
     settings = _settings()
-    with _bounded() as timeout:
-        if settings["local_files_only"]:
-            return fetch()
-        reason = _unreachable(lambda t: hf.HfApi(endpoint=settings["endpoint"]).model_info(repo, timeout=t), timeout)
-        if reason is not None:
-            return _cached_or_fail(repo, reason, settings, lambda: fetch(local_files_only=True))
-        return fetch(etag_timeout=timeout)
+    where = repo + (f"@{revision}" if revision else "")
+    with _hub_errors(where, repo, revision, settings), _bounded() as timeout:
+        if not settings["local_files_only"]:
+            api = hf.HfApi(endpoint=settings["endpoint"])
+            reason = _unreachable(lambda t: api.model_info(repo, revision=revision, timeout=t), timeout)
+            if reason is not None:
+                settings = {**settings, "local_files_only": True}
+                listing = _cached_or_fail(where, reason, settings, lambda: _cached_listing(
+                    repo, revision, settings["cache_dir"]) or _not_cached(where))
+            else:
+                listing = sorted(api.list_repo_files(repo, revision=revision))
+        else:
+            listing = _cached_listing(repo, revision, settings["cache_dir"])
+            if listing is None:
+                raise FileMissing(f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+                                  "(unset it to download)")
+    wanted = [f for f in listing if any(fnmatch(f, p) for p in patterns)]
+    if not wanted:
+        raise LocalspecError(f"{where}: no {', '.join(patterns)} in the repository")
+    paths = [_download(repo, f, revision, None, settings) for f in wanted]
+    return paths[0].parents[len(PurePosixPath(wanted[0]).parts) - 1]
+
+
+def _not_cached(where: str) -> list[str]:
+    raise FileMissing(f"{where} is not cached")
 
 
 def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: str | None = None,
@@ -282,93 +357,17 @@ def download_checkpoint(repo: str, *, revision: str | None = None, subfolder: st
     return paths[0].parent
 
 
-def convert_drafter(src: Path, target: Path, out: Path) -> Path:
-    """Convert a drafter checkpoint directory to ``out`` (GGUF) for ``target``; atomic."""
-    try:
-        from ..converters.convert import convert_checkpoint
-    except ImportError:
-        raise LocalspecError("converting drafter checkpoints needs the converter (not available)") from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:   # the converter writes ``out`` atomically (one partial file beside it)
-        convert_checkpoint(src, target, out, outtype="f16", force=True)
-    except LocalspecError:
-        raise
-    except Exception as exc:  # a converter bug must not leave a traceback
-        raise LocalspecError(f"converting {src} failed ({type(exc).__name__}: {exc})") from None
-    return out
-
-
-def pull(name: str):
-    """Download a catalog pair, convert its drafter if needed, verify it and register it as ``name``."""
-    from . import registry
-    from ..formats.gguf_info import check_pair, check_target, read_gguf
-
-    entry = registry.catalog_entry(name)
-    if entry is None:
-        known = ", ".join(sorted(registry.load_catalog()))
-        raise LocalspecError(f"'{name}' is not in the catalog (known: {known})")
-    if entry.embedded:
-        return None   # ships with localspec: nothing to download
-    assert entry.target is not None
-    t = entry.target
-    target, t_file = fetch_gguf(t.repo, t.file, parts=t.parts, revision=t.revision, sha256=t.sha256,
-                                alternatives=t.alternatives)
-    t_info = read_gguf(target)
-    check_target(t_info)
-
-    drafter: Path | None = None
-    owned: list[str] = []
-    d = entry.draft
-    d_file = d.file if d is not None else None
-    if d is not None:
-        if d.file is not None:
-            drafter, d_file = fetch_gguf(d.repo, d.file, revision=d.revision, sha256=d.digest(d.file),
-                                         alternatives=d.alternatives)
-        else:
-            digests = d.sha256 if isinstance(d.sha256, dict) else {}
-            src = fetch_checkpoint(d.repo, d.files or [], revision=d.revision, digests=digests,
-                                   alternatives=d.alternatives)
-            from .checkpoint_repair import consistent_head_dim
-
-            with consistent_head_dim(src) as (fixed, note):
-                if note:
-                    _note(f"{d.repo}: {note}")
-                drafter = convert_drafter(fixed, target, registry.drafters_dir() / f"{name}.gguf")
-            owned.append(str(drafter))
-        try:
-            check_pair(t_info, read_gguf(drafter))
-        except LocalspecError:
-            for f in owned:
-                Path(f).unlink(missing_ok=True)
-            raise
-
-    params = dict(entry.parameters)
-    record = registry.UserModel(
-        name=name, target=str(target), drafter=str(drafter) if drafter else None, parameters=params,
-        template=entry.template, system=entry.system, license=[entry.license] if entry.license else [],
-        origin={"catalog": name, "from": f"hf.co/{t.repo}/{t_file}" + (f"@{t.revision}" if t.revision else ""),
-                **({"draft": f"hf.co/{d.repo}" + (f"/{d_file}" if d.file else "")
-                    + (f"@{d.revision}" if d.revision else "")} if d else {})},
-        owned=owned,
-    )
-    registry.save(record)
-    return record
-
-
 # --------------------------------------------------------------------------------------------
 # catalog files under other names (the rules are in localspec.store.repo_files)
 
 
-def _note(text: str) -> None:
-    import sys
-
+def note(text: str) -> None:
+    """A ``note: ...`` line on stderr (what pull decided on the user's behalf)."""
     print(f"note: {text}", file=sys.stderr)
 
 
 def _listing_or_raise(repo: str, revision: str | None, original: LocalspecError) -> list[str]:
-    from . import repo_files
-
-    listing = repo_files.list_files(repo, revision)
+    listing = list_files(repo, revision)
     if listing is None:
         raise original
     return listing
@@ -381,8 +380,6 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
     When the named file is not in the repository (a stale catalog), the repository's listing is
     read and the file picked by :func:`localspec.store.repo_files.resolve_gguf`; ``pull`` says which.
     """
-    from . import repo_files
-
     try:
         path = download(repo, filename, revision=revision, sha256=sha256)
         for part in parts:   # llama.cpp finds the other parts of a split GGUF next to the first
@@ -395,7 +392,7 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
     if resolved.rule == "as named":
         raise original             # the file is there: the failure was something else
     first, *rest = resolved.files
-    _note(f"{repo} has no '{filename}'; using '{first}'"
+    note(f"{repo} has no '{filename}'; using '{first}'"
           + (f" and {len(rest)} more shard(s)" if rest else "") + f" ({resolved.rule})"
           + ("; the catalog's sha256 is for the other name and was not checked" if sha256 else ""))
     path = download(repo, first, revision=revision)
@@ -407,8 +404,6 @@ def fetch_gguf(repo: str, filename: str, *, parts: list[str] = (), revision: str
 def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None,
                      digests: dict[str, str] | None = None, alternatives: list[str] = ()) -> Path:
     """A drafter checkpoint's ``files`` (config.json + weights); other names when the listing says so."""
-    from . import repo_files
-
     digests = digests or {}
     try:
         return download_checkpoint(repo, revision=revision, files=files, digests=digests)
@@ -420,6 +415,6 @@ def fetch_checkpoint(repo: str, files: list[str], *, revision: str | None = None
         raise original
     kept = {f: digest for f, digest in digests.items() if f in resolved.files}
     dropped = sorted(set(digests) - set(kept))
-    _note(f"{repo}: {resolved.rule}"
+    note(f"{repo}: {resolved.rule}"
           + (f"; the catalog's sha256 of {', '.join(dropped)} does not apply and was not checked" if dropped else ""))
     return download_checkpoint(repo, revision=revision, files=list(resolved.files), digests=kept)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..core.errors import LocalspecError
 from ..core.paths import default_target, package_data
+from ..formats.modelfile import PARAMETER_OPTIONS, SPEC_PARAMETERS
+from . import registry
 
 DEFAULT_MODEL = "smollm2-135m"
 # The trained drafter for the embedded target ships in localspec/data once it exists.
@@ -33,9 +35,7 @@ def default_model() -> ModelSpec:
     return ModelSpec(DEFAULT_MODEL, default_target(), drafter if drafter.is_file() else None)
 
 
-def _from_record(record) -> ModelSpec:
-    from ..formats.modelfile import SPEC_PARAMETERS
-
+def _from_record(record: registry.UserModel) -> ModelSpec:
     params = dict(record.parameters)
     draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
     return ModelSpec(record.name, Path(record.target), Path(record.drafter) if record.drafter else None,
@@ -44,18 +44,16 @@ def _from_record(record) -> ModelSpec:
                      draft_params=draft_params)
 
 
-def _from_catalog(name: str, entry) -> ModelSpec:
-    from ..formats.modelfile import SPEC_PARAMETERS
-
+def _from_catalog(name: str, entry: registry.CatalogEntry) -> ModelSpec:
     if not entry.embedded:
         raise LocalspecError(f"model '{name}' is in the catalog but not downloaded: run `localspec pull {name}`")
-    spec = default_model()
-    spec.name = name
+    model = default_model()
+    model.name = name
     params = dict(entry.parameters)
-    spec.draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
-    spec.parameters = params
-    spec.system, spec.template = entry.system, entry.template
-    return spec
+    model.draft_params = {k: params.pop(k) for k in list(params) if k in SPEC_PARAMETERS}
+    model.parameters = params
+    model.system, model.template = entry.system, entry.template
+    return model
 
 
 def resolve(name: str | None = None, *, target: str | Path | None = None,
@@ -65,47 +63,36 @@ def resolve(name: str | None = None, *, target: str | Path | None = None,
     A name is looked up in the user's models (``create``/``pull``), then the catalog
     (``models.toml``), then taken as the embedded default or a GGUF path.
     """
-    from . import registry
-
     if target is not None:
-        spec = ModelSpec(Path(target).name, Path(target).expanduser())
+        model = ModelSpec(Path(target).name, Path(target).expanduser())
     elif name is None:
-        spec = default_model()
+        model = default_model()
     elif (record := registry.load(name)) is not None:
-        spec = _from_record(record)
+        model = _from_record(record)
     elif registry.NAME_RE.match(name) and (entry := registry.catalog_entry(name)) is not None:
-        spec = _from_catalog(name, entry)
+        model = _from_catalog(name, entry)
     elif name == DEFAULT_MODEL:
-        spec = default_model()
+        model = default_model()
     elif name.endswith(".gguf") or Path(name).expanduser().is_file():
-        spec = ModelSpec(Path(name).name, Path(name).expanduser())
+        model = ModelSpec(Path(name).name, Path(name).expanduser())
     else:
         raise LocalspecError(f"unknown model '{name}' (see `localspec list`; give a .gguf path, "
                              f"or omit it for {DEFAULT_MODEL})")
     if draft is not None:
-        spec.drafter = Path(draft).expanduser()
-    return spec
+        model.drafter = Path(draft).expanduser()
+    return model
 
 
-# Modelfile PARAMETER -> the `generate` option it is a default for.
-OPTION_FOR_PARAMETER = {
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
-    "stop": "stop", "num_predict": "max_tokens", "num_ctx": "ctx", "num_thread": "threads",
-    "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "draft_max": "draft_max", "draft_policy": "policy", "draft_tree": "tree", "draft_p_min": "p_min",
-}
-
-
-def apply_model_defaults(spec: ModelSpec, options: dict, is_default) -> dict:
+def apply_model_defaults(model: ModelSpec, options: dict, is_default) -> dict:
     """``options`` (CLI values by option name) with the model's PARAMETERs filled in wherever
     ``is_default(option_name)`` says the user did not give the option. Keeps the dict's order."""
     out = dict(options)
-    for param, value in {**spec.parameters, **spec.draft_params}.items():
-        opt = OPTION_FOR_PARAMETER.get(param)
+    for param, value in {**model.parameters, **model.draft_params}.items():
+        entry = PARAMETER_OPTIONS.get(param)
+        opt = entry.cli if entry is not None else None
         if opt is None or opt not in out or not is_default(opt):
             continue
-        if param in ("num_predict", "num_thread") and value < 1:
+        if value in entry.automatic and not isinstance(value, bool):
             continue   # Ollama's -1/-2 (no limit), 0 threads (automatic): keep localspec's default
         current = out[opt]
         if param == "stop":

@@ -1,4 +1,5 @@
-"""Named models: the curated catalog (``models.toml``) and the user's own (``create`` / ``pull``).
+"""Storage of named models: the curated catalog (``models.toml``) and the user's own records
+(made by ``create`` / ``pull``); nothing here downloads, converts or resolves a name.
 
 Catalog
     The canonical catalog ships inside the package as ``localspec/data/models.toml`` (found with
@@ -8,8 +9,8 @@ Catalog
     one error naming the file and the key.
 
 User models
-    ``localspec create`` and ``localspec pull`` store one JSON record per model in
-    ``<user dir>/models/NAME.json``, written atomically (temporary file + ``os.replace``). A record
+    ``localspec create`` and ``localspec pull`` (:mod:`localspec.store.install`) store one JSON
+    record per model in ``<user dir>/models/NAME.json``, written by :mod:`localspec.core.atomic`. A record
     holds absolute paths (the target GGUF, the drafter GGUF), the Modelfile settings, and where the
     files came from. Drafters that localspec converted live in ``<user dir>/drafters/`` and are
     removed with the model; files in the Hugging Face cache are left to ``hf cache``.
@@ -18,7 +19,6 @@ User models
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -28,10 +28,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..core.atomic import atomic_write as _atomic_write
+from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
 from ..formats.modelfile import Modelfile, check_parameter
-from ..core.paths import user_dir
+from ..core.paths import user_dir, writable_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -300,19 +300,11 @@ def models_dir() -> Path:
 
 
 def drafters_dir() -> Path:
-    from ..core.paths import writable_dir
-
     return writable_dir(user_dir() / "drafters")
 
 
 def record_path(name: str) -> Path:
     return models_dir() / f"{check_name(name)}.json"
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``path`` so that readers see the old file or the whole new one, never a part
-    (:func:`localspec.core.atomic.atomic_write`, kept here for its callers)."""
-    _atomic_write(path, data)
 
 
 def save(model: UserModel) -> Path:
@@ -408,131 +400,3 @@ def remove(name: str) -> UserModel | None:
     except OSError as exc:
         raise LocalspecError(f"cannot remove model '{name}': {exc.strerror or exc} ({exc.filename})") from None
     return model
-
-
-# --------------------------------------------------------------------------------------------
-# create
-
-
-def _is_pathlike(value: str) -> bool:
-    return (value.endswith(".gguf") or value.startswith((".", "/", "~")) or "/" in value or os.sep in value)
-
-
-def _validate(target: Path, drafter: Path | None, mf: Modelfile) -> None:
-    from ..formats.gguf_info import check_pair, check_target, read_gguf
-
-    try:
-        t = read_gguf(target)
-        check_target(t)
-    except LocalspecError as exc:
-        raise mf.error("FROM", str(exc)) from None
-    if drafter is not None:
-        try:
-            d = read_gguf(drafter)
-            check_pair(t, d)
-        except LocalspecError as exc:
-            raise mf.error("DRAFT", str(exc)) from None
-
-
-def create(name: str, mf: Modelfile) -> UserModel:
-    """Resolve a parsed Modelfile into a stored model named ``name``."""
-    from . import hub
-    from .models import ModelSpec, resolve
-
-    check_name(name)
-    if mf.template is not None:   # before any download: a Go template would fail every chat later
-        from ..formats.chat_format import check_template
-
-        try:
-            check_template(mf.template)
-        except LocalspecError as exc:
-            raise mf.error("TEMPLATE", str(exc)) from None
-    base: ModelSpec | None = None
-    ref = hub.parse_hf_ref(mf.from_)
-    if ref is not None:
-        if ref.path is None or not ref.path.endswith(".gguf"):
-            raise mf.error("FROM", f"'{mf.from_}': a Hugging Face target must name a .gguf file "
-                                   "(hf.co/OWNER/REPO/FILE.gguf)")
-        try:
-            target = hub.download(ref.repo, ref.path, revision=ref.revision)
-        except LocalspecError as exc:
-            raise mf.error("FROM", str(exc)) from None
-    elif _is_pathlike(mf.from_) or mf.resolve_path(mf.from_).exists():
-        target = mf.resolve_path(mf.from_)
-        if target.is_dir():
-            raise mf.error("FROM", f"{target} is a directory; localspec needs a GGUF target file")
-        if not target.is_file():
-            raise mf.error("FROM", f"{target}: no such file (expected a target .gguf)")
-    else:
-        try:
-            base = resolve(mf.from_)
-        except LocalspecError as exc:
-            raise mf.error("FROM", f"'{mf.from_}' is neither a file nor a known model ({exc})") from None
-        target = base.target
-
-    drafter: Path | None = base.drafter if base is not None else None
-    owned: list[str] = []
-    if mf.draft is not None:
-        drafter, made = _resolve_draft(name, mf, target)
-        owned = [str(drafter)] if made else []
-
-    try:   # the record is written last, after its files; anything before it undoes the conversion
-        _validate(target, drafter, mf)
-        parameters = dict(base.parameters) if base is not None else {}
-        if base is not None:
-            parameters.update(base.draft_params)
-        parameters.update(mf.parameters)
-        record = UserModel(
-            name=name,
-            target=str(Path(target).absolute()),
-            drafter=str(Path(drafter).absolute()) if drafter is not None else None,
-            parameters=parameters,
-            template=mf.template if mf.template is not None else (base.template if base else None),
-            system=mf.system if mf.system is not None else (base.system if base else None),
-            messages=list(mf.messages) if mf.messages else (list(base.messages) if base else []),
-            license=list(mf.license) if mf.license else (list(base.license) if base else []),
-            origin={k: v for k, v in {"from": mf.from_, "draft": mf.draft,
-                                       "modelfile": str(Path(mf.path).absolute()) if mf.base_dir else None}.items() if v},
-            owned=owned,
-        )
-        try:
-            old = load(name)
-        except DamagedRecord:   # a damaged record is simply replaced
-            old = None
-        save(record)
-    except BaseException:   # an error or a Ctrl-C: the drafter converted for this model goes too
-        for f in owned:
-            Path(f).unlink(missing_ok=True)
-        raise
-    if old is not None:   # replaced: drop files the old version owned and the new one does not
-        for f in old.owned:
-            if f not in owned and Path(f).resolve().parent == drafters_dir().resolve():
-                Path(f).unlink(missing_ok=True)
-    return record
-
-
-def _resolve_draft(name: str, mf: Modelfile, target: Path) -> tuple[Path, bool]:
-    """The drafter GGUF for DRAFT, converting a checkpoint if needed: (path, made by us)."""
-    from . import hub
-
-    assert mf.draft is not None
-    ref = hub.parse_hf_ref(mf.draft)
-    try:
-        if ref is not None:
-            if ref.path is not None and ref.path.endswith(".gguf"):
-                return hub.download(ref.repo, ref.path, revision=ref.revision), False
-            src = hub.download_checkpoint(ref.repo, revision=ref.revision, subfolder=ref.path)
-            return hub.convert_drafter(src, target, drafters_dir() / f"{name}.gguf"), True
-        path = mf.resolve_path(mf.draft)
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise LocalspecError(f"{path} has no config.json (expected a drafter checkpoint directory)")
-            return hub.convert_drafter(path, target, drafters_dir() / f"{name}.gguf"), True
-        if path.is_file():
-            if path.suffix.lower() != ".gguf":
-                raise LocalspecError(f"{path} is not a .gguf (give the checkpoint's directory to convert it)")
-            return path, False
-        raise LocalspecError(f"{path}: no such file or directory "
-                             "(expected a drafter .gguf, a checkpoint directory or hf.co/OWNER/REPO)")
-    except LocalspecError as exc:
-        raise mf.error("DRAFT", str(exc)) from None

@@ -22,16 +22,15 @@ Checkpoint weights (a drafter ``files`` list)
 
 Anything else is an error that lists the candidates, so the user can name one in their own
 ``models.toml``. The rules are pure functions of the listing (tested without a network);
-:func:`list_files` reads the listing through huggingface_hub (``HF_ENDPOINT`` applies) or, with
-``HF_HUB_OFFLINE`` set, from the cached snapshot.
+:func:`localspec.store.hub.list_files` reads the listing (``HF_ENDPOINT`` applies) or, with
+``HF_HUB_OFFLINE`` set, takes it from the cached snapshot.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from ..core.errors import LocalspecError
 
@@ -250,43 +249,3 @@ def resolve_checkpoint(repo: str, files: list[str], listing: list[str], alternat
         renamed[f] = ", ".join(got)
         rules.append(f"{f} -> {', '.join(got)} ({why})")
     return Resolved(tuple(out), "; ".join(rules) or "as named", renamed)
-
-
-# --------------------------------------------------------------------------------------------
-# the listing
-
-
-def _cached_listing(repo: str, revision: str | None, cache_dir: str | None) -> list[str] | None:
-    """Files of the cached snapshot of ``repo`` at ``revision`` (offline listing), or None."""
-    from huggingface_hub import constants
-
-    root = Path(cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
-    rev = revision or "main"
-    commit = rev
-    ref = root / "refs" / rev
-    if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
-    snap = root / "snapshots" / commit
-    if not snap.is_dir():
-        return None
-    out = []
-    for dirpath, _, names in os.walk(snap):
-        for n in names:
-            out.append(Path(dirpath, n).relative_to(snap).as_posix())
-    return sorted(out)
-
-
-def list_files(repo: str, revision: str | None = None) -> list[str] | None:
-    """The repository's file paths at ``revision``; None when no listing can be had."""
-    from . import hub
-
-    settings = hub._settings()
-    if settings["local_files_only"]:
-        return _cached_listing(repo, revision, settings["cache_dir"])
-    try:
-        from huggingface_hub import HfApi
-
-        with hub._bounded():   # the Hub timeout, and huggingface_hub's retry warnings quiet
-            return sorted(HfApi(endpoint=settings["endpoint"]).list_repo_files(repo, revision=revision))
-    except Exception:   # no listing (network, permissions): the caller reports its original error
-        return None

@@ -118,22 +118,22 @@ def drafter_config(info, layers):
     m = info.metadata
     arch = info.arch
 
-    def meta(name, default=None):
-        v = m.get(f"{arch}.{name}", default)
+    def meta(template, default=None):
+        v = m.get(K.key(template, arch), default)
         if v is None:
-            raise LocalspecError(f"{info.path.name}: missing {arch}.{name}")
+            raise LocalspecError(f"{info.path.name}: missing {K.key(template, arch)}")
         return v
 
-    n_head = int(meta("attention.head_count"))
-    n_kv = meta("attention.head_count_kv", n_head)
+    n_head = int(meta(K.KEY_HEAD_COUNT))
+    n_kv = meta(K.KEY_HEAD_COUNT_KV, n_head)
     n_kv = int(n_kv if np.ndim(n_kv) == 0 else np.asarray(n_kv).ravel()[0])
-    head_dim = int(m.get(f"{arch}.attention.key_length", info.n_embd // n_head))
-    ff = meta("feed_forward_length")
+    head_dim = int(m.get(K.key(K.KEY_KEY_LENGTH, arch), info.n_embd // n_head))
+    ff = meta(K.KEY_FEED_FORWARD_LENGTH)
     ff = int(ff if np.ndim(ff) == 0 else np.asarray(ff).ravel()[0])
-    eps = float(m.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
+    eps = float(m.get(K.key(K.KEY_RMS_EPS, arch), 1e-5))
     return DrafterConfig(
         hidden_size=info.n_embd, intermediate_size=ff, num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
-        rms_eps=eps, rope_theta=float(m.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=eps, rope_theta=float(m.get(K.key(K.KEY_ROPE_FREQ_BASE, arch), 10000.0)),
         max_position=int(info.n_ctx_train or 4096), target_hidden_size=info.n_embd, target_layers=tuple(layers),
         vocab_size=info.n_vocab, variant=K.VARIANT_EAGLE31, fc_norm=True, fc_norm_eps=eps, norm_output=True,
         source_layout="localspec-train", source=info.path.name)
