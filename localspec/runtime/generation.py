@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
@@ -28,6 +28,9 @@ from .drafting import DraftStep
 from .sampling import Sampler
 from .text_stream import TokenOutput
 from .verifier import TargetVerifier, Verified
+
+if TYPE_CHECKING:  # engine imports this module
+    from .engine import GenerationConfig
 
 
 class GenerationObserver(Protocol):
@@ -46,12 +49,12 @@ class _Cycle:
 class GenerationLoop:
     """One generation; :meth:`run` yields its events."""
 
-    def __init__(self, verifier: TargetVerifier, prompt: list[int], config, policy: DraftPolicy,
+    def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
                  observers: Sequence[GenerationObserver] = (), cancel: threading.Event | None = None) -> None:
         self.verifier = verifier
         self.prompt = prompt
-        self.config = config                      # a runtime.engine.GenerationConfig
+        self.config = config
         self.policy = policy
         self.drafter = drafter                    # None when this generation does not draft with it
         self.calibration = calibration
