@@ -33,6 +33,7 @@ from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats, TokenEv
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model, set_verbose
 from .sampling import Sampler, SamplingParams
+from .threads import for_engine as adaptive_threads
 from ..core.paths import user_dir
 from ..speculation import costmodel
 from ..speculation.eagle import DRAFTER_BATCH, EagleDrafter
@@ -178,6 +179,7 @@ class Engine:
         self._kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
         self._drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
         self._lock = threading.Lock()
+        self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
     # -- prompts ---------------------------------------------------------------------------------
     @property
@@ -291,6 +293,7 @@ class Engine:
                 break
 
             # --- one cycle: choose, draft, verify in one target batch, accept ---
+            self.threads.tick()
             t_cycle = time.perf_counter()
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1,
                        ctx.n_outputs_max - 1 - len(carry))  # rows with logits in one batch

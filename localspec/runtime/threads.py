@@ -1,0 +1,137 @@
+"""The llama.cpp thread count, fitted to the cores other processes leave free.
+
+llama.cpp's worker threads spin while they wait for each other, so more threads than free cores
+is far slower than fewer: on this 2-core machine, with one core busy with another process, plain
+decoding on 2 threads ran at 5-60 tok/s against about 30-150 on 1 thread. When the user gave no
+thread count (no ``--threads``, no ``$LOCALSPEC_THREADS``), :class:`ThreadController` checks, at
+most every ``CHECK_SECONDS`` between cycles, how much CPU the other processes used (/proc/stat's
+busy time minus this process's own CPU time) and lowers the count while they take a core, raising
+it again when they leave (a band between ``RAISE_BELOW`` and ``LOWER_ABOVE`` keeps it from
+flapping; a change needs two readings in a row, or one over a second or more). An explicit count
+is the user's and never changes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Callable, Protocol
+
+CHECK_SECONDS = 0.3   # at most one reading per this many seconds
+LOWER_ABOVE = 0.3     # a core counts as taken when other processes use more than this of it ...
+RAISE_BELOW = 0.15    # ... and as free again below this
+TRUST_SECONDS = 1.0   # one reading over at least this long decides alone
+
+
+class Usage(Protocol):
+    def sample(self) -> tuple[float, float] | None:
+        """(cores other processes kept busy, seconds) since the last sample; None: unknown."""
+
+
+class ProcStatUsage:
+    """Other processes' CPU use: the machine's busy time (/proc/stat) minus this process's own."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        try:
+            with open(self.path, "rb") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 8 or fields[0] != b"cpu":
+            return None
+        # user nice system idle iowait irq softirq steal: busy is all but idle and iowait
+        v = [int(x) for x in fields[1:9]]
+        busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / self._tick
+        return time.monotonic(), busy, time.process_time()
+
+    def sample(self) -> tuple[float, float] | None:
+        now, last = self._read(), self._last
+        self._last = now
+        if now is None or last is None or now[0] <= last[0]:
+            return None
+        span = now[0] - last[0]
+        other = (now[1] - last[1]) - (now[2] - last[2])
+        return max(other, 0.0) / span, span
+
+
+def fitting(cores: int, other: float, threshold: float, n_max: int) -> int:
+    """Threads that fit beside ``other`` busy cores, a core counting as taken above ``threshold``."""
+    return max(1, min(n_max, cores - max(0, math.ceil(other - threshold))))
+
+
+class ThreadController:
+    """Follows the free cores: ``tick()`` between cycles; ``apply(n)`` sets the new count."""
+
+    def __init__(self, n_max: int, apply: Callable[[int], None], usage: Usage, *,
+                 cores: int | None = None, interval: float = CHECK_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.n_max = self.n = n_max
+        self.cores = cores or os.cpu_count() or n_max
+        self.apply = apply
+        self.usage = usage
+        self.interval = interval
+        self.clock = clock
+        self._next = clock() + interval
+        self._pending: int | None = None
+        self.changes = 0
+
+    def tick(self) -> None:
+        now = self.clock()
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        reading = self.usage.sample()
+        if reading is None:
+            return
+        other, span = reading
+        want = self.n
+        if fitting(self.cores, other, LOWER_ABOVE, self.n_max) < self.n:
+            want = fitting(self.cores, other, LOWER_ABOVE, self.n_max)
+        elif fitting(self.cores, other, RAISE_BELOW, self.n_max) > self.n:
+            want = fitting(self.cores, other, RAISE_BELOW, self.n_max)
+        if want == self.n:
+            self._pending = None
+        elif span >= TRUST_SECONDS or want == self._pending:
+            self._pending = None
+            self.n = want
+            self.changes += 1
+            self.apply(want)
+        else:
+            self._pending = want
+
+
+class FixedThreads:
+    """The user's thread count: nothing to adapt."""
+
+    changes = 0
+
+    def tick(self) -> None:
+        pass
+
+
+def for_engine(engine, n_threads: int | None) -> ThreadController | FixedThreads:
+    """Adaptive threads for ``engine`` unless the user chose a count (``n_threads``, or
+    ``$LOCALSPEC_THREADS``) or there is nothing to adapt (one thread, no /proc/stat)."""
+    n_max = engine.ctx.n_threads
+    if n_threads or os.environ.get("LOCALSPEC_THREADS") or n_max < 2:
+        return FixedThreads()
+    usage = ProcStatUsage()
+    if usage._last is None:
+        return FixedThreads()
+
+    def apply(n: int) -> None:
+        engine.ctx.set_threads(n)
+        if engine.drafter is not None:
+            engine.drafter.ctx.set_threads(n)
+        if engine.cost is not None:   # the cost model follows: figures for n threads
+            from ..speculation.costmodel import with_threads
+
+            engine.cost.rekey(with_threads(engine.cost.key, n))
+
+    return ThreadController(n_max, apply, usage)

@@ -1,0 +1,104 @@
+"""The cost model's live refresh with synthetic timings: a machine that gets slower (another
+process takes a core) is followed within a few cycles, a single slow decode is not; sizes past 16;
+a change of thread count re-keys it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from localspec.speculation import costmodel
+from localspec.speculation.costmodel import CostModel, load_or_calibrate, with_threads
+
+# a CPU-like curve measured at the calibration sizes: per-token cost keeps falling past 16
+CAL = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
+       12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
+
+
+def feed(cm: CostModel, sizes, factor: float, noise: float = 0.0, rng=None) -> None:
+    for b in sizes:
+        jitter = 1.0 + (rng.uniform(-noise, noise) if rng else 0.0)
+        cm.observe_verify(b, CAL[b] * factor * jitter)
+
+
+def test_calibration_sizes_reach_the_longest_draft():
+    sizes = list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES)
+    assert max(sizes) >= 128 and {16, 32, 64} <= set(sizes)
+    cm = CostModel(CAL)
+    assert cm.verify(128) == pytest.approx(0.145) and cm.verify(80) == pytest.approx((0.075 + 0.110) / 2)
+    assert cm.verify(129) == pytest.approx(0.145 + (0.145 - 0.110) / 32)   # the last slope, beyond
+    assert cm.verify(400) > cm.verify(129)
+    # per-token cost keeps falling: 64 drafts verify for less per token than 16
+    assert cm.verify(65) / 65 < cm.verify(17) / 17
+
+
+def test_a_step_change_in_all_sizes_is_followed_within_three_cycles():
+    cm = CostModel(CAL)
+    rng = random.Random(1)
+    feed(cm, [1, 1, 9, 1, 17 - 1, 1, 1, 9] * 4, 1.0, 0.05, rng)   # steady, a little noise
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.1)
+    feed(cm, [1, 9, 1], 3.0)                          # another process takes a core: all 3x slower
+    for b in (1, 4, 9, 16, 64, 128):                  # every size, seen lately or not
+        assert cm.verify(b) == pytest.approx(3 * CAL.get(b, cm.verify(b) / 3), rel=0.15)
+    assert cm.level == pytest.approx(3.0, rel=0.15)
+    feed(cm, [1, 1, 1], 1.0)                          # and it leaves
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.15) and cm.verify(64) == pytest.approx(0.075, rel=0.15)
+
+
+def test_one_slow_decode_moves_nothing_much():
+    cm = CostModel(CAL)
+    feed(cm, [1, 4, 1, 8, 1, 1], 1.0)
+    before = [cm.verify(b) for b in (1, 4, 8, 16, 64)]
+    cm.observe_verify(1, 0.005 * 20)                  # a scheduler hiccup: one decode 20x slower
+    after = [cm.verify(b) for b in (1, 4, 8, 16, 64)]
+    assert all(a == pytest.approx(b, rel=0.05) for a, b in zip(after, before))
+    feed(cm, [1, 1, 1, 1], 1.0)
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.05)
+
+
+def test_a_size_that_suffers_less_from_load_learns_its_own_correction():
+    """A busy core adds about the same spinning overhead to every decode, so batched verifies
+    slow down less than single steps: the per-size correction finds that out."""
+    cm = CostModel(CAL)
+    for _ in range(40):
+        cm.observe_verify(1, CAL[1] * 3.0)
+        cm.observe_verify(1, CAL[1] * 3.0)
+        cm.observe_verify(16, CAL[16] * 1.5)
+    assert cm.verify(1) == pytest.approx(3 * CAL[1], rel=0.1)
+    assert cm.verify(16) == pytest.approx(1.5 * CAL[16], rel=0.15)
+
+
+def test_drafter_step_follows_the_machine_level():
+    cm = CostModel(CAL, 0.002)
+    feed(cm, [1, 1, 1], 2.0)
+    assert cm.drafter_step == pytest.approx(0.004, rel=0.01)    # not seen, follows the level
+    for _ in range(60):
+        cm.observe_drafter(2, 2 * 0.003)                        # its own figure at this level
+    assert cm.drafter_step == pytest.approx(0.003, rel=0.05)
+
+
+def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
+    cache = tmp_path / "calibration.json"
+    key2 = costmodel.machine_key(2, 0) + "|kv=-|t.gguf"
+    key1 = with_threads(key2, 1)
+    assert "-t1-gpu0|kv=-|t.gguf" in key1 and with_threads(key1, 2) == key2
+
+    def calibrate():
+        return {1: 0.010, 2: 0.019, 16: 0.150}, 0.003, None, True
+
+    load_or_calibrate(key1, cache, calibrate)          # one thread calibrated earlier
+    cm = load_or_calibrate(key2, cache, lambda: ({1: 0.005, 2: 0.009, 16: 0.030}, 0.002, None, True))
+    feed(cm, [1, 1, 1], 1.0)
+    cm.rekey(key1)                                     # the controller lowered the thread count
+    assert cm.key == key1 and cm.verify(16) == pytest.approx(0.150) and cm.drafter_step == pytest.approx(0.003)
+    cm.observe_verify(1, 0.02)
+    cm.rekey(key2)                                     # back: the live state of two threads again
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.05) and cm.verify(16) == pytest.approx(0.030, rel=0.05)
+    unknown = with_threads(key2, 3)                    # never calibrated: the figures carry on,
+    cm.rekey(unknown)                                  # and the next cycles set the level
+    cm.observe_verify(1, 0.0025)
+    assert cm.verify(1) == pytest.approx(0.0025, rel=0.05) and cm.verify(16) == pytest.approx(0.015, rel=0.05)
+    cm.save()
+    assert unknown in json.loads(cache.read_text())["entries"]
