@@ -145,3 +145,14 @@ def test_engine_adapts_only_without_a_user_count(tiny, monkeypatch):
         assert engine.ctx.n_threads == 1 and engine.drafter.ctx.n_threads == 1
         assert "-t1-gpu" in engine.cost.key
         assert spec.tokens == plain.tokens
+
+
+def test_a_generation_start_reads_at_once():
+    ctl, applied, clock = controller([(1.0, 2.0)])
+    clock.t += 0.1
+    ctl.tick()
+    assert applied == []                       # between cycles: not yet time for a reading
+    ctl.tick(start=True)
+    assert applied == [1]                      # a generation starts: read now (a long span decides)
+    ctl.tick(start=True)
+    assert len(ctl.usage.readings) == 0 and applied == [1]

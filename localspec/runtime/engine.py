@@ -229,6 +229,7 @@ class Engine:
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
         pcfg = config.policy
+        self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
         drafter = self.drafter if config.spec and pcfg.source in ("auto", EAGLE) else None
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)

@@ -22,6 +22,7 @@ CHECK_SECONDS = 0.3   # at most one reading per this many seconds
 LOWER_ABOVE = 0.3     # a core counts as taken when other processes use more than this of it ...
 RAISE_BELOW = 0.15    # ... and as free again below this
 TRUST_SECONDS = 1.0   # one reading over at least this long decides alone
+MIN_SPAN = 0.05       # a reading over less time says too little
 
 
 class Usage(Protocol):
@@ -81,9 +82,11 @@ class ThreadController:
         self._pending: int | None = None
         self.changes = 0
 
-    def tick(self) -> None:
+    def tick(self, *, start: bool = False) -> None:
+        """Between cycles; ``start``: a generation starts (read now unless the last reading is
+        under ``MIN_SPAN`` old, so calibration and prefill run on the right count)."""
         now = self.clock()
-        if now < self._next:
+        if now < (self._next - self.interval + MIN_SPAN if start else self._next):
             return
         self._next = now + self.interval
         reading = self.usage.sample()
@@ -111,7 +114,7 @@ class FixedThreads:
 
     changes = 0
 
-    def tick(self) -> None:
+    def tick(self, *, start: bool = False) -> None:
         pass
 
 

@@ -113,15 +113,16 @@ class CostModel:
         return base[lo] + t * (base[hi] - base[lo])
 
     def _rebuild(self) -> None:
-        scale, res = math.exp(self._level), self._residual
-        self._scale = scale
-        self._table = [c * scale * (math.exp(res[b]) if b in res else 1.0) for b, c in enumerate(self._cal)]
+        res = self._residual
+        self._scale = math.exp(self._level)
+        # calibrated cost times the size's own correction; verify() multiplies in the level
+        self._shape = [c * math.exp(res[b]) if b in res else c for b, c in enumerate(self._cal)]
 
     def verify(self, b: int) -> float:
         """Expected seconds for one target decode of ``b`` tokens with logits for all."""
-        table = self._table
-        if b < len(table):
-            return table[b]
+        shape = self._shape
+        if b < len(shape):
+            return shape[b] * self._scale
         return self._calibrated(b) * math.exp(self._level + self._residual.get(b, 0.0))
 
     @property
@@ -155,9 +156,9 @@ class CostModel:
         self._residual[b] = res + ALPHA * step
         if level != self._level:
             self._level = level
-            self._rebuild()
-        elif b < len(self._table):
-            self._table[b] = self._cal[b] * self._scale * math.exp(self._residual[b])
+            self._scale = math.exp(level)
+        if b < len(self._shape):
+            self._shape[b] = self._cal[b] * math.exp(self._residual[b])
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
@@ -184,7 +185,6 @@ class CostModel:
             self._level, self._residual, self._drafter_residual = level, residual, dres
             self._rebuild()
             return
-        entry = None
         if self.cache is not None and self.cache.is_file():
             try:
                 entry = read_cache(self.cache)["entries"].get(key)
