@@ -7,8 +7,10 @@
 (``default``: no ``--threads``, the engine's adaptive choice) it runs ``localspec bench --json``
 once on an idle machine and once beside ``sh -c 'while :; do :; done'`` pinned to one core, and
 prints plain and auto tok/s, auto/plain over the set and the per-prompt range, with the 1-minute
-load average when each run started (other work on the machine shows there). ``--cmd`` replaces the
-``localspec`` command (e.g. an older checkout's). For people who measure; CI does not run it.
+load average when each run started (other work on the machine shows there). ``--cmd LABEL=COMMAND``
+(repeatable) replaces the ``localspec`` command, e.g. an older checkout's beside this one: every
+configuration then runs each command back to back. ``default`` is skipped for a command labelled
+``before`` (adaptive threads did not exist there). For people who measure; CI does not run it.
 """
 
 from __future__ import annotations
@@ -71,21 +73,23 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated: numbers and/or 'default'")
     ap.add_argument("--busy", default="0,1", help="0: no busy core, 1: one busy core (both: 0,1)")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--cmd", default="localspec", help="the localspec command to run")
+    ap.add_argument("--cmd", action="append", help="LABEL=COMMAND, repeatable (default: localspec)")
     ap.add_argument("--json", type=Path, help="write the results here too")
     opts = ap.parse_args()
-    cmd = shlex.split(opts.cmd)
+    cmds = [c.partition("=")[::2] if "=" in c else ("", c) for c in (opts.cmd or ["localspec"])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         sets = [prompt_slice(s, Path(tmp)) for s in opts.prompts]
         for r in range(opts.rounds):
             for name, path in sets:
                 for threads in opts.threads.split(","):
-                    for busy in (b == "1" for b in opts.busy.split(",")):
-                        res = run_bench(cmd, path, threads, opts.max_tokens, busy)
-                        res.update(round=r, set=name, threads=threads, busy=busy)
+                    for busy, (label, cmd) in ((b == "1", c) for b in opts.busy.split(",") for c in cmds):
+                        if threads == "default" and label == "before":
+                            continue
+                        res = run_bench(shlex.split(cmd), path, threads, opts.max_tokens, busy)
+                        res.update(round=r, set=name, threads=threads, busy=busy, cmd=label)
                         rows.append(res)
-                        print(f"{name:12} t={threads:7} busy={int(busy)} load={res['load1']:5.2f}  "
+                        print(f"{label:7}{name:12} t={threads:7} busy={int(busy)} load={res['load1']:5.2f}  "
                               f"plain {res['plain']:7.1f}  auto {res['auto']:7.1f}  auto/plain {res['ratio']:.3f}  "
                               f"per prompt {res['per_prompt_min']:.2f}-{res['per_prompt_max']:.2f}", flush=True)
     if opts.json:
