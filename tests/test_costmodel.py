@@ -102,3 +102,13 @@ def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
     assert cm.verify(1) == pytest.approx(0.0025, rel=0.05) and cm.verify(16) == pytest.approx(0.015, rel=0.05)
     cm.save()
     assert unknown in json.loads(cache.read_text())["entries"]
+
+
+def test_measure_repeats_large_sizes_less_and_stops_on_request():
+    calls = []
+    out = costmodel.measure(calls.append, [1, 16, 64, 128])
+    assert set(out) == {1, 16, 64, 128}
+    assert calls.count(1) == 1 + costmodel.REPEATS and calls.count(64) == costmodel.REPEATS_LARGE
+    calls.clear()
+    out = costmodel.measure(calls.append, [1, 2, 3], stop=lambda: len(calls) > 3)
+    assert list(out) == [1]                            # the sizes measured so far
