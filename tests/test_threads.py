@@ -116,7 +116,7 @@ def test_llama_thread_change_keeps_the_logits(tiny):
         assert ctx.n_threads == 1
         ctx.decode(tokens, 0, all_logits=True)
         one = np.array([ctx.logits(i) for i in range(len(tokens))])
-        assert np.allclose(one, two, atol=1e-4) and (one.argmax(1) == two.argmax(1)).all()
+        assert np.array_equal(one, two)   # ggml splits work by output rows, no sum across threads
     finally:
         ctx.close()
         model.close()
