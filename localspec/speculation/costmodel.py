@@ -38,6 +38,7 @@ BUDGET_SECONDS = 4.0   # calibration stops here (the sizes measured so far; not 
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in a batch size's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
+LEVEL_CONFIRM = 3      # cycles after which a measurement is judged against the level
 RESIDUAL_CLIP = 0.25   # one measurement moves a size's correction by at most ALPHA * this (log units)
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 CACHE_VERSION = 3      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128
@@ -91,7 +92,7 @@ class CostModel:
         self._cal = [0.0] + [self._calibrated(b) for b in range(1, max(self._sizes[-1], TABLE_MIN) + 1)]
         self._drafter_base = drafter_step
         self._level = 0.0                           # log(live / calibrated), the machine's state
-        self._window: list[float] = []              # the levels the last cycles implied
+        self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
         self._residual: dict[int, float] = {}       # per size, relative to the level
         self._drafter_residual = 0.0
         self._rebuild()
@@ -127,10 +128,15 @@ class CostModel:
 
     @property
     def drafter_step(self) -> float | None:
-        """Expected seconds of one drafter step (None: never measured)."""
-        if self._drafter_base is None:
-            return None
-        return self._drafter_base * self._scale * math.exp(self._drafter_residual)
+        """Expected seconds of one drafter step (None: never measured). On a slower machine the
+        greater of two readings of the level: as a factor, or as the time a one-token target step
+        gained, added (spinning workers that wait for a preempted one cost every decode about the
+        same, so a drafter step then pays what a target step pays)."""
+        return None if self._drafter_base is None else self._drafter_expected() * math.exp(self._drafter_residual)
+
+    def _drafter_expected(self) -> float:
+        base, scale = self._drafter_base, self._scale
+        return max(base * scale, base + self._cal[1] * (scale - 1.0)) if scale > 1.0 else base * scale
 
     @property
     def level(self) -> float:
@@ -145,20 +151,24 @@ class CostModel:
         if seconds <= 0 or b < 1:
             return
         x = math.log(seconds / (self._cal[b] if b < len(self._cal) else self._calibrated(b)))
-        res = self._residual.get(b, 0.0)
-        window = self._window
-        window.append(x - res)
+        window, res = self._window, self._residual
+        window.append((b, x))
         if len(window) > LEVEL_WINDOW:
             del window[0]
-        level = sorted(window)[len(window) // 2]
-        # this size's own correction, against the level the cycles agree on (clipped: robust)
-        step = min(max(x - level - res, -RESIDUAL_CLIP), RESIDUAL_CLIP)
-        self._residual[b] = res + ALPHA * step
+        implied = sorted(x - res.get(s, 0.0) for s, x in window)
+        level = implied[len(implied) // 2]
         if level != self._level:
             self._level = level
             self._scale = math.exp(level)
-        if b < len(self._shape):
-            self._shape[b] = self._cal[b] * math.exp(self._residual[b])
+        if len(window) >= LEVEL_CONFIRM:
+            # a size's own correction learns from the cycle LEVEL_CONFIRM - 1 back, judged against
+            # the level the cycles since agree on: the first cycles after a load change do not
+            # count as that size's own (clipped: one odd decode moves it little)
+            s, x = window[-LEVEL_CONFIRM]
+            r = res.get(s, 0.0)
+            res[s] = r = r + ALPHA * min(max(x - level - r, -RESIDUAL_CLIP), RESIDUAL_CLIP)
+            if s < len(self._shape):
+                self._shape[s] = self._cal[s] * math.exp(r)
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
@@ -167,7 +177,7 @@ class CostModel:
         if self._drafter_base is None:   # never calibrated: this is its figure at today's level
             self._drafter_base = per / self._scale
             return
-        step = math.log(per / (self._drafter_base * self._scale)) - self._drafter_residual
+        step = math.log(per / self._drafter_expected()) - self._drafter_residual
         self._drafter_residual += ALPHA * min(max(step, -RESIDUAL_CLIP), RESIDUAL_CLIP)
 
     def rekey(self, key: str) -> None:
