@@ -176,6 +176,7 @@ class CostModel:
         per = seconds / steps
         if self._drafter_base is None:   # never calibrated: this is its figure at today's level
             self._drafter_base = per / self._scale
+            self._drafter_residual = math.log(per / self._drafter_expected())
             return
         step = math.log(per / self._drafter_expected()) - self._drafter_residual
         self._drafter_residual += ALPHA * min(max(step, -RESIDUAL_CLIP), RESIDUAL_CLIP)
