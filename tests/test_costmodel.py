@@ -106,8 +106,19 @@ def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
     cm.rekey(unknown)                                  # and the next cycles set the level
     cm.observe_verify(1, 0.0025)
     assert cm.verify(1) == pytest.approx(0.0025, rel=0.05) and cm.verify(16) == pytest.approx(0.015, rel=0.05)
-    cm.save()
-    assert unknown in json.loads(cache.read_text())["entries"]
+    cm.save_if_drifted()                               # another count's curve: not cached as this one's
+    assert unknown not in json.loads(cache.read_text())["entries"]
+
+
+def test_an_interrupted_calibration_is_never_written_back(tmp_path):
+    cache = tmp_path / "calibration.json"
+    cm = load_or_calibrate("k", cache, lambda: ({1: 0.005, 2: 0.009}, None, None, False))
+    feed(cm, [1, 1, 1, 1], 3.0)
+    cm.save_if_drifted()     # its live figures moved, but it knows sizes 1 and 2 only
+    assert not cache.exists()
+    calls = []
+    costmodel.measure(calls.append, [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 128], repeats=1)
+    assert calls[1:6] == [1, 2, 4, 8, 16]              # powers of two first: cut short, still spans
 
 
 def test_measure_repeats_large_sizes_less_and_stops_on_request():

@@ -81,6 +81,7 @@ class CostModel:
             raise ValueError("a cost model needs the one-token verify cost")
         self.key = key
         self.cache = cache
+        self.cacheable = True   # False: figures of an interrupted calibration, never written back
         self._set_base(verify, drafter_step)
         # a drafter step of speculation.tree.WIDTH branches (one decode) over a one-branch step
         self.drafter_width = drafter_width
@@ -188,10 +189,10 @@ class CostModel:
         if key == self.key:
             return
         self._stash[self.key] = (self._base, self._drafter_base, self._level, self._residual,
-                                 self._drafter_residual)
+                                 self._drafter_residual, self.cacheable)
         old, self.key = self._stash.get(key), key
         if old is not None:
-            base, dbase, level, residual, dres = old
+            base, dbase, level, residual, dres, self.cacheable = old
             self._set_base(base, dbase)
             self._level, self._residual, self._drafter_residual = level, residual, dres
             self._rebuild()
@@ -202,10 +203,12 @@ class CostModel:
                 if entry is not None:
                     verify, dstep, _ = _entry_figures(entry)
                     self._set_base(verify, dstep if dstep is not None else self._drafter_base)
+                    self.cacheable = True
                     return
             except (OSError, ValueError):
                 pass
         self._window = []   # the next cycles set the level afresh
+        self.cacheable = False   # another thread count's curve: not this key's calibration
 
     # -- persistence ----------------------------------------------------------------------------
     def live(self) -> dict:
@@ -233,7 +236,7 @@ class CostModel:
         atomic_write(self.cache, json.dumps(data, indent=1))
 
     def save_if_drifted(self) -> None:
-        if self.drifted():
+        if self.cacheable and self.drifted():
             try:
                 self.save()
             except (OSError, LocalspecError):   # a cache only (e.g. a read-only user directory)
@@ -249,9 +252,9 @@ def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None) -> dict[int, float]:
     """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (``REPEATS_LARGE``
     above 16 rows; other processes on a shared machine only ever add time; the live refresh brings
-    in what they cost), after one unmeasured warm-up. ``stop()`` true ends it early (the sizes
-    measured so far)."""
-    sizes = list(sizes)
+    in what they cost), after one unmeasured warm-up; powers of two first. ``stop()`` true ends it
+    early (the sizes measured so far)."""
+    sizes = _coarse_first(sizes)
     run(sizes[0])
     out = {}
     for b in sizes:
@@ -264,6 +267,14 @@ def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             times.append(time.perf_counter() - t0)
         out[b] = min(times)
     return out
+
+
+def _coarse_first(sizes) -> list[int]:
+    """Powers of two first (1, 2, 4 ... 128: the whole range), then the sizes between: a
+    calibration cut short on a busy machine still spans every draft depth."""
+    sizes = sorted(set(sizes))
+    coarse = [b for b in sizes if b & (b - 1) == 0]
+    return coarse + [b for b in sizes if b & (b - 1)]
 
 
 def _positive(x) -> bool:
@@ -320,7 +331,8 @@ def load_or_calibrate(key: str, cache: Path,
                 note(f"{cache}: ignored ({exc}); calibrating again")
     verify, drafter_step, drafter_width, complete = calibrate()
     model = CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
-    if complete:  # an interrupted calibration serves this engine only
+    model.cacheable = complete   # an interrupted calibration serves this engine only
+    if complete:
         try:
             model.save()
         except (OSError, LocalspecError):
