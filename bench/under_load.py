@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ def main() -> int:
     ap.add_argument("--cmd", action="append", help="LABEL=COMMAND, repeatable (default: localspec)")
     ap.add_argument("--json", type=Path, help="write the results here too")
     opts = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # the busy loop ends with us
     cmds = [c.partition("=")[::2] if "=" in c else ("", c) for c in (opts.cmd or ["localspec"])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
