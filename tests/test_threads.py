@@ -46,15 +46,20 @@ def ticks(ctl, clock, n, every=0.31):
 
 def test_a_busy_core_lowers_the_count_and_its_end_raises_it_again():
     # readings of (other processes' cores, seconds): a busy loop takes a core, later it stops
-    ctl, applied, clock = controller([(0.05, 0.3)] * 3 + [(0.9, 0.3)] * 4 + [(1.0, 0.3)] * 3 + [(0.02, 0.3)] * 3)
+    ctl, applied, clock = controller([(0.05, 0.3)] * 3 + [(0.9, 0.3)] * 4 + [(1.0, 0.3)] * 3
+                                     + [(0.02, 0.3)] * 3 + [(0.5, 0.3)] + [(0.02, 0.3)] * 8)
     ticks(ctl, clock, 3)
     assert applied == []                       # idle: all cores
     ticks(ctl, clock, 2)
     assert applied == [1] and ctl.n == 1       # two readings in a row agree: one thread
     ticks(ctl, clock, 5)
     assert applied == [1]                      # stays while the core is taken
-    ticks(ctl, clock, 2)
-    assert applied == [1, 2] and ctl.n == 2    # the other process left
+    ticks(ctl, clock, 4)
+    assert applied == [1]                      # quiet for a moment, then busy again: stays
+    ticks(ctl, clock, 5)
+    assert applied == [1]                      # quiet for 1.5 s: not yet
+    ticks(ctl, clock, 3)
+    assert applied == [1, 2] and ctl.n == 2    # quiet for 2 s: the other process left
 
 
 def test_one_busy_reading_or_a_middling_load_changes_nothing():
@@ -62,15 +67,17 @@ def test_one_busy_reading_or_a_middling_load_changes_nothing():
     ticks(ctl, clock, 6)
     assert applied == []
     # at one thread, a middling load (inside the band) does not raise it either
-    ctl, applied, clock = controller([(1.0, 0.3), (1.0, 0.3), (0.2, 0.3), (0.2, 0.3), (0.25, 0.3)])
-    ticks(ctl, clock, 5)
+    ctl, applied, clock = controller([(1.0, 0.3), (1.0, 0.3), (0.2, 0.3), (0.2, 0.3), (0.25, 0.3)] * 3)
+    ticks(ctl, clock, 15)
     assert applied == [1]
 
 
 def test_a_long_reading_decides_alone_and_readings_are_rate_limited():
-    ctl, applied, clock = controller([(1.2, 5.0)])      # e.g. the gap between two chat turns
+    ctl, applied, clock = controller([(1.2, 5.0), (0.1, 5.0)])   # e.g. gaps between chat turns
     ticks(ctl, clock, 1)
     assert applied == [1]
+    ticks(ctl, clock, 1)
+    assert applied == [1, 2]
     ctl, applied, clock = controller([(1.0, 0.3)] * 10)
     ticks(ctl, clock, 10, every=0.01)                   # 0.1 s of cycles: no reading yet
     assert applied == [] and len(ctl.usage.readings) == 10

@@ -7,8 +7,9 @@ thread count (no ``--threads``, no ``$LOCALSPEC_THREADS``), :class:`ThreadContro
 most every ``CHECK_SECONDS`` between cycles, how much CPU the other processes used (/proc/stat's
 busy time minus this process's own CPU time) and lowers the count while they take a core, raising
 it again when they leave (a band between ``RAISE_BELOW`` and ``LOWER_ABOVE`` keeps it from
-flapping; a change needs two readings in a row, or one over a second or more). An explicit count
-is the user's and never changes.
+flapping; lowering needs two readings in a row, or one over a second or more; raising needs
+``RAISE_SECONDS`` of low readings: a thread too many costs far more than one too few). An explicit
+count is the user's and never changes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Callable, Protocol
 CHECK_SECONDS = 0.3   # at most one reading per this many seconds
 LOWER_ABOVE = 0.3     # a core counts as taken when other processes use more than this of it ...
 RAISE_BELOW = 0.15    # ... and as free again below this
-TRUST_SECONDS = 1.0   # one reading over at least this long decides alone
+TRUST_SECONDS = 1.0   # one reading over at least this long lowers the count alone ...
+RAISE_SECONDS = 2.0   # ... while raising it needs this long of low readings (flapping up costs more)
 MIN_SPAN = 0.05       # a reading over less time says too little
 
 
@@ -79,7 +81,8 @@ class ThreadController:
         self.interval = interval
         self.clock = clock
         self._next = clock() + interval
-        self._pending: int | None = None
+        self._pending: int | None = None      # a lower count one reading asked for
+        self._low_since: float | None = None  # since when readings would allow a higher count
         self.changes = 0
 
     def tick(self, *, start: bool = False) -> None:
@@ -93,20 +96,28 @@ class ThreadController:
         if reading is None:
             return
         other, span = reading
-        want = self.n
-        if fitting(self.cores, other, LOWER_ABOVE, self.n_max) < self.n:
-            want = fitting(self.cores, other, LOWER_ABOVE, self.n_max)
-        elif fitting(self.cores, other, RAISE_BELOW, self.n_max) > self.n:
-            want = fitting(self.cores, other, RAISE_BELOW, self.n_max)
-        if want == self.n:
+        down = fitting(self.cores, other, LOWER_ABOVE, self.n_max)
+        up = fitting(self.cores, other, RAISE_BELOW, self.n_max)
+        if down < self.n:     # fast: a thread too many costs several times its worth
+            self._low_since = None
+            if span >= TRUST_SECONDS or down == self._pending:
+                self._change(down)
+            else:
+                self._pending = down
+        elif up > self.n:     # slow: readings low for RAISE_SECONDS in a row
             self._pending = None
-        elif span >= TRUST_SECONDS or want == self._pending:
-            self._pending = None
-            self.n = want
-            self.changes += 1
-            self.apply(want)
+            if self._low_since is None:
+                self._low_since = now - span
+            if now - self._low_since >= RAISE_SECONDS:
+                self._change(up)
         else:
-            self._pending = want
+            self._pending = self._low_since = None
+
+    def _change(self, n: int) -> None:
+        self._pending = self._low_since = None
+        self.n = n
+        self.changes += 1
+        self.apply(n)
 
 
 class FixedThreads:
