@@ -40,6 +40,7 @@ ALPHA = 0.15           # weight of one live measurement in a batch size's own co
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
 LEVEL_CONFIRM = 3      # cycles after which a measurement is judged against the level
 RESIDUAL_CLIP = 0.25   # one measurement moves a size's correction by at most ALPHA * this (log units)
+FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 CACHE_VERSION = 3      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128
 
@@ -96,6 +97,9 @@ class CostModel:
         self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
         self._residual: dict[int, float] = {}       # per size, relative to the level
         self._drafter_residual = 0.0
+        self._slow = 1.0                            # the level's slow EMA, for sizes not seen lately
+        self._cycles = 0
+        self._seen_at: dict[int, int] = {}          # size -> the cycle it was last measured in
         self._rebuild()
 
     # -- reading ----------------------------------------------------------------------------
@@ -121,11 +125,16 @@ class CostModel:
         self._shape = [c * math.exp(res[b]) if b in res else c for b, c in enumerate(self._cal)]
 
     def verify(self, b: int) -> float:
-        """Expected seconds for one target decode of ``b`` tokens with logits for all."""
+        """Expected seconds for one target decode of ``b`` tokens with logits for all. Sizes not
+        measured in the last ``FRESH_CYCLES`` cycles follow a slower machine at once but a faster
+        one only gradually (``_slow``: the old drift): when in doubt, drafting looks costly."""
+        scale = self._scale
+        if self._cycles - self._seen_at.get(b, -FRESH_CYCLES - 1) > FRESH_CYCLES and self._slow > scale:
+            scale = self._slow
         shape = self._shape
         if b < len(shape):
-            return shape[b] * self._scale
-        return self._calibrated(b) * math.exp(self._level + self._residual.get(b, 0.0))
+            return shape[b] * scale
+        return self._calibrated(b) * scale * math.exp(self._residual.get(b, 0.0))
 
     @property
     def drafter_step(self) -> float | None:
@@ -161,6 +170,9 @@ class CostModel:
         if level != self._level:
             self._level = level
             self._scale = math.exp(level)
+        self._slow = (1 - ALPHA / 4) * self._slow + (ALPHA / 4) * self._scale
+        self._cycles += 1
+        self._seen_at[b] = self._cycles
         if len(window) >= LEVEL_CONFIRM:
             # a size's own correction learns from the cycle LEVEL_CONFIRM - 1 back, judged against
             # the level the cycles since agree on: the first cycles after a load change do not
@@ -207,7 +219,8 @@ class CostModel:
                     return
             except (OSError, ValueError):
                 pass
-        self._window = []   # the next cycles set the level afresh
+        self._window = []   # the next cycles set the level afresh, for every size
+        self._slow = 0.0
         self.cacheable = False   # another thread count's curve: not this key's calibration
 
     # -- persistence ----------------------------------------------------------------------------
