@@ -165,3 +165,13 @@ def test_a_generation_start_reads_at_once():
     assert applied == [1]                      # a generation starts: read now (a long span decides)
     ctl.tick(start=True)
     assert len(ctl.usage.readings) == 0 and applied == [1]
+
+
+def test_as_a_generation_observer_it_ticks_after_each_verify():
+    ctl, applied, clock = controller([(1.0, 0.3)] * 2)
+    for _ in range(2):
+        clock.t += 0.31
+        ctl.after_prefill(None, None)
+        ctl.after_verify(None, None, None)
+    assert applied == [1]
+    T.FixedThreads().after_verify(None, None, None)
