@@ -16,7 +16,7 @@ TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL)."
 DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False,
                         readable=False)
 CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
-ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores).", show_default=False)
+ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores, fewer while other processes keep cores busy).", show_default=False)
 GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
                             help="Target layers to offload to the GPU (-1: all; default: from the memory plan).")
 def _verbose_now(value: bool) -> bool:

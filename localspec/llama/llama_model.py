@@ -196,6 +196,12 @@ class Context:
         for i in range(n_batch):
             self._batch.seq_id[i][0] = 0
 
+    def set_threads(self, n_threads: int) -> None:
+        """Run later decodes (single tokens and batches) on ``n_threads`` threads."""
+        n = check_threads(n_threads)
+        llama_cpp.llama_set_n_threads(self._ctx, n, n)
+        self.n_threads = n
+
     def decode(self, tokens: Sequence[int], start_pos: int, *, all_logits: bool) -> None:
         """Decode ``tokens`` at positions ``start_pos..``; logits for every row or only the last."""
         n = len(tokens)

@@ -45,6 +45,7 @@ from .calibration import calibrate
 from .generation import GenerationLoop
 from .margins import MarginRecorder
 from .sampling import SamplingParams
+from .threads import for_engine as adaptive_threads
 from .verifier import TargetVerifier
 
 
@@ -110,6 +111,7 @@ class Engine:
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
         self.verifier = TargetVerifier(self.model, self.ctx)  # what the target KV cache holds
         self._lock = threading.Lock()
+        self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
     def _open(self, n_ctx: int, n_threads: int | None, n_gpu_layers: int, drafter_gpu_layers: int,
               kv_type: str | None, n_outputs_max: int) -> None:
@@ -189,6 +191,7 @@ class Engine:
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
         pcfg = config.policy
+        self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
         drafter = self.drafter if config.spec and pcfg.source in ("auto", EAGLE) else None
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
@@ -196,8 +199,9 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         margins = MarginRecorder() if config.record_margins else None
+        observers = [self.threads] + ([margins] if margins is not None else [])   # threads: a tick per cycle
         loop = GenerationLoop(self.verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=[margins] if margins is not None else (), cancel=cancel)
+                              observers=observers, cancel=cancel)
         for event in loop.run():
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))

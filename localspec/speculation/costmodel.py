@@ -1,12 +1,13 @@
 """What a cycle costs on this machine: target verify time by batch size, drafter time per step.
 
-Calibrated at load (one target decode of each batch size 1..``CALIBRATE_MAX``, a few repeats, the
-median) and cached in ``user_dir()/calibration.json`` under a key naming the machine (platform,
-CPU count, threads, offloaded layers) and the model files (path, size, mtime), so later loads
-cost nothing. During generation every verify and every drafting step refreshes the figures (an
-exponential moving average of measured/calibrated per batch size); a global drift factor carries
-what the live measurements say to batch sizes not seen lately. When the live figures drift away
-from the cached ones, :meth:`CostModel.save` writes them back.
+Calibrated at load (one target decode of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
+up to 128, a few repeats, the fastest) and cached in ``user_dir()/calibration.json`` under a key
+naming the machine (platform, CPU count, threads, offloaded layers) and the model files (path,
+size, mtime), so later loads cost nothing. During generation every verify and every drafting step
+refreshes the figures: a machine level (the median of what the last few cycles say, so a load
+that starts or ends is followed within three cycles and one hiccup is ignored) times a slow,
+clipped per-size correction. A change of thread count re-keys the model (:meth:`CostModel.rekey`).
+When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
 Verify cost is not linear in batch size on CPUs (DESIGN.md section 4: Q4_0 verifies 4 tokens for
 ~2x one token, 8 for ~3x, and multiples of 4 are sweet spots), and on GPUs it is almost flat: the
@@ -16,8 +17,10 @@ policy only ever asks :meth:`CostModel.verify`, so one policy fits both.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,12 +29,20 @@ from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
 
 CALIBRATE_MAX = 9      # batch sizes measured at load: 1..9 (verify of up to 8 drafts)
-EXTRA_SIZES = (16,)    # measured too, so deep chains interpolate instead of extrapolating
-REPEATS = 3
-BUDGET_SECONDS = 3.0   # calibration stops here (the sizes measured so far; not cached)
-ALPHA = 0.15           # EMA weight of one live measurement
+# measured too: deep drafts (long lookup matches, up to 128 tokens) interpolate between measured
+# sizes instead of extrapolating (on a CPU V(k)/k keeps falling well past 16)
+EXTRA_SIZES = (12, 16, 24, 32, 48, 64, 96, 128)
+REPEATS = 3            # runs per size up to 16, the fastest counts ...
+REPEATS_LARGE = 2      # ... and per size above 16 (each costs 3-20 plain steps)
+BUDGET_SECONDS = 4.0   # calibration stops here (the sizes measured so far; not cached)
+TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
+ALPHA = 0.15           # weight of one live measurement in a batch size's own correction
+LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
+LEVEL_CONFIRM = 3      # cycles after which a measurement is judged against the level
+RESIDUAL_CLIP = 0.25   # one measurement moves a size's correction by at most ALPHA * this (log units)
+FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
-CACHE_VERSION = 2      # 2: the drafter's cost of a step of tree branches
+CACHE_VERSION = 3      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128
 
 
 def _file_key(path: Path | None) -> str:
@@ -49,8 +60,21 @@ def machine_key(n_threads: int, n_gpu_layers: int) -> str:
     return f"{platform.system()}-{platform.machine()}-cpu{os.cpu_count()}-t{n_threads}-gpu{n_gpu_layers}"
 
 
+def with_threads(key: str, n_threads: int) -> str:
+    """``key`` (a :func:`machine_key`, possibly followed by more fields) for ``n_threads`` threads."""
+    return re.sub(r"-t\d+-gpu", f"-t{n_threads}-gpu", key, count=1)
+
+
 class CostModel:
-    """Seconds per target verify of ``b`` tokens and per drafter step, calibrated then refreshed live."""
+    """Seconds per target verify of ``b`` tokens and per drafter step, calibrated then refreshed live.
+
+    Live figures are ``calibrated(b) * exp(level + residual[b])``. ``level`` is how much slower
+    than calibrated the machine runs now (log units): the median of what the last
+    ``LEVEL_WINDOW`` cycles say, whatever their batch size, so a load that starts or ends moves
+    every size within three cycles while one slow decode (a scheduler hiccup) moves nothing.
+    ``residual[b]`` is batch size b's own lasting deviation from that (an EMA, each step clipped),
+    e.g. verifies that suffer less than single steps from a busy core. The drafter step follows
+    the level too, with a residual of its own."""
 
     def __init__(self, verify: dict[int, float], drafter_step: float | None = None, *, key: str = "",
                  cache: Path | None = None, drafter_width: float | None = None) -> None:
@@ -58,16 +82,24 @@ class CostModel:
             raise ValueError("a cost model needs the one-token verify cost")
         self.key = key
         self.cache = cache
-        self._base = dict(sorted(verify.items()))  # calibrated seconds by batch size
-        self._sizes = sorted(self._base)
-        self._ratio: dict[int, float] = {}          # live measured / calibrated, by batch size
-        self._drift = 1.0                           # live / calibrated over all sizes
-        self.drafter_step = drafter_step
-        self._drafter_base = drafter_step
+        self.cacheable = True   # False: figures of an interrupted calibration, never written back
+        self._set_base(verify, drafter_step)
         # a drafter step of speculation.tree.WIDTH branches (one decode) over a one-branch step
         self.drafter_width = drafter_width
-        self._table: list[float] = []
-        self._seen = 0
+        self._stash: dict[str, tuple] = {}   # live state of other keys (thread counts), see rekey
+
+    def _set_base(self, verify: dict[int, float], drafter_step: float | None) -> None:
+        self._base = dict(sorted(verify.items()))  # calibrated seconds by batch size
+        self._sizes = sorted(self._base)
+        self._cal = [0.0] + [self._calibrated(b) for b in range(1, max(self._sizes[-1], TABLE_MIN) + 1)]
+        self._drafter_base = drafter_step
+        self._level = 0.0                           # log(live / calibrated), the machine's state
+        self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
+        self._residual: dict[int, float] = {}       # per size, relative to the level
+        self._drafter_residual = 0.0
+        self._slow = 1.0                            # the level's slow EMA, for sizes not seen lately
+        self._cycles = 0
+        self._seen_at: dict[int, int] = {}          # size -> the cycle it was last measured in
         self._rebuild()
 
     # -- reading ----------------------------------------------------------------------------
@@ -87,43 +119,109 @@ class CostModel:
         return base[lo] + t * (base[hi] - base[lo])
 
     def _rebuild(self) -> None:
-        top = max(self._sizes[-1], 40)
-        self._table = [0.0] + [self._calibrated(b) * self._ratio.get(b, self._drift) for b in range(1, top + 1)]
+        res = self._residual
+        self._scale = math.exp(self._level)
+        # calibrated cost times the size's own correction; verify() multiplies in the level
+        self._shape = [c * math.exp(res[b]) if b in res else c for b, c in enumerate(self._cal)]
 
     def verify(self, b: int) -> float:
-        """Expected seconds for one target decode of ``b`` tokens with logits for all."""
-        table = self._table
-        if b < len(table):
-            return table[b]
-        return self._calibrated(b) * self._ratio.get(b, self._drift)
+        """Expected seconds for one target decode of ``b`` tokens with logits for all. Sizes not
+        measured in the last ``FRESH_CYCLES`` cycles follow a slower machine at once but a faster
+        one only gradually (``_slow``: the old drift): when in doubt, drafting looks costly."""
+        scale = self._scale
+        if self._cycles - self._seen_at.get(b, -FRESH_CYCLES - 1) > FRESH_CYCLES and self._slow > scale:
+            scale = self._slow
+        shape = self._shape
+        if b < len(shape):
+            return shape[b] * scale
+        return self._calibrated(b) * scale * math.exp(self._residual.get(b, 0.0))
+
+    @property
+    def drafter_step(self) -> float | None:
+        """Expected seconds of one drafter step (None: never measured). On a slower machine the
+        greater of two readings of the level: as a factor, or as the time a one-token target step
+        gained, added (spinning workers that wait for a preempted one cost every decode about the
+        same, so a drafter step then pays what a target step pays)."""
+        return None if self._drafter_base is None else self._drafter_expected() * math.exp(self._drafter_residual)
+
+    def _drafter_expected(self) -> float:
+        base, scale = self._drafter_base, self._scale
+        return max(base * scale, base + self._cal[1] * (scale - 1.0)) if scale > 1.0 else base * scale
+
+    @property
+    def level(self) -> float:
+        """How much slower than calibrated the machine runs now (1.0: as calibrated)."""
+        return self._scale
 
     def curve(self, n: int = CALIBRATE_MAX) -> list[float]:
         return [self.verify(b) for b in range(1, n + 1)]
 
     # -- live refresh -------------------------------------------------------------------------
     def observe_verify(self, b: int, seconds: float) -> None:
-        if seconds <= 0:
+        if seconds <= 0 or b < 1:
             return
-        r = seconds / self._calibrated(b)
-        old = self._ratio.get(b)
-        self._ratio[b] = r if old is None else (1 - ALPHA) * old + ALPHA * r
-        self._drift = (1 - ALPHA / 4) * self._drift + (ALPHA / 4) * r
-        self._table_set(b)
-
-    def _table_set(self, b: int) -> None:
-        table = self._table
-        if b < len(table):
-            table[b] = self._calibrated(b) * self._ratio[b]
-        # sizes without live data follow the drift, refreshed cheaply every so often
-        self._seen += 1
-        if self._seen % 32 == 0:
-            self._rebuild()
+        x = math.log(seconds / (self._cal[b] if b < len(self._cal) else self._calibrated(b)))
+        window, res = self._window, self._residual
+        window.append((b, x))
+        if len(window) > LEVEL_WINDOW:
+            del window[0]
+        implied = sorted(x - res.get(s, 0.0) for s, x in window)
+        level = implied[len(implied) // 2]
+        if level != self._level:
+            self._level = level
+            self._scale = math.exp(level)
+        self._slow = (1 - ALPHA / 4) * self._slow + (ALPHA / 4) * self._scale
+        self._cycles += 1
+        self._seen_at[b] = self._cycles
+        if len(window) >= LEVEL_CONFIRM:
+            # a size's own correction learns from the cycle LEVEL_CONFIRM - 1 back, judged against
+            # the level the cycles since agree on: the first cycles after a load change do not
+            # count as that size's own (clipped: one odd decode moves it little)
+            s, x = window[-LEVEL_CONFIRM]
+            r = res.get(s, 0.0)
+            res[s] = r = r + ALPHA * min(max(x - level - r, -RESIDUAL_CLIP), RESIDUAL_CLIP)
+            if s < len(self._shape):
+                self._shape[s] = self._cal[s] * math.exp(r)
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
             return
         per = seconds / steps
-        self.drafter_step = per if self.drafter_step is None else (1 - ALPHA) * self.drafter_step + ALPHA * per
+        if self._drafter_base is None:   # never calibrated: this is its figure at today's level
+            self._drafter_base = per / self._scale
+            self._drafter_residual = math.log(per / self._drafter_expected())
+            return
+        step = math.log(per / self._drafter_expected()) - self._drafter_residual
+        self._drafter_residual += ALPHA * min(max(step, -RESIDUAL_CLIP), RESIDUAL_CLIP)
+
+    def rekey(self, key: str) -> None:
+        """The machine's configuration changed (another thread count): keep this key's live state
+        aside, take up ``key``'s (seen before in this process, else its cached calibration, else
+        these figures, which the level then corrects from the next cycles on)."""
+        if key == self.key:
+            return
+        self._stash[self.key] = (self._base, self._drafter_base, self._level, self._residual,
+                                 self._drafter_residual, self.cacheable)
+        old, self.key = self._stash.get(key), key
+        if old is not None:
+            base, dbase, level, residual, dres, self.cacheable = old
+            self._set_base(base, dbase)
+            self._level, self._residual, self._drafter_residual = level, residual, dres
+            self._rebuild()
+            return
+        if self.cache is not None and self.cache.is_file():
+            try:
+                entry = read_cache(self.cache)["entries"].get(key)
+                if entry is not None:
+                    verify, dstep, _ = _entry_figures(entry)
+                    self._set_base(verify, dstep if dstep is not None else self._drafter_base)
+                    self.cacheable = True
+                    return
+            except (OSError, ValueError):
+                pass
+        self._window = []   # the next cycles set the level afresh, for every size
+        self._slow = 0.0
+        self.cacheable = False   # another thread count's curve: not this key's calibration
 
     # -- persistence ----------------------------------------------------------------------------
     def live(self) -> dict:
@@ -133,10 +231,10 @@ class CostModel:
                 "drafter_width": self.drafter_width}
 
     def drifted(self) -> bool:
-        moved = [abs(r - 1.0) for r in self._ratio.values()]
+        moved = [abs(math.exp(self._level + r) - 1.0) for r in self._residual.values()]
         if self._drafter_base and self.drafter_step:
             moved.append(abs(self.drafter_step / self._drafter_base - 1.0))
-        return bool(moved) and max(moved) > DRIFT_SAVE
+        return bool(self._residual) and max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
         if self.cache is None or not self.key:
@@ -151,7 +249,7 @@ class CostModel:
         atomic_write(self.cache, json.dumps(data, indent=1))
 
     def save_if_drifted(self) -> None:
-        if self.drifted():
+        if self.cacheable and self.drifted():
             try:
                 self.save()
             except (OSError, LocalspecError):   # a cache only (e.g. a read-only user directory)
@@ -165,22 +263,31 @@ class CostModel:
 
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None) -> dict[int, float]:
-    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (other processes on a
-    shared machine only ever add time; the live refresh brings in what they cost), after one
-    unmeasured warm-up. ``stop()`` true ends it early (the sizes measured so far)."""
-    sizes = list(sizes)
+    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (``REPEATS_LARGE``
+    above 16 rows; other processes on a shared machine only ever add time; the live refresh brings
+    in what they cost), after one unmeasured warm-up; powers of two first. ``stop()`` true ends it
+    early (the sizes measured so far)."""
+    sizes = _coarse_first(sizes)
     run(sizes[0])
     out = {}
     for b in sizes:
         if stop is not None and out and stop():
             break
         times = []
-        for _ in range(repeats):
+        for _ in range(repeats if b <= 16 else min(repeats, REPEATS_LARGE)):
             t0 = time.perf_counter()
             run(b)
             times.append(time.perf_counter() - t0)
         out[b] = min(times)
     return out
+
+
+def _coarse_first(sizes) -> list[int]:
+    """Powers of two first (1, 2, 4 ... 128: the whole range), then the sizes between: a
+    calibration cut short on a busy machine still spans every draft depth."""
+    sizes = sorted(set(sizes))
+    coarse = [b for b in sizes if b & (b - 1) == 0]
+    return coarse + [b for b in sizes if b & (b - 1)]
 
 
 def _positive(x) -> bool:
@@ -237,7 +344,8 @@ def load_or_calibrate(key: str, cache: Path,
                 note(f"{cache}: ignored ({exc}); calibrating again")
     verify, drafter_step, drafter_width, complete = calibrate()
     model = CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
-    if complete:  # an interrupted calibration serves this engine only
+    model.cacheable = complete   # an interrupted calibration serves this engine only
+    if complete:
         try:
             model.save()
         except (OSError, LocalspecError):

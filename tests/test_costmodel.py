@@ -1,0 +1,146 @@
+"""The cost model's live refresh with synthetic timings: a machine that gets slower (another
+process takes a core) is followed within a few cycles, a single slow decode is not; sizes past 16;
+a change of thread count re-keys it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from localspec.speculation import costmodel
+from localspec.speculation.costmodel import CostModel, load_or_calibrate, with_threads
+
+# a CPU-like curve measured at the calibration sizes: per-token cost keeps falling past 16
+CAL = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
+       12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
+
+
+def feed(cm: CostModel, sizes, factor: float, noise: float = 0.0, rng=None) -> None:
+    for b in sizes:
+        jitter = 1.0 + (rng.uniform(-noise, noise) if rng else 0.0)
+        cm.observe_verify(b, CAL[b] * factor * jitter)
+
+
+def test_calibration_sizes_reach_the_longest_draft():
+    sizes = list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES)
+    assert max(sizes) >= 128 and {16, 32, 64} <= set(sizes)
+    cm = CostModel(CAL)
+    assert cm.verify(128) == pytest.approx(0.145) and cm.verify(80) == pytest.approx((0.075 + 0.110) / 2)
+    assert cm.verify(129) == pytest.approx(0.145 + (0.145 - 0.110) / 32)   # the last slope, beyond
+    assert cm.verify(400) > cm.verify(129)
+    # per-token cost keeps falling: 64 drafts verify for less per token than 16
+    assert cm.verify(65) / 65 < cm.verify(17) / 17
+
+
+def test_a_step_change_in_all_sizes_is_followed_within_three_cycles():
+    cm = CostModel(CAL)
+    rng = random.Random(1)
+    feed(cm, [1, 1, 9, 1, 17 - 1, 1, 1, 9] * 4, 1.0, 0.05, rng)   # steady, a little noise
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.1)
+    feed(cm, [1, 9, 1], 3.0)                          # another process takes a core: all 3x slower
+    for b in (1, 4, 9, 16, 64, 128):                  # every size, seen lately or not
+        assert cm.verify(b) == pytest.approx(3 * CAL.get(b, cm.verify(b) / 3), rel=0.15)
+    assert cm.level == pytest.approx(3.0, rel=0.15)
+    feed(cm, [1, 1, 1], 1.0)                          # and it leaves: sizes measured lately follow
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.15) and cm.verify(9) == pytest.approx(0.015, rel=0.15)
+    assert cm.verify(64) > 0.075 * 1.1                 # others come down gradually (drafting looks costly)
+    feed(cm, [1] * 120, 1.0)
+    assert cm.verify(64) == pytest.approx(0.075, rel=0.1)
+
+
+def test_one_slow_decode_moves_nothing_much():
+    cm = CostModel(CAL)
+    feed(cm, [1, 4, 1, 8, 1, 1], 1.0)
+    before = [cm.verify(b) for b in (1, 4, 8, 16, 64)]
+    cm.observe_verify(1, 0.005 * 20)                  # a scheduler hiccup: one decode 20x slower
+    after = [cm.verify(b) for b in (1, 4, 8, 16, 64)]
+    assert all(a == pytest.approx(b, rel=0.05) for a, b in zip(after, before))
+    feed(cm, [1, 1, 1, 1], 1.0)
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.05)
+
+
+def test_a_size_that_suffers_less_from_load_learns_its_own_correction():
+    """A busy core adds about the same spinning overhead to every decode, so batched verifies
+    slow down less than single steps: the per-size correction finds that out."""
+    cm = CostModel(CAL)
+    for _ in range(40):
+        cm.observe_verify(1, CAL[1] * 3.0)
+        cm.observe_verify(1, CAL[1] * 3.0)
+        cm.observe_verify(16, CAL[16] * 1.5)
+    assert cm.verify(1) == pytest.approx(3 * CAL[1], rel=0.1)
+    assert cm.verify(16) == pytest.approx(1.5 * CAL[16], rel=0.15)
+
+
+def test_drafter_step_follows_the_machine_level():
+    cm = CostModel(CAL, 0.002)
+    feed(cm, [1, 1, 1], 0.5)
+    assert cm.drafter_step == pytest.approx(0.001, rel=0.01)    # not seen, follows the level
+    feed(cm, [1, 1, 1], 2.0)
+    # slower: at least what a target step gained (a busy core costs every decode about the same)
+    assert cm.drafter_step == pytest.approx(0.002 + CAL[1], rel=0.01)
+    slow_drafter = CostModel(CAL, 0.010)
+    feed(slow_drafter, [1, 1, 1], 2.0)
+    assert slow_drafter.drafter_step == pytest.approx(0.02, rel=0.01)   # or the factor, if greater
+    for _ in range(60):
+        cm.observe_drafter(2, 2 * 0.003)                        # its own figure at this level
+    assert cm.drafter_step == pytest.approx(0.003, rel=0.05)
+
+
+def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
+    cache = tmp_path / "calibration.json"
+    key2 = costmodel.machine_key(2, 0) + "|kv=-|t.gguf"
+    key1 = with_threads(key2, 1)
+    assert "-t1-gpu0|kv=-|t.gguf" in key1 and with_threads(key1, 2) == key2
+
+    def calibrate():
+        return {1: 0.010, 2: 0.019, 16: 0.150}, 0.003, None, True
+
+    load_or_calibrate(key1, cache, calibrate)          # one thread calibrated earlier
+    cm = load_or_calibrate(key2, cache, lambda: ({1: 0.005, 2: 0.009, 16: 0.030}, 0.002, None, True))
+    feed(cm, [1, 1, 1], 1.0)
+    cm.rekey(key1)                                     # the controller lowered the thread count
+    assert cm.key == key1 and cm.verify(16) == pytest.approx(0.150) and cm.drafter_step == pytest.approx(0.003)
+    cm.observe_verify(1, 0.02)
+    cm.rekey(key2)                                     # back: the live state of two threads again
+    assert cm.verify(1) == pytest.approx(0.005, rel=0.05) and cm.verify(16) == pytest.approx(0.030, rel=0.05)
+    unknown = with_threads(key2, 3)                    # never calibrated: the figures carry on,
+    cm.rekey(unknown)                                  # and the next cycles set the level
+    cm.observe_verify(1, 0.0025)
+    assert cm.verify(1) == pytest.approx(0.0025, rel=0.05) and cm.verify(16) == pytest.approx(0.015, rel=0.05)
+    cm.save_if_drifted()                               # another count's curve: not cached as this one's
+    assert unknown not in json.loads(cache.read_text())["entries"]
+
+
+def test_an_interrupted_calibration_is_never_written_back(tmp_path):
+    cache = tmp_path / "calibration.json"
+    cm = load_or_calibrate("k", cache, lambda: ({1: 0.005, 2: 0.009}, None, None, False))
+    feed(cm, [1, 1, 1, 1], 3.0)
+    cm.save_if_drifted()     # its live figures moved, but it knows sizes 1 and 2 only
+    assert not cache.exists()
+    calls = []
+    costmodel.measure(calls.append, [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 128], repeats=1)
+    assert calls[1:6] == [1, 2, 4, 8, 16]              # powers of two first: cut short, still spans
+
+
+def test_measure_repeats_large_sizes_less_and_stops_on_request():
+    calls = []
+    out = costmodel.measure(calls.append, [1, 16, 64, 128])
+    assert set(out) == {1, 16, 64, 128}
+    assert calls.count(1) == 1 + costmodel.REPEATS and calls.count(64) == costmodel.REPEATS_LARGE
+    calls.clear()
+    out = costmodel.measure(calls.append, [1, 2, 3], stop=lambda: len(calls) > 3)
+    assert list(out) == [1]                            # the sizes measured so far
+
+
+def test_load_changes_do_not_bend_the_curve():
+    """Many load changes in a row: the first cycles after each are not taken as a size's own
+    deviation, so the shape of the curve (V(16) / V(1)) stays as calibrated."""
+    cm = CostModel(CAL)
+    for block in range(30):
+        factor = 3.0 if block % 2 else 1.0
+        feed(cm, [1, 1, 16, 1, 1, 1, 1, 9], factor)
+    assert cm.verify(16) / cm.verify(1) == pytest.approx(CAL[16] / CAL[1], rel=0.05)
+    assert cm.verify(9) / cm.verify(1) == pytest.approx(CAL[9] / CAL[1], rel=0.05)
+    assert cm.level == pytest.approx(3.0, rel=0.05)
