@@ -41,7 +41,7 @@ from ..speculation.eagle import DRAFTER_BATCH, DRAFTER_CONTEXT
 MiB = 1 << 20
 GiB = 1 << 30
 PROMPT_BATCH = 512          # the engine's n_batch = n_ubatch for the target context
-VERIFY_OUTPUTS_MAX = 33     # draft-max (<= 32) + 1: the target context's n_outputs_max
+VERIFY_OUTPUTS_MAX = 129    # the deepest draft (auto's lookup, policy.MAX_DEPTH 128) + 1: the target context's n_outputs_max
 DRAFT_MAX_CHOICES = (8, 6, 4, 2, 1)
 N_CTX_MIN = 512
 

@@ -295,7 +295,7 @@ class Engine:
             room = min(self.n_ctx - 1 - n_past, config.max_tokens - len(out) - 1,
                        ctx.n_outputs_max - 1 - len(carry))  # rows with logits in one batch
             drafts: list[int] = []
-            proposal, match = lookup.propose(min(pcfg.draft_max, room)) if lookup is not None else ([], 0)
+            proposal, match = lookup.propose(policy.lookup_depth(room)) if lookup is not None else ([], 0)
             source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
             if shadow is not None:
                 shadow.add(proposal, match)
