@@ -24,6 +24,11 @@ generation clock starts after the prefill that already chose the first token, so
 (N - 1) / generation seconds. Ratios are to the native plain decoding (the native tool needs some
 speculator: ``ngram-mod`` with a lookup length of 1024 never matches, so it decodes plainly).
 This is for people who measure; CI does not run it. Measure on an idle machine (``uptime``).
+
+Same length: the native tool checks ``-n`` only after each cycle, so a speculating type decodes
+up to 63 tokens more than asked, the most repetitive and cheapest part of a looping text. So
+localspec's modes generate as many tokens as the longest native run of that prompt decoded
+(``--exact-n``: exactly ``-n``), and every rate is over the same stretch of text or a longer one.
 """
 
 from __future__ import annotations
@@ -131,7 +136,8 @@ def run_localspec(engine: Engine, messages: list[Message], mode: str, n: int) ->
 
 
 def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], modes: list[str], n: int,
-              threads: int, target: Path, drafter: Path | None, limit: int | None = None) -> dict:
+              threads: int, target: Path, drafter: Path | None, limit: int | None = None,
+              exact_n: bool = False) -> dict:
     runs: dict[str, list[dict]] = {f"native:{k}": [] for k in native} | {m: [] for m in modes}
     for bp in load_prompts(path)[:limit]:
         messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
@@ -144,8 +150,9 @@ def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], 
                                  f"localspec {n_prompt}) for {bp.prompt[:40]!r}")
             runs[f"native:{kind}"].append(r)
         plain_ids = None
+        n_local = n if exact_n else max([n] + [runs[f"native:{k}"][-1]["tokens"] + 1 for k in native])
         for mode in modes:
-            r = run_localspec(engine, messages, mode, n)
+            r = run_localspec(engine, messages, mode, min(n_local, engine.n_ctx - n_prompt - 1))
             if mode == "plain":
                 plain_ids = r["token_ids"]
             elif plain_ids is not None:
@@ -196,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", action="append", type=Path,
                     help="a bench JSONL file (repeatable; default: bench/{chat,copy,coding,repetitive}.jsonl)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts of each set")
+    ap.add_argument("--exact-n", action="store_true",
+                    help="localspec generates exactly -n tokens (default: as many as the longest native run decoded)")
     ap.add_argument("--model", default=None, help="localspec model name or target .gguf (default: embedded)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -226,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.cost_model()  # calibrate before the clock runs, as a user's first chat would have
         for path in args.prompts:
             results[str(path)] = bench_set(path, engine, tool, native, modes, args.max_tokens, args.threads,
-                                           target, drafter, args.limit)
+                                           target, drafter, args.limit, args.exact_n)
     names = [f"native:{k}" for k in native] + modes
     print(f"{args.threads} threads, {args.max_tokens} tokens, load average {load_start:.2f} at the start, "
           f"{os.getloadavg()[0]:.2f} at the end "

@@ -33,8 +33,8 @@ MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long matc
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
 LOOKUP_PRIORS = (0.15, 0.3, 0.45, 0.6, 0.7, 0.8, 0.85, 0.9)   # first-draft acceptance, by bucket
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
-DENSE_DEPTH = 16       # auto weighs every depth up to this, then every DEPTH_STEP-th and the deepest
-DEPTH_STEP = 8
+DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
+DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
 DECAY = 0.97           # weight of past observations, per observation of a position
 MARGIN = 1.03          # speculation must beat plain decoding by this factor
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
@@ -129,11 +129,11 @@ def _prior(first: float, rest: float, depth: int = MAX_DEPTH) -> list[float]:
 
 
 def _depths(k_max: int) -> list[int]:
-    """The depths auto weighs: every one up to DENSE_DEPTH, then every DEPTH_STEP-th and k_max
-    (the rate is smooth in the depth there; it keeps a 128-deep plan cheap in Python)."""
+    """The depths auto weighs: every one up to DENSE_DEPTH, then those whose verify batch (depth
+    + 1) is a multiple of DEPTH_STEP, and k_max; keeps a 128-deep plan cheap in Python."""
     if k_max <= DENSE_DEPTH:
         return list(range(1, k_max + 1))
-    out = list(range(1, DENSE_DEPTH + 1)) + list(range(DENSE_DEPTH + DEPTH_STEP, k_max, DEPTH_STEP))
+    out = list(range(1, DENSE_DEPTH + 1)) + list(range(DENSE_DEPTH + DEPTH_STEP - 1, k_max, DEPTH_STEP))
     return out + [k_max]
 
 
