@@ -16,7 +16,8 @@ import json
 import time
 
 from localspec.formats.gguf_info import read_gguf
-from localspec.llama.llama_model import Context, Model, set_verbose
+from localspec.llama.process import set_verbose
+from localspec.llama.llama_model import Context, Model
 from localspec.core.paths import default_target
 from localspec.train.datagen import measure_throughput
 from localspec.train.pipeline import prompt_token_ids

@@ -138,6 +138,9 @@ class Loader:
         answer = self.proc.stdout.readline()
         assert answer, f"llama.cpp ended the process (exit {self.proc.wait()}) on {target} {drafter}"
         assert not answer.startswith("other"), answer
+        # on an abort ggml's crash handler may print a backtrace to stdout before the process ends
+        assert answer.split(" ", 1)[0].strip() in ("ok", "error"), \
+            f"llama.cpp ended the process (exit {self.proc.wait()}) on {target} {drafter}: {answer!r}"
         return answer.split(" ", 1)[0].strip()
 
     def close(self) -> None:

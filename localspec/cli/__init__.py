@@ -8,29 +8,9 @@ from ..core import interrupts
 from ..core.errors import LocalspecError
 
 
-def _make_app():
-    import typer
-
-    return typer.Typer(
-        name="localspec",
-        help="EAGLE-3 speculative decoding for local models on llama.cpp.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-    )
-
-
-def __getattr__(name: str):
-    # ``app`` (what the subcommand modules register on) is made on first use, inside main()'s
-    # Ctrl-C handling: typer and the engine take a noticeable moment to import.
-    if name == "app":
-        app = globals()["app"] = _make_app()
-        return app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _register() -> None:
-    # Imported for their @app.command side effect, in the order `--help` lists them.
+    # Imported for their @app.command side effect (on .app.app), in the order `--help` lists them;
+    # imported here, inside main()'s Ctrl-C handling: typer and the engine take a moment to import.
     from . import generate, bench, chat, serve, models, fit, convert, export, inspect, train  # noqa: F401
 
 
@@ -40,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupts.install()   # a Ctrl-C inside a llama.cpp callback is not lost
     try:
         _register()
-        from . import app
+        from .app import app
 
         app(args=argv, standalone_mode=True)
     except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)

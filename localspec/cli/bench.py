@@ -13,7 +13,7 @@ from rich.table import Table
 from ..runtime.bench import load_prompts, parse_modes, run_bench
 from ..runtime.engine import GenerationConfig
 from ..speculation.policy import PolicyConfig
-from . import app
+from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
 from .spec_options import Policy, Source, Tree, TreeOpt, default_draft_max
 

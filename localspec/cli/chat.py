@@ -11,7 +11,7 @@ import typer
 
 from ..core.errors import LocalspecError
 from ..runtime.sampling import CHAT_SAMPLING
-from . import app
+from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
 from .generate import penalty_options
 

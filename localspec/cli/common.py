@@ -22,7 +22,7 @@ GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
 def _verbose_now(value: bool) -> bool:
     """Applied while the command line is parsed: llama.cpp / ggml lines printed before the engine
     exists (GGUF header checks, the memory plan) follow --verbose too."""
-    from ..llama.llama_model import set_verbose
+    from ..llama.process import set_verbose
 
     set_verbose(bool(value))
     return value

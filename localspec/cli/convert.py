@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..formats.gguf_info import read_gguf
-from . import app
+from .app import app
 from .inspect import describe_gguf, print_description, runtime_notes
 from .models import HubVerboseOpt, TimeoutOpt
 

@@ -16,7 +16,7 @@ from ..core.errors import LocalspecError
 from ..memory.fit import KV_TYPES, fmt_size, parse_size, plan_files
 from ..store.models import resolve
 from ..core.options import check_cli
-from . import app
+from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
 
 

@@ -10,7 +10,7 @@ import typer
 
 from ..formats import gguf_consts as K
 from ..formats.gguf_info import GGUFInfo, read_gguf
-from . import app
+from .app import app
 
 
 def human_size(n: int) -> str:

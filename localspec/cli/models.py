@@ -13,7 +13,7 @@ from rich.table import Table
 from ..formats import modelfile as mfmod
 from ..store import registry
 from ..core.errors import LocalspecError
-from . import app
+from .app import app
 
 TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
                           help="Seconds a Hub connection or read may wait (default: $LOCALSPEC_HUB_TIMEOUT or 20).")

@@ -12,7 +12,7 @@ import typer
 
 from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
-from . import app
+from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
 from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,
                            default_draft_max)

@@ -112,6 +112,10 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
     metadata = {k: v for k, v in kv.items() if not k.startswith(K.KEY_TOKENIZER_PREFIX)}
     tokens = kv.get(K.KEY_TOKENIZER_TOKENS)
     n_vocab = len(tokens) if isinstance(tokens, list) else count(K.KEY_VOCAB_SIZE)
+    if isinstance(tokens, list) and len(set(tokens)) != len(tokens):   # llama.cpp asserts on it
+        seen: set[str] = set()
+        twice = next(tok for tok in tokens if tok in seen or seen.add(tok))
+        raise LocalspecError(f"{p}: its vocabulary lists the token {_short(twice)} twice")
 
     info: dict[str, Any] = dict(
         path=p,

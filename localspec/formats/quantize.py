@@ -10,7 +10,8 @@ import llama_cpp
 from ..core import interrupts
 from ..core.atomic import atomic_path
 from ..core.errors import LocalspecError
-from ..llama.llama_model import _init_backend, default_threads
+from ..llama.process import init_backend
+from ..llama.llama_model import default_threads
 
 # llama_ftype values (llama.h)
 FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "iq4_nl": 25}
@@ -19,7 +20,7 @@ FTYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "iq
 def requantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
     if ftype not in FTYPES:
         raise LocalspecError(f"unknown weight type '{ftype}' (one of {', '.join(FTYPES)})")
-    _init_backend()
+    init_backend()
     dst = Path(dst)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]

@@ -140,9 +140,9 @@ def detect(refresh: bool = False) -> BackendInfo:
 
 @lru_cache(maxsize=1)
 def _detect() -> BackendInfo:
-    from .llama_model import _init_backend
+    from .process import init_backend
 
-    _init_backend()  # registers the backends, routes llama.cpp's log through our callback
+    init_backend()  # registers the backends, routes llama.cpp's log through our callback
     raw = llama_cpp.llama_print_system_info()
     system_info = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     devices: list[Device] = []

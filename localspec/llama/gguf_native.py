@@ -12,73 +12,17 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
+from .process import init_backend, take_recent_errors
 
-# enum gguf_type
-U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_SCALAR = {
-    U8: ("gguf_get_val_u8", ctypes.c_uint8), I8: ("gguf_get_val_i8", ctypes.c_int8),
-    U16: ("gguf_get_val_u16", ctypes.c_uint16), I16: ("gguf_get_val_i16", ctypes.c_int16),
-    U32: ("gguf_get_val_u32", ctypes.c_uint32), I32: ("gguf_get_val_i32", ctypes.c_int32),
-    F32: ("gguf_get_val_f32", ctypes.c_float), BOOL: ("gguf_get_val_bool", ctypes.c_bool),
-    U64: ("gguf_get_val_u64", ctypes.c_uint64), I64: ("gguf_get_val_i64", ctypes.c_int64),
-    F64: ("gguf_get_val_f64", ctypes.c_double),
-}
+from .ggml_base import (ARRAY, BOOL, F32, F64, I8, I16, I32, I64, SCALAR_GETTERS, STRING, U8, U16, U32, U64,
+                        InitParams, lib as ggml_base)
 _NUMPY = {U8: np.uint8, I8: np.int8, U16: np.uint16, I16: np.int16, U32: np.uint32, I32: np.int32,
           F32: np.float32, BOOL: np.int8, U64: np.uint64, I64: np.int64, F64: np.float64}
 # ggml tensor types whose data numpy reads directly
 TENSOR_NUMPY = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
-
-
-class _InitParams(ctypes.Structure):
-    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
-
-
-def _lib() -> ctypes.CDLL:
-    lib = getattr(_lib, "cached", None)
-    if lib is not None:
-        return lib
-    base = Path(llama_cpp.__file__).parent / "lib"
-    candidates = sorted(base.glob("libggml-base.*")) or sorted(base.glob("ggml-base.*"))
-    try:
-        lib = ctypes.CDLL(str(candidates[0])) if candidates else llama_cpp.llama_cpp._lib
-        lib.gguf_init_from_file
-    except (OSError, AttributeError):
-        lib = llama_cpp.llama_cpp._lib
-    vp, i64, cp = ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p
-    sigs = {
-        "gguf_init_from_file": ([cp, _InitParams], vp),
-        "gguf_free": ([vp], None),
-        "gguf_get_n_kv": ([vp], i64),
-        "gguf_get_key": ([vp, i64], cp),
-        "gguf_get_kv_type": ([vp, i64], ctypes.c_int),
-        "gguf_get_arr_type": ([vp, i64], ctypes.c_int),
-        "gguf_get_arr_n": ([vp, i64], ctypes.c_size_t),
-        "gguf_get_arr_data": ([vp, i64], vp),
-        "gguf_get_arr_str": ([vp, i64, ctypes.c_size_t], ctypes.c_void_p),
-        "gguf_get_val_str": ([vp, i64], ctypes.c_void_p),
-        "gguf_get_n_tensors": ([vp], i64),
-        "gguf_get_tensor_name": ([vp, i64], cp),
-        "gguf_get_tensor_ne": ([vp, i64], ctypes.POINTER(ctypes.c_int64)),
-        "gguf_get_tensor_type": ([vp, i64], ctypes.c_int),
-        "gguf_get_tensor_size": ([vp, i64], ctypes.c_size_t),
-        "gguf_get_tensor_offset": ([vp, i64], ctypes.c_size_t),
-        "gguf_get_data_offset": ([vp], ctypes.c_size_t),
-        "ggml_type_name": ([ctypes.c_int], cp),
-    }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = res
-    for name, (getter, ctype) in _SCALAR.items():
-        fn = getattr(lib, getter)
-        fn.argtypes = [vp, i64]
-        fn.restype = ctype
-    _lib.cached = lib
-    return lib
 
 
 def _c_str(ptr: int | None) -> str:
@@ -89,13 +33,11 @@ class GGUFHeader:
     """Metadata and tensor table of one GGUF file (no tensor data is loaded)."""
 
     def __init__(self, path: str | Path) -> None:
-        from .llama_model import _init_backend, take_recent_errors
-
         self.path = Path(path)
-        lib = _lib()
-        _init_backend()   # ggml's parser logs through llama.cpp's logger: quiet unless --verbose
+        lib = ggml_base()
+        init_backend()   # ggml's parser logs through llama.cpp's logger: quiet unless --verbose
         take_recent_errors()
-        ctx = lib.gguf_init_from_file(str(self.path).encode(), _InitParams(True, None))
+        ctx = lib.gguf_init_from_file(str(self.path).encode(), InitParams(True, None))
         if not ctx:
             why = take_recent_errors()
             why = f": {why[0]}" if why else ""
@@ -129,8 +71,8 @@ class GGUFHeader:
         self.types[key] = (kind, lib.gguf_get_arr_type(ctx, i) if kind == ARRAY else None)
         if kind == STRING:
             return _c_str(lib.gguf_get_val_str(ctx, i))
-        if kind in _SCALAR:
-            value = getattr(lib, _SCALAR[kind][0])(ctx, i)
+        if kind in SCALAR_GETTERS:
+            value = getattr(lib, SCALAR_GETTERS[kind][0])(ctx, i)
             return bool(value) if kind == BOOL else value
         if kind == ARRAY:
             sub = lib.gguf_get_arr_type(ctx, i)
@@ -150,7 +92,7 @@ class GGUFHeader:
 
     @staticmethod
     def type_name(ggml_type: int) -> str:
-        name = _lib().ggml_type_name(ggml_type)
+        name = ggml_base().ggml_type_name(ggml_type)
         return name.decode().upper() if name else str(ggml_type)
 
     def tensor_data(self, name: str) -> np.ndarray:

@@ -1,17 +1,13 @@
 """Thin wrappers over llama-cpp-python's ctypes layer: one model, one context, one token batch.
 
-Only what the engine needs, with llama.cpp's failures turned into LocalspecError. llama.cpp's own
-log lines are silent unless :func:`set_verbose` is on; the last error lines it printed are kept and
-added to our error messages.
+Only what the engine needs, with llama.cpp's failures turned into LocalspecError (the log and the
+backend set-up are :mod:`localspec.llama.process`'s).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import ctypes
 import os
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -20,92 +16,7 @@ import numpy as np
 
 from ..core import interrupts, options
 from ..core.errors import LocalspecError
-
-_verbose = False
-_recent_errors: collections.deque[str] = collections.deque(maxlen=4)
-_backend_ready = False
-_log_sinks: list[list[str]] = []  # capture_log(): every llama.cpp log fragment goes to each open sink
-
-
-@llama_cpp.llama_log_callback
-@interrupts.callback()
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    message = text.decode("utf-8", "replace")
-    for sink in _log_sinks:
-        sink.append(message)
-    if level in (3, 4):  # WARN and ERROR in the vendored ggml.h (llama-cpp-python calls 3 ERROR)
-        if message.strip():
-            _recent_errors.append(message.strip())
-    if _verbose:
-        sys.stderr.write(message)
-
-
-@llama_cpp.llama_progress_callback
-@interrupts.callback(on_error=True)
-def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
-    """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load)."""
-    interrupts.test_pause("load")
-    return not interrupts.pending()
-
-
-def set_verbose(verbose: bool) -> None:
-    global _verbose
-    _verbose = verbose
-
-
-def _init_backend() -> None:
-    """Initialise llama.cpp once per process and route its log through our (quiet) callback.
-
-    The callback object is a module global: ctypes callbacks that get collected crash the process
-    at the next log line.
-    """
-    global _backend_ready
-    if _backend_ready:
-        return
-    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-    _set_ggml_log()
-    llama_cpp.llama_backend_init()
-    _backend_ready = True
-
-
-def _set_ggml_log() -> None:
-    """ggml has a logger of its own (its GGUF parser and backends print through it): route it to
-    the same callback, else a bad GGUF header prints ggml's lines before our Error line."""
-    from .gguf_native import _lib as ggml_base
-
-    try:
-        fn = ggml_base().ggml_log_set
-    except AttributeError:  # pragma: no cover - every ggml of llama-cpp-python 0.3.36 has it
-        return
-    fn.argtypes = [llama_cpp.llama_log_callback, ctypes.c_void_p]
-    fn.restype = None
-    fn(_log_callback, ctypes.c_void_p(0))
-
-
-@contextlib.contextmanager
-def capture_log():
-    """Collect llama.cpp's log text (quiet or not) while the block runs: ``with capture_log() as lines``.
-    The fit planner reads llama.cpp's own buffer-size lines from it."""
-    sink: list[str] = []
-    _log_sinks.append(sink)
-    try:
-        yield sink
-    finally:
-        _log_sinks.remove(sink)
-
-
-def take_recent_errors() -> list[str]:
-    """The error lines llama.cpp / ggml logged since the last call (oldest first), forgotten."""
-    lines = [line.split(": ", 1)[-1] if line.startswith(("gguf_", "llama_")) else line for line in _recent_errors]
-    _recent_errors.clear()
-    return lines
-
-
-def _llama_failure(what: str) -> LocalspecError:
-    detail = f": {_recent_errors[-1]}" if _recent_errors else ""
-    _recent_errors.clear()
-    return LocalspecError(f"{what}{detail}")
-
+from .process import capture_log, init_backend, llama_failure, load_progress
 
 MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 
@@ -138,7 +49,7 @@ def default_threads(*, reserve: int = 0) -> int:
 
 
 def gpu_offload_supported() -> bool:
-    _init_backend()
+    init_backend()
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
@@ -146,7 +57,7 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, no_alloc: bool = False) -> None:
-        _init_backend()
+        init_backend()
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -154,13 +65,13 @@ class Model:
         if no_alloc:  # metadata only, allocations simulated (llama.cpp needs no mmap for that)
             params.no_alloc = True
             params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
-        params.progress_callback = _load_progress   # a module global: never collected
+        params.progress_callback = load_progress   # a module global: never collected
         with capture_log() as self.load_log:
             self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if interrupts.pending() or not self._model:
             self.close()
             interrupts.raise_if_pending()
-            raise _llama_failure(f"llama.cpp could not load {self.path.name}")
+            raise llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
@@ -267,7 +178,7 @@ class Context:
             self.close()
         interrupts.raise_if_pending()
         if not self._ctx:
-            raise _llama_failure(f"llama.cpp could not create a context for {model.path.name}")
+            raise llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
@@ -304,7 +215,7 @@ class Context:
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
-            raise _llama_failure(f"llama_decode failed (code {rc})")
+            raise llama_failure(f"llama_decode failed (code {rc})")
 
     def decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode rows of several sequences at once: (seq, token, pos, wants_logits) each; read a
@@ -347,13 +258,13 @@ class Context:
                 seq_id[i][0] = 0
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
-            raise _llama_failure(f"llama_decode failed (code {rc})")
+            raise llama_failure(f"llama_decode failed (code {rc})")
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row ``i`` of the last batch (-1: the last), a view valid until the next decode."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
         if not ptr:
-            raise _llama_failure("llama.cpp returned no logits")
+            raise llama_failure("llama.cpp returned no logits")
         # rows live in one output buffer that llama.cpp reuses: cache a view per address
         address = ctypes.cast(ptr, ctypes.c_void_p).value
         view = self._views.get(address)

@@ -24,7 +24,8 @@ from ..formats import gguf_consts as K
 from ..llama import llama_ext
 from ..core.errors import LocalspecError
 from ..formats.gguf_info import GGUFInfo, read_tensor
-from ..llama.llama_model import Context, Model, _llama_failure
+from ..llama.process import llama_failure
+from ..llama.llama_model import Context, Model
 from .tree import MAX_WIDTH
 
 
@@ -101,7 +102,7 @@ class EagleDrafter:
         rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
         self.seconds += time.perf_counter() - t0
         if rc != 0:
-            raise _llama_failure(f"the drafter failed (llama_process code {rc})")
+            raise llama_failure(f"the drafter failed (llama_process code {rc})")
 
     def encode(self, features: np.ndarray) -> np.ndarray:
         """fc over target features: one ``g`` row per feature row."""

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..llama import llama_ext
 from ..core.errors import LocalspecError
-from ..llama.llama_model import Context, Model, _llama_failure
+from ..llama.process import llama_failure
+from ..llama.llama_model import Context, Model
 
 RMS_EPS = 1e-6
 
@@ -80,7 +81,7 @@ class FeatureExtractor:
                 feats[start:start + m, k * h:(k + 1) * h] = _rms_scale(rows)
             ptr = llama_cpp.llama_get_logits(self.ctx.ptr)
             if not ptr:
-                raise _llama_failure("llama.cpp returned no logits")
+                raise llama_failure("llama.cpp returned no logits")
             logits = np.ctypeslib.as_array(ptr, shape=(m, self.model.n_vocab))
             idx = np.argpartition(logits, -self.top_k, axis=1)[:, -self.top_k:]
             vals = np.take_along_axis(logits, idx, axis=1)

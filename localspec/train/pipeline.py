@@ -231,7 +231,8 @@ def run(opts: TrainOptions) -> TrainSummary:
     work.mkdir(parents=True, exist_ok=True)
     check_free_space(work)
 
-    from ..llama.llama_model import Model, set_verbose
+    from ..llama.process import set_verbose
+    from ..llama.llama_model import Model
     from ..llama import llama_ext
 
     set_verbose(False)

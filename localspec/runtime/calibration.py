@@ -1,0 +1,75 @@
+"""Measure the costs the auto policy plans with: target verify time by batch size, drafter step time.
+
+:func:`calibrate` is what :func:`localspec.speculation.costmodel.load_or_calibrate` runs when this
+machine, these files and these settings have no cached calibration yet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..speculation import costmodel, tree
+from ..speculation.eagle import EagleDrafter
+from .verifier import TargetVerifier
+
+
+def calibrate(verifier: TargetVerifier, drafter: EagleDrafter | None,
+              cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None, float | None, bool]:
+    """Time target decodes of each batch size (logits for every row) after a short context, one
+    drafter step and one step of ``tree.WIDTH`` branches: (seconds by batch size, drafter step,
+    branch step / drafter step, complete). Leaves both caches empty."""
+    deadline = time.perf_counter() + costmodel.BUDGET_SECONDS
+
+    def stop() -> bool:  # an oversubscribed machine can make decodes 100x slower: keep what we have
+        return time.perf_counter() > deadline or (cancel is not None and cancel.is_set())
+    verify_costs, complete, tok = _time_verify(verifier, stop)
+    drafter_step = drafter_width = None
+    if drafter is not None:
+        drafter_step, drafter_width = _time_drafter(drafter, tok)
+    return verify_costs, drafter_step, drafter_width, complete
+
+
+def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool, int]:
+    """Seconds of a target decode by batch size, whether every size was timed, the filler token."""
+    ctx, model = verifier.ctx, verifier.model
+    n_ctx_room = ctx.n_ctx - 1
+    base = min(128, n_ctx_room // 2, ctx.n_batch)   # one decode (a small --ctx gives a small n_batch)
+    limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
+    sizes = [b for b in list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES) if b <= limit]
+    filler = [model.bos if model.bos >= 0 else 0] + [(i * 7919) % model.n_vocab for i in range(1, base)]
+    verifier.forget()
+    if base:
+        ctx.decode(filler, 0, all_logits=False)
+    tok = filler[-1] if filler else 0
+
+    def verify(b: int) -> None:
+        ctx.decode([tok] * b, base, all_logits=True)
+        ctx.seq_rm(base)
+
+    verify_costs = costmodel.measure(verify, sizes, stop=stop)
+    ctx.seq_rm(0)
+    return verify_costs, len(verify_costs) == len(sizes), tok
+
+
+def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
+    """Seconds of one drafter step, and a step of ``tree.WIDTH`` branches relative to it."""
+    g = np.zeros((1, d.n_embd), dtype=np.float32)
+
+    def step(_b: int) -> None:
+        d.decode([tok], g, 0)
+        d.ctx.seq_rm(0)
+
+    drafter_step = costmodel.measure(step, [1])[1]
+    d.reset(0)
+    seqs = list(range(1, tree.WIDTH + 1))
+    gw = np.zeros((tree.WIDTH, d.n_embd), dtype=np.float32)
+
+    def branches(_b: int) -> None:
+        d.decode_branches([tok] * tree.WIDTH, gw, 0, seqs)
+        for s in seqs:
+            d.forget(s)
+
+    return drafter_step, costmodel.measure(branches, [1])[1] / drafter_step

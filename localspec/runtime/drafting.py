@@ -1,0 +1,96 @@
+"""One draft per cycle, from whichever source the policy picks, and what the sources learn after it.
+
+Sources: n-gram lookup (a proposal from the history, free), the EAGLE drafter as a chain (greedy
+top-1, stopping under ``p_min`` confidence) or as a tree (:mod:`localspec.speculation.tree`, cut
+to its best expected rate under the cost model). After the target verified a draft,
+:meth:`DraftStep.record` hands the committed tokens to the sources: the drafter records the
+target features of the committed rows (or skips them while it will not draft soon), the lookup
+index and its shadow score grow, and a tree's outcome trains the tree calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..speculation import tree
+from ..speculation.eagle import EagleDrafter
+from ..speculation.lookup import NgramLookup, ShadowScore
+from ..speculation.policy import EAGLE, LOOKUP, TREE, DraftPolicy, top1_probability
+from .verifier import Verified
+
+
+@dataclass
+class Draft:
+    """What one cycle sends to verification."""
+
+    tokens: list[int] = field(default_factory=list)   # a chain (lookup or EAGLE); empty for a tree
+    source: str | None = None        # LOOKUP, EAGLE, TREE; None: a plain step
+    tree: tree.DraftTree | None = None
+    steps: int = 0                   # drafter decodes, catch-up rows included (tree levels are not)
+    seconds: float = 0.0             # drafter time inside llama.cpp
+
+
+class DraftStep:
+    """The draft sources of one generation under its policy."""
+
+    def __init__(self, policy: DraftPolicy, drafter: EagleDrafter | None, lookup: NgramLookup | None,
+                 calibration: tree.Calibration, draft_max: int) -> None:
+        self.policy = policy
+        self.drafter = drafter
+        self.lookup = lookup
+        self.shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
+        self.calibration = calibration      # draft probability -> acceptance, learned across generations
+        self.draft_max = draft_max
+
+    def draft(self, room: int, n_past: int) -> Draft:
+        """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
+        policy, drafter = self.policy, self.drafter
+        proposal, match = self.lookup.propose(policy.lookup_depth(room)) if self.lookup is not None else ([], 0)
+        source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
+        if self.shadow is not None:
+            self.shadow.add(proposal, match)
+        if source == LOOKUP:
+            return Draft(proposal[:k], LOOKUP)
+        if source == EAGLE:
+            return self._eagle(k, room, n_past)
+        return Draft(source=source)
+
+    def _eagle(self, k: int, room: int, n_past: int) -> Draft:
+        """Feed the drafter the rows committed since its last draft, then a tree or a chain."""
+        policy, drafter = self.policy, self.drafter
+        t0 = drafter.seconds
+        rows = policy.catch_up_rows
+        steps = drafter.pending if rows is None else min(drafter.pending, rows)
+        logits, state = drafter.catch_up(rows)
+        shape = policy.tree_plan(k, room)
+        if shape is not None:
+            draft_tree = tree.build(drafter, logits, state, n_past, depth=k, width=shape[0], max_nodes=shape[1])
+            if not policy.fixed:  # cut to the size with the best expected rate
+                draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
+                                        drafter.seconds - t0 + policy.overhead)
+            return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
+        tokens: list[int] = []
+        while len(tokens) < k:
+            tok, prob = top1_probability(logits)
+            if not policy.keep_drafting(prob):
+                break
+            tokens.append(tok)
+            if len(tokens) < k:
+                logits, state = drafter.decode([tok], state[None, :], n_past + len(tokens) - 1)
+                steps += 1
+        return Draft(tokens, EAGLE, steps=steps, seconds=drafter.seconds - t0)
+
+    def record(self, draft: Draft, verified: Verified) -> None:
+        """After verification: the committed tokens go to every source."""
+        committed = verified.tokens
+        if draft.tree is not None:
+            self.calibration.learn(draft.tree, verified.path)
+        if self.drafter is not None:
+            if self.policy.wants_features:
+                self.drafter.observe(committed, verified.accepted + 1, verified.pos, verified.rows)
+            else:  # the drafter will not draft soon: skip the copy (it restarts from later rows)
+                self.drafter.drop_pending()
+        if self.lookup is not None:
+            self.lookup.extend(committed)
+            if self.shadow is not None:
+                self.shadow.commit(committed)

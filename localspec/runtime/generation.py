@@ -1,0 +1,147 @@
+"""The generation loop: prefill, then cycles of draft, verify, commit, emit; a stream of events.
+
+Each cycle the policy picks a draft source and depth (or none) from the cost model and live
+acceptance (:class:`~localspec.runtime.drafting.DraftStep`), the target verifies ``[last, d1..dk]``
+(or a draft tree) in ONE decode and commits the longest accepted prefix plus its own next token
+(:class:`~localspec.runtime.verifier.TargetVerifier`), the sources learn from the outcome, and
+:class:`~localspec.runtime.text_stream.TokenOutput` turns the committed tokens into TokenEvents and
+says when to stop. With no draft source the same loop is plain decoding.
+
+Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
+target's logits before the sampler moves on, for bookkeeping such as bench's logit margins
+(:mod:`localspec.runtime.margins`); their time after the prompt is not counted as generation time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
+from ..speculation import tree
+from ..speculation.eagle import EagleDrafter
+from ..speculation.lookup import NgramLookup
+from ..speculation.policy import EAGLE, DraftPolicy
+from .drafting import DraftStep
+from .sampling import Sampler
+from .text_stream import TokenOutput
+from .verifier import TargetVerifier, Verified
+
+
+class GenerationObserver(Protocol):
+    def after_prefill(self, ctx, sampler: Sampler) -> None: ...
+
+    def after_verify(self, ctx, sampler: Sampler, verified: Verified) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Cycle:
+    drafted: int
+    accepted: int
+    source: str | None
+
+
+class GenerationLoop:
+    """One generation; :meth:`run` yields its events."""
+
+    def __init__(self, verifier: TargetVerifier, prompt: list[int], config, policy: DraftPolicy,
+                 drafter: EagleDrafter | None, calibration: tree.Calibration, *,
+                 observers: Sequence[GenerationObserver] = (), cancel: threading.Event | None = None) -> None:
+        self.verifier = verifier
+        self.prompt = prompt
+        self.config = config                      # a runtime.engine.GenerationConfig
+        self.policy = policy
+        self.drafter = drafter                    # None when this generation does not draft with it
+        self.calibration = calibration
+        self.observers = list(observers)
+        self.cancel = cancel
+        self.sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
+        self.stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
+        self.output = TokenOutput(verifier.model, config.stop, config.max_tokens)
+        self.drafting: DraftStep | None = None
+        self.finish: str | None = None
+        self._t_gen = 0.0
+        self._drafter_t0 = 0.0
+
+    def run(self) -> Iterator[Event]:
+        pending = self._start()
+        cycle: _Cycle | None = None
+        while True:
+            before = len(self.output.tokens)
+            yield from self.output.emit(pending)
+            self._clock()
+            if cycle is not None:
+                yield CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
+                                 self.stats.snapshot(), cycle.source)
+            if self._finished():
+                break
+            pending, cycle = self._cycle()
+        yield from self.output.close()
+        self.stats.generation_seconds = time.perf_counter() - self._t_gen
+        self.stats.policy_choices = dict(self.policy.choices)
+        yield DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot())
+
+    def _start(self) -> list[tuple[int, bool]]:
+        """Prefill (reusing the cached prefix); the first token, chosen from the prompt's logits."""
+        t_start = time.perf_counter()
+        first = self.verifier.prefill(self.prompt, self.sampler, self.drafter)
+        for observer in self.observers:
+            observer.after_prefill(self.verifier.ctx, self.sampler)
+        self.sampler.commit([first])
+        lookup = NgramLookup(self.prompt + [first]) if self.policy.lookup else None
+        self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max)
+        self.stats.prompt_seconds = time.perf_counter() - t_start
+        self._t_gen = time.perf_counter()
+        self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
+        return [(first, False)]
+
+    def _clock(self) -> None:
+        stats = self.stats
+        stats.generated_tokens = len(self.output.tokens)
+        stats.generation_seconds = time.perf_counter() - self._t_gen
+        if self.drafter:
+            stats.drafter_seconds = self.drafter.seconds - self._drafter_t0
+
+    def _finished(self) -> bool:
+        finish = self.output.finish
+        if finish is None and self.cancel is not None and self.cancel.is_set():
+            finish = "cancelled"
+        if finish is None and self.verifier.n_past >= self.verifier.ctx.n_ctx:
+            finish = "context"
+        self.finish = finish
+        return finish is not None
+
+    def _cycle(self) -> tuple[list[tuple[int, bool]], _Cycle]:
+        """Draft, verify in one target batch, commit: the committed tokens and the cycle's counts."""
+        t_cycle = time.perf_counter()
+        verifier, policy = self.verifier, self.policy
+        draft = self.drafting.draft(min(verifier.room(), self.output.remaining - 1), verifier.n_past)
+        if draft.tree is not None:
+            v = verifier.verify_tree(draft.tree, self.sampler)
+        else:
+            v = verifier.verify(draft.tokens, self.sampler)
+        self.stats.record_verify(v.batch, v.seconds)
+        t_cycle += self._observe(v)
+        self.drafting.record(draft, v)
+        self.sampler.commit(v.tokens)
+        if draft.source == EAGLE and not draft.tokens:
+            policy.eagle_declined()
+        source = draft.source if v.drafted else None
+        depth = draft.tree.depth if draft.tree is not None else None
+        self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
+        policy.observe(source, v.drafted, v.accepted, verify_seconds=v.seconds, drafter_seconds=draft.seconds,
+                       cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth)
+        return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)
+
+    def _observe(self, verified: Verified) -> float:
+        """Run the observers; their seconds, which do not count as generation time."""
+        if not self.observers:
+            return 0.0
+        t0 = time.perf_counter()
+        for observer in self.observers:
+            observer.after_verify(self.verifier.ctx, self.sampler, verified)
+        spent = time.perf_counter() - t0
+        self._t_gen += spent
+        return spent

@@ -1,0 +1,93 @@
+"""From committed tokens to text events: UTF-8 and stop-string holdback, and when to stop.
+
+The generation loop hands every committed token (accepted drafts, then the target's own choice)
+to :class:`TokenOutput`; it alone decides what is emitted and why a generation ends: an
+end-of-generation token (not emitted), a stop string (the text before it is emitted, the rest of
+the token dropped), or ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Iterator, Sequence
+
+from ..core.events import TokenEvent
+
+
+class TextStream:
+    """Turns token bytes into printable text, holding back partial UTF-8 and possible stop strings."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stop = [s for s in stop if s]
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._pending = ""
+        self.text = ""        # released so far
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        self._pending += self._decoder.decode(data)
+        if self._stop:
+            window = self.text[-self._hold:] + self._pending if self._hold else self._pending
+            offset = len(window) - len(self._pending)
+            hits = [at for at in (window.find(s) for s in self._stop) if at >= 0]
+            if hits:
+                self.stopped = True
+                return self._release(max(0, min(hits) - offset))
+            return self._release(max(0, len(self._pending) - self._hold))
+        return self._release(len(self._pending))
+
+    def _release(self, n: int) -> str:
+        out, self._pending = self._pending[:n], self._pending[n:]
+        if self.stopped:
+            self._pending = ""
+        self.text += out
+        return out
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        self._pending += self._decoder.decode(b"", final=True)
+        return self._release(len(self._pending))
+
+
+class TokenOutput:
+    """The emitted tokens and text of one generation, and its finish reason once one applies
+    (``stop``: an end-of-generation token or a stop string; ``length``: ``max_tokens``)."""
+
+    def __init__(self, model, stop: Sequence[str], max_tokens: int) -> None:
+        self._model = model                 # is_eog(token), piece(token) -> bytes
+        self._stream = TextStream(stop)
+        self._max_tokens = max_tokens
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self._stream.text
+
+    @property
+    def remaining(self) -> int:
+        return self._max_tokens - len(self.tokens)
+
+    def emit(self, committed: Sequence[tuple[int, bool]]) -> Iterator[TokenEvent]:
+        """A TokenEvent per ``(token, from_draft)`` until one ends the generation."""
+        for tok, from_draft in committed:
+            if self._model.is_eog(tok):
+                self.finish = "stop"
+                return
+            self.tokens.append(tok)
+            text = self._stream.push(self._model.piece(tok))
+            yield TokenEvent(text, tok, from_draft)
+            if self._stream.stopped:
+                self.finish = "stop"
+                return
+            if len(self.tokens) >= self._max_tokens:
+                self.finish = "length"
+                return
+
+    def close(self) -> Iterator[TokenEvent]:
+        """The text still held back (an incomplete character, a prefix of no stop string)."""
+        tail = self._stream.flush()
+        if tail:
+            yield TokenEvent(tail, -1, False)

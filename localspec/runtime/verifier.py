@@ -1,0 +1,210 @@
+"""The target side of a generation: its context, what its KV cache holds, prefill and verification.
+
+The committed text of a generation is ``kv_tokens`` (their KV rows are valid, positions
+``0..len-1``), then ``uncached`` (committed, not in the cache: the part of a tree's accepted path
+that could not keep its rows), then ``last`` at position ``n_past`` (the target's newest choice).
+Each verify decodes ``uncached + [last] + drafts`` in one batch, accepts the longest prefix of
+drafts the target agrees with (greedy: argmax; sampling: the rejection rule of
+:mod:`localspec.runtime.sampling`), trims the cache to what was committed and moves on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..speculation import tree
+from .sampling import Sampler
+
+
+@dataclass
+class Verified:
+    """One target verification: the committed tokens and where their rows were in the batch."""
+
+    pos: int                # position of the batch's ``last`` token (the first row recorded)
+    tokens: list[int]       # accepted drafts, then the target's own next token
+    rows: list[int]         # batch rows of ``last`` and of each accepted draft
+    drafted: int            # drafts verified (a tree: its nodes)
+    batch: int              # rows in the target batch
+    seconds: float          # time of the verification
+    path: list[int] = field(default_factory=list)   # a tree's accepted nodes
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens) - 1
+
+    @property
+    def drafts(self) -> list[int]:
+        """The accepted drafts."""
+        return self.tokens[:-1]
+
+    @property
+    def correction(self) -> int:
+        """The target's token after the accepted drafts."""
+        return self.tokens[-1]
+
+    @property
+    def logit_rows(self) -> list[int]:
+        """Rows whose logits chose each committed token (a plain step has only the last row's)."""
+        return self.rows if self.drafted else [-1]
+
+
+class TargetVerifier:
+    """Owns the target context's KV bookkeeping across generations (prompt prefix reuse)."""
+
+    def __init__(self, model, ctx) -> None:
+        self.model, self.ctx = model, ctx
+        self.kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
+        self.drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
+        # the generation under way
+        self.n_past = 0                 # position of ``last``
+        self.last = -1                  # the newest committed token, not yet in the KV cache
+        self.uncached: list[int] = []   # committed tokens before ``last``, not in the KV cache either
+        self._drafter = None            # the drafter recording this generation's rows, if any
+
+    def room(self) -> int:
+        """Most drafts the next batch can hold: free context, and rows with logits in one batch."""
+        return min(self.ctx.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+
+    # -- prompt ----------------------------------------------------------------------------------
+    def prefill(self, prompt: list[int], sampler: Sampler, drafter=None) -> int:
+        """Bring the target KV cache to the prompt, reusing the cached prefix (``drafter``, when
+        this generation drafts with it, records the new rows); return the first generated token."""
+        ctx = self.ctx
+        n = len(prompt)
+        common = 0
+        for a, b in zip(self.kv_tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        # Keep at least one prompt token to decode: its logits choose the first token.
+        start = min(common, n - 1)
+        self.drafter_pairs = min(self.drafter_pairs, max(0, start - 1))
+        if drafter is not None:
+            # The drafter's pair at P holds the token at P+1, so its last cached pair is only
+            # valid below the first differing token; and it may lag (a run with spec off).
+            start = max(0, min(start, common - 1, self.drafter_pairs))
+            drafter.reset(start)
+        ctx.seq_rm(start)
+        self.kv_tokens = prompt[:start]
+        first = self._decode_prompt(prompt, start, sampler, drafter)
+        self._drafter = drafter
+        self.n_past, self.last, self.uncached = n, first, []
+        return first
+
+    def _decode_prompt(self, prompt: list[int], pos: int, sampler: Sampler, drafter) -> int:
+        ctx = self.ctx
+        n = len(prompt)
+        first = -1
+        while pos < n:
+            chunk = prompt[pos: pos + ctx.n_batch]
+            ctx.decode(chunk, pos, all_logits=False)
+            end = pos + len(chunk)
+            self.kv_tokens = prompt[:end]
+            if end == n:
+                first = sampler.choose(ctx.logits(-1))
+            if drafter is not None:
+                nxt = prompt[pos + 1: end + 1] if end < n else prompt[pos + 1: n] + [first]
+                drafter.observe(nxt, len(chunk), pos)
+                self.drafter_pairs = end
+            pos = end
+        return first
+
+    # -- verification ----------------------------------------------------------------------------
+    def verify(self, drafts: list[int], sampler: Sampler) -> Verified:
+        """Decode ``uncached + [last] + drafts`` in one batch and accept the drafts the target
+        agrees with (none: a plain decoding step)."""
+        ctx = self.ctx
+        base, n_past = len(self.uncached), self.n_past
+        t0 = time.perf_counter()
+        ctx.decode(self.uncached + [self.last] + drafts, n_past - base, all_logits=bool(drafts))
+        accepted, correction = 0, -1
+        for i, d in enumerate(drafts):
+            ok, tok = sampler.verify(ctx.logits(base + i), d, drafts[:i])
+            if not ok:
+                correction = tok
+                break
+            accepted += 1
+        if correction < 0:
+            correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1), drafts)
+        if accepted < len(drafts):
+            ctx.seq_rm(n_past + accepted + 1)
+        seconds = time.perf_counter() - t0
+        result = Verified(n_past, drafts[:accepted] + [correction], list(range(base, base + accepted + 1)),
+                          len(drafts), base + len(drafts) + 1, seconds)
+        self._advance(result, kept=accepted)
+        return result
+
+    def verify_tree(self, draft_tree: tree.DraftTree, sampler: Sampler) -> Verified:
+        """Verify ``uncached + [last]`` and the tree (depth-first, most probable chain first) in
+        one target decode and follow the target's choices down it.
+
+        Only an accepted path that fills the rows right after ``last`` keeps its KV rows in place:
+        the cells of rejected rows before an accepted one would be refilled later by later
+        positions, and attention over cells out of position order sums in another order (on
+        SmolLM2 that alone moves logits by up to ~0.8). The rest of the path goes back into the
+        next batch (``uncached``), so the cache always reads as plain decoding wrote it."""
+        ctx = self.ctx
+        base, n_past = len(self.uncached), self.n_past
+        t0 = time.perf_counter()
+        sets = draft_tree.leaf_sets()
+        order = draft_tree.preorder()
+        n_leaves = len(sets[0])
+        for s in range(1, n_leaves + 1):  # every leaf's sequence sees the committed prefix
+            ctx.seq_cp(0, s)
+        try:
+            row_of = self._decode_tree(draft_tree, order, sets)
+            path, correction = tree.walk(draft_tree, self._tree_chooser(draft_tree, row_of, sampler))
+            kept = 0
+            while kept < len(path) and row_of[path[kept]] == base + 1 + kept:
+                kept += 1
+            leaf = 1 + sets[path[-1] + 1 if path else 0][0]  # its sequence holds the whole path
+            ctx.seq_cp(leaf, 0, n_past - base, n_past + kept + 1)
+        finally:
+            for s in range(1, n_leaves + 1):  # frees the other rows' cells
+                ctx.seq_rm(-1, -1, seq=s)
+        seconds = time.perf_counter() - t0
+        result = Verified(n_past, [draft_tree.tokens[i] for i in path] + [correction],
+                          [base] + [row_of[i] for i in path], len(draft_tree), base + len(draft_tree) + 1,
+                          seconds, path)
+        self._advance(result, kept=kept)
+        return result
+
+    def _decode_tree(self, draft_tree: tree.DraftTree, order: list[int], sets: list[list[int]]) -> dict[int, int]:
+        """One decode of the batch, each node's row in the sequences of the leaves below it;
+        returns the batch row of each node."""
+        base, n_past = len(self.uncached), self.n_past
+        head = [1 + x for x in sets[0]]
+        self.ctx.decode_tree(
+            self.uncached + [self.last] + [draft_tree.tokens[i] for i in order],
+            list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
+            [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order])
+        return {node: base + 1 + r for r, node in enumerate(order)}
+
+    def _tree_chooser(self, draft_tree: tree.DraftTree, row_of: dict[int, int], sampler: Sampler):
+        base = len(self.uncached)
+        tokens = draft_tree.tokens
+
+        def choose(node: int) -> int:  # the target's token after ``node``, its path before it
+            after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.penalties is not None else ()
+            return sampler.choose(self.ctx.logits(base if node < 0 else row_of[node]), after)
+        return choose
+
+    def _advance(self, v: Verified, *, kept: int) -> None:
+        """The batch's first ``kept`` accepted drafts keep their KV rows; the rest of the
+        accepted ones become ``uncached``; the target's own token becomes ``last``."""
+        base = len(self.uncached)
+        del self.kv_tokens[v.pos - base:]
+        self.kv_tokens.extend(self.uncached + [self.last] + v.drafts[:kept])
+        self.uncached = v.drafts[kept:]
+        self.n_past += v.accepted + 1
+        self.last = v.correction
+        if self._drafter is not None:
+            self.drafter_pairs = self.n_past
+
+    # -- cache -----------------------------------------------------------------------------------
+    def forget(self) -> None:
+        """Empty the target KV cache (the drafter's pairs count as gone too)."""
+        self.ctx.seq_rm(0)
+        self.kv_tokens = []
+        self.drafter_pairs = 0

@@ -1,0 +1,66 @@
+"""Code shape rules from the project brief, checked on the source tree (no model, no llama.cpp).
+
+The runtime path (llama.cpp bindings, the engine and its loop, speculation) stays readable in
+small parts: no function or method longer than MAX_LINES lines, signature, docstring and nested
+functions included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import localspec
+
+MAX_LINES = 60
+RUNTIME_PATH = ("runtime", "speculation", "llama")   # packages under localspec/
+# functions allowed to be longer, as "package/module.py:qualified.name": reason (keep it empty)
+EXCEPTIONS: dict[str, str] = {}
+
+ROOT = Path(localspec.__file__).parent
+
+
+def _functions(tree: ast.AST, prefix: str = ""):
+    """(qualified name, node) of every function and method, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+            yield from _functions(node, prefix + node.name + ".")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, prefix + node.name + ".")
+        else:
+            yield from _functions(node, prefix)
+
+
+def _lengths(source: str) -> dict[str, int]:
+    out = {}
+    for name, node in _functions(ast.parse(source)):
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        out[name] = node.end_lineno - first + 1
+    return out
+
+
+def test_the_checker_counts_lines_of_nested_and_decorated_functions():
+    body = "\n".join(f"        x{i} = {i}" for i in range(60))
+    source = f"class A:\n    @staticmethod\n    def f():\n{body}\n\ndef g():\n    def h():\n        pass\n    return h\n"
+    lengths = _lengths(source)
+    assert lengths == {"A.f": 62, "g": 4, "g.h": 2}
+
+
+def test_no_long_functions_in_the_runtime_path():
+    files = sorted(p for pkg in RUNTIME_PATH for p in (ROOT / pkg).rglob("*.py"))
+    assert len(files) >= 10, f"the runtime packages are missing under {ROOT}"
+    long = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        for name, n in _lengths(path.read_text(encoding="utf-8")).items():
+            if n > MAX_LINES and f"{rel}:{name}" not in EXCEPTIONS:
+                long.append(f"{rel}:{name} ({n} lines)")
+    assert not long, f"functions over {MAX_LINES} lines (split them, or justify one in EXCEPTIONS): {long}"
+
+
+def test_exceptions_name_functions_that_exist_and_are_long():
+    for key in EXCEPTIONS:
+        rel, name = key.split(":")
+        lengths = _lengths((ROOT / rel).read_text(encoding="utf-8"))
+        assert lengths.get(name, 0) > MAX_LINES, f"{key} is no longer an exception: remove it"
