@@ -58,12 +58,13 @@ def _trained(verify, bucket, proposed, accepted, config=None, rounds=60):
 def test_auto_drafts_deeper_than_16_where_one_long_verify_pays():
     pol = _trained(CPU_LONG, 64, 128, 128)
     source, k = pol.plan(500, 128, 64)
-    assert source == "lookup" and k > 64
+    assert source == "lookup" and k >= 48
     # room and the proposal's length still bound it
     assert pol.plan(40, 128, 64)[1] <= 40 and pol.plan(500, 30, 64)[1] <= 30
     # draft_max (the flag) caps short matches; a long match (a copy, a loop) may go to lookup_max
     capped = _trained(CPU_LONG, 64, 128, 128, PolicyConfig("auto", draft_max=8, lookup_max=48))
-    assert capped.plan(500, 128, 64) == ("lookup", 48)
+    source, k = capped.plan(500, 128, 64)
+    assert source == "lookup" and 40 < k <= 48
     for _ in range(60):
         capped.observe_lookup(4, 128, 128)
     assert capped.plan(500, 128, 4)[1] <= 8
@@ -100,9 +101,9 @@ def test_auto_drafts_48_or_more_in_one_cycle_on_a_loop_and_stays_lossless(tmp_pa
     live refresh then brings in what the verifies really cost)."""
     target = build_target(tmp_path / "repeat.gguf", "repeat")
     with Engine(target, n_ctx=1024) as engine:
-        _, plain = _run(engine, "Hello world", max_tokens=200, spec=False, record_margins=True)
+        _, plain = _run(engine, "Hello world", max_tokens=300, spec=False, record_margins=True)
         engine.cost = CostModel({b: 0.02 + 0.0002 * b for b in (1, 2, 4, 8, 16, 32, 64, 128, 129)})
-        cycles, spec = _run(engine, "Hello world", max_tokens=200)
+        cycles, spec = _run(engine, "Hello world", max_tokens=300)
     assert_lossless(plain, spec)
     deep = [c for c in cycles if c.drafted >= 48]
     assert deep and all(c.source == "lookup" for c in deep)
