@@ -122,3 +122,24 @@ def test_smollm2_loop_is_drafted_far_ahead_and_output_equals_plain(smollm2):
         cycles, spec = _run(engine, prompt, max_tokens=200, policy=PolicyConfig("auto", source="lookup"))
     assert_lossless(plain, spec)
     assert max(c.drafted for c in cycles) > 16
+
+
+def test_shadow_score_reports_matched_positions_as_they_come():
+    """A long proposal on a loop settles only when all of it matched: its evidence for the deep
+    positions arrives as the tokens are committed, and the totals equal scoring it at the end."""
+    from localspec.speculation.lookup import ShadowScore
+    from localspec.speculation.policy import Acceptance
+
+    hits, settled = [], []
+    sh = ShadowScore(lambda b, m, acc: settled.append((b, m, acc)), hits=lambda b, lo, hi: hits.append((b, lo, hi)))
+    sh.add(list(range(100)), 64)
+    sh.commit(list(range(40)))
+    assert hits == [(64, 0, 40)] and not settled
+    sh.commit([40, 41, 7])
+    assert hits[-1] == (64, 40, 42) and settled == [(64, 100, 42)]
+    incremental, at_end = Acceptance([0.5] * 128), Acceptance([0.5] * 128)
+    incremental.observe_hits(0, 40)
+    incremental.observe_hits(40, 42)
+    incremental.observe_miss(42)
+    at_end.observe(100, 42)
+    assert incremental.hit == at_end.hit and incremental.seen == at_end.seen

@@ -38,7 +38,8 @@ class DraftStep:
         self.policy = policy
         self.drafter = drafter
         self.lookup = lookup
-        self.shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
+        self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
+                       if lookup is not None and not policy.fixed else None)
         self.calibration = calibration      # draft probability -> acceptance, learned across generations
         self.draft_max = draft_max
 

@@ -95,13 +95,19 @@ class NgramLookup:
 
 class ShadowScore:
     """Scores proposals against the tokens committed after them: per-depth acceptance of a source
-    whose drafts cost nothing to produce, verified or not."""
+    whose drafts cost nothing to produce, verified or not.
 
-    __slots__ = ("_open", "sink")
+    ``sink(bucket, proposal_length, accepted)`` hears each proposal once it is settled (its first
+    miss, or all of it matched). With ``hits``, matched positions are reported as they come,
+    ``hits(bucket, lo, hi)`` for positions lo..hi-1: a 128-token proposal on a loop is otherwise
+    settled only 128 tokens later, and deep drafts would wait that long for their evidence."""
 
-    def __init__(self, sink) -> None:
+    __slots__ = ("_open", "sink", "hits")
+
+    def __init__(self, sink, hits=None) -> None:
         self._open: list[list] = []  # [proposal, matched so far, bucket]
-        self.sink = sink             # sink(bucket, proposal_length, accepted)
+        self.sink = sink
+        self.hits = hits
 
     def add(self, proposal: list[int], bucket: int) -> None:
         if proposal:
@@ -111,17 +117,22 @@ class ShadowScore:
         if not self._open:
             return
         still = []
+        hits = self.hits
         for entry in self._open:
             proposal, done, bucket = entry
-            m = len(proposal)
+            start, m, settled = done, len(proposal), False
             for tok in tokens:
                 if proposal[done] != tok:
-                    self.sink(bucket, m, done)
+                    settled = True
                     break
                 done += 1
                 if done == m:
-                    self.sink(bucket, m, done)
+                    settled = True
                     break
+            if hits is not None and done > start:
+                hits(bucket, start, done)
+            if settled:
+                self.sink(bucket, m, done)
             else:
                 entry[1] = done
                 still.append(entry)

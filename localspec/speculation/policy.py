@@ -31,7 +31,9 @@ EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (s
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
 # lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP)
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
-LOOKUP_PRIORS = (0.15, 0.3, 0.45, 0.6, 0.7, 0.8, 0.85, 0.9)   # first-draft acceptance, by bucket
+# (first draft, later drafts) acceptance priors by bucket: a match of 64 tokens is a copy or a loop
+LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.8, 0.85),
+                 (0.85, 0.95), (0.9, 0.98))
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
 DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
@@ -97,6 +99,19 @@ class Acceptance:
                 self.seen[i] = w + evidence
                 self.hit[i] = self.prior[i] * w + rate * evidence
 
+    def observe_hits(self, lo: int, hi: int) -> None:
+        """Drafts lo..hi-1 accepted (the earlier ones were: see ShadowScore's ``hits``)."""
+        hit, seen = self.hit, self.seen
+        for i in range(lo, min(hi, len(seen))):
+            seen[i] = seen[i] * DECAY + 1.0
+            hit[i] = hit[i] * DECAY + 1.0
+
+    def observe_miss(self, i: int) -> None:
+        """Draft ``i`` rejected after drafts 0..i-1 were accepted."""
+        if i < len(self.seen):
+            self.seen[i] = self.seen[i] * DECAY + 1.0
+            self.hit[i] *= DECAY
+
     def observe(self, drafted: int, accepted: int) -> None:
         hit, seen = self.hit, self.seen
         for i in range(min(drafted, accepted + 1, len(seen))):
@@ -125,7 +140,7 @@ def _bucket(match: int) -> int:
 
 
 def _prior(first: float, rest: float, depth: int = MAX_DEPTH) -> list[float]:
-    return [first] + [min(rest, 0.95)] * (depth - 1)
+    return [first] + [rest] * (depth - 1)
 
 
 def _depths(k_max: int) -> list[int]:
@@ -145,7 +160,7 @@ class Learned:
         self.eagle = Acceptance(_prior(0.5, 0.6, options.DRAFT_MAX))
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
-        self.lookup = [Acceptance(_prior(p, p + 0.05)) for p in LOOKUP_PRIORS]
+        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS]
 
     def new_generation(self) -> None:
         self.eagle.carry()
@@ -287,6 +302,15 @@ class DraftPolicy:
         """The drafter was asked but was not confident enough for even one draft: for the
         policy, a first draft that would not have been accepted (it cost a catch-up)."""
         self.eagle_acc.observe(1, 0)
+
+    def lookup_hits(self, bucket: int, lo: int, hi: int) -> None:
+        """Positions lo..hi-1 of a lookup proposal matched the committed tokens (ShadowScore's
+        ``hits``; :meth:`lookup_settled` then records only the miss)."""
+        self.lookup_acc[_bucket(bucket)].observe_hits(lo, hi)
+
+    def lookup_settled(self, bucket: int, proposed: int, accepted: int) -> None:
+        if accepted < proposed:
+            self.lookup_acc[_bucket(bucket)].observe_miss(accepted)
 
     def observe_lookup(self, bucket: int, proposed: int, accepted: int) -> None:
         """A lookup proposal scored against the committed tokens (see ShadowScore)."""
