@@ -87,10 +87,8 @@ class NgramLookup:
         if avail >= k:
             return toks[start:start + k], n
         # the continuation runs into the present: it repeats with period size - start
-        out = toks[start:]
-        while len(out) < k:
-            out.extend(out[len(out) - avail:len(out) - avail + k - len(out)])
-        return out, n
+        period = toks[start:]
+        return (period * (k // avail + 1))[:k], n
 
 
 class ShadowScore:
