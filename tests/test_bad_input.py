@@ -125,27 +125,27 @@ def test_context_too_small_or_huge_never_reaches_llama_cpp(tiny, tmp_path):
 def test_the_planner_never_asks_llama_cpp_about_a_context_beyond_the_budget(tiny):
     """A context whose weights and KV alone exceed every device's memory is not reserved in llama.cpp
     (reserving allocates its cell bookkeeping for real), and plan_for refuses rather than allocate."""
-    from localspec.memory import fit
+    from localspec.memory import pair, planner
     from localspec.store.models import ModelSpec
 
     d, target, drafter = tiny
     info = read_gguf(target)
-    tl = fit.layout(info)
+    tl = planner.layout(info)
     asked = []
 
     def compute(n_ctx, kv, ngl, dngl):
         asked.append(n_ctx)
         return 0, 0
 
-    budget = [fit.DeviceBudget("CPU", tl.weights_bytes + 64 * 1024, False)]
-    plan = fit.plan(tl, None, budget, compute, n_ctx=4096)
+    budget = [planner.DeviceBudget("CPU", tl.weights_bytes + 64 * 1024, False)]
+    plan = planner.plan_memory(tl, None, budget, compute, n_ctx=4096)
     assert not plan.fits and asked == []
     with pytest.raises(LocalspecError, match="n_ctx must be between 16"):
-        fit.plan(tl, None, budget, compute, n_ctx=4)
+        planner.plan_memory(tl, None, budget, compute, n_ctx=4)
     with pytest.raises(LocalspecError, match="does not fit the memory budget"):
-        fit.plan_for(ModelSpec("t", target), n_ctx=4096, ram=tl.weights_bytes + 64 * 1024)
+        pair.plan_engine(ModelSpec("t", target), n_ctx=4096, ram=tl.weights_bytes + 64 * 1024)
     with pytest.raises(LocalspecError, match="above the 4096 tokens"):
-        fit.plan_files(target, None, n_ctx=1 << 30)
+        pair.plan_files(target, None, n_ctx=1 << 30)
 
 
 def test_python_api_checks_the_same_table():

@@ -16,7 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec.memory import fit
+from localspec.core.units import parse_size
+from localspec.memory import planner
+from localspec.memory.pair import plan_engine
+from localspec.memory.live import memory_report
 from localspec.formats import gguf_consts as K
 from localspec.runtime.engine import Engine
 from localspec.core.errors import LocalspecError
@@ -54,11 +57,11 @@ def real_pair(tmp_path_factory):
 
 def _check_against_llama(target, drafter, n_ctx):
     spec = ModelSpec("t", Path(target), Path(drafter))
-    options = fit.plan_for(spec, n_ctx=n_ctx, n_threads=1)
-    plan = options["plan"]
+    options = plan_engine(spec, n_ctx=n_ctx, n_threads=1)
+    plan = options["memory_plan"]
     assert plan.fits and plan.n_ctx == n_ctx
     with Engine(target, drafter, n_threads=1, **options) as engine:
-        report = engine.memory_report()
+        report = memory_report(engine)
     actual, planned = report["actual"], report["planned"]
     for role in ("target", "drafter"):
         a, p = actual[role], planned[role]
@@ -85,7 +88,7 @@ def test_real_plan_matches_llama_cpp(real_pair):
 
 
 def _layouts(pair):
-    t, d = (fit.layout(read_gguf(p), {"avx2": True}) for p in pair)
+    t, d = (planner.layout(read_gguf(p), {"avx2": True}) for p in pair)
     return t, d
 
 
@@ -95,11 +98,11 @@ def _fake_compute(n_ctx, kv, ngl, dngl):
 
 def test_monotonic_in_budget_and_drafter_first(real_pair):
     t, d = _layouts(real_pair)
-    ram = [fit.DeviceBudget("CPU", 64 << 30)]
+    ram = [planner.DeviceBudget("CPU", 64 << 30)]
     last = (-1, -1)
     for vram_mib in range(0, 1200, 25):
-        devices = ram + [fit.DeviceBudget("GPU", vram_mib * MiB, True)]
-        p = fit.plan(t, d, devices, _fake_compute, n_ctx=2048, margins={"CPU": 0, "GPU": 0})
+        devices = ram + [planner.DeviceBudget("GPU", vram_mib * MiB, True)]
+        p = planner.plan_memory(t, d, devices, _fake_compute, n_ctx=2048, margins={"CPU": 0, "GPU": 0})
         assert p.fits
         placed = (p.drafter.gpu_layers, p.target.gpu_layers)
         assert placed[0] >= last[0] and placed[1] >= last[1], (vram_mib, placed, last)
@@ -113,10 +116,10 @@ def test_monotonic_in_budget_and_drafter_first(real_pair):
 
 def test_ram_budget_degrades_kv_then_context(real_pair):
     t, d = _layouts(real_pair)
-    full = fit.plan(t, d, [fit.DeviceBudget("CPU", 64 << 30)], _fake_compute, n_ctx_max=8192,
+    full = planner.plan_memory(t, d, [planner.DeviceBudget("CPU", 64 << 30)], _fake_compute, n_ctx_max=8192,
                     margins={"CPU": 0})
     assert full.fits and full.n_ctx == 8192 and full.kv_type == "f16"
-    tight = fit.plan(t, d, [fit.DeviceBudget("CPU", full.total_bytes - 50 * MiB)], _fake_compute,
+    tight = planner.plan_memory(t, d, [planner.DeviceBudget("CPU", full.total_bytes - 50 * MiB)], _fake_compute,
                      n_ctx_max=8192, margins={"CPU": 0})
     assert tight.fits and tight.total_bytes <= full.total_bytes - 50 * MiB
     assert (tight.kv_type, tight.n_ctx) != ("f16", 8192)
@@ -124,19 +127,19 @@ def test_ram_budget_degrades_kv_then_context(real_pair):
 
 def test_impossible_budget(real_pair):
     t, d = _layouts(real_pair)
-    p = fit.plan(t, d, [fit.DeviceBudget("CPU", 10 * MiB), fit.DeviceBudget("GPU", 10 * MiB, True)],
+    p = planner.plan_memory(t, d, [planner.DeviceBudget("CPU", 10 * MiB), planner.DeviceBudget("GPU", 10 * MiB, True)],
                  _fake_compute)
     assert not p.fits and "needs" in p.reason and p.total_bytes > 10 * MiB
 
 
 def test_parse_size():
-    assert fit.parse_size("12G") == 12 << 30
-    assert fit.parse_size("1.5GiB") == 3 << 29
-    assert fit.parse_size("800M") == 800 * MiB
-    assert fit.parse_size("4096") == 4096
+    assert parse_size("12G") == 12 << 30
+    assert parse_size("1.5GiB") == 3 << 29
+    assert parse_size("800M") == 800 * MiB
+    assert parse_size("4096") == 4096
     for bad in ("12XB", "", "G", "-1G"):
         with pytest.raises(LocalspecError):
-            fit.parse_size(bad)
+            parse_size(bad)
 
 
 def _cli(*args):

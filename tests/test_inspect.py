@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.cli.inspect import describe_gguf, human_size
+from localspec.cli.inspect import describe_gguf
+from localspec.core.units import format_size as human_size
 from localspec.formats.gguf_info import read_gguf
 
 from tiny_models import build_drafter, build_target

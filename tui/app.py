@@ -33,10 +33,12 @@ from localspec.core import options
 from localspec.core.errors import LocalspecError
 from localspec.core.options import check_text
 from localspec.core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+from localspec.core.units import format_size
+from localspec.memory.planner import kv_bytes, layout
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import POLICIES, PolicyConfig
 
-from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans, format_size
+from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans
 
 CHAT_CSS = """
 #status { height: 1; background: $panel; }
@@ -142,20 +144,8 @@ class ReplyDone(TMessage):
 
 
 # -- the memory plan -----------------------------------------------------------------------------
-def _kv_bytes(info, n_ctx: int, n_layer: int | None = None) -> int | None:
-    """f16 K and V for every layer and position (an estimate until `localspec fit` plans it)."""
-    meta = info.metadata
-    heads = meta.get(f"{info.arch}.attention.head_count")
-    heads_kv = meta.get(f"{info.arch}.attention.head_count_kv", heads)
-    if not heads or not info.n_embd:
-        return None
-    kv_dim = info.n_embd * int(heads_kv) // int(heads)
-    layers = n_layer if n_layer is not None else info.n_layer
-    return 2 * layers * n_ctx * kv_dim * 2
-
-
 def _plan_rows(plan) -> list[tuple[str, str]]:
-    """Rows from a ``localspec.memory.fit`` Plan (what the engine was built from)."""
+    """Rows from a ``localspec.memory`` Plan (what the engine was built from)."""
     rows: list[tuple[str, str]] = []
     for part in (plan.target, plan.drafter):
         if part is None:
@@ -175,8 +165,8 @@ def _plan_rows(plan) -> list[tuple[str, str]]:
 
 def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
     """What the memory panel shows: the ``localspec fit`` plan the engine was built from when it
-    has one (``engine.plan``), else file sizes, context and an f16 KV estimate."""
-    plan = getattr(engine, "plan", None)
+    has one (``engine.memory_plan``), else file sizes, context and an f16 KV estimate."""
+    plan = getattr(engine, "memory_plan", None)
     if plan is not None:
         try:
             return _plan_rows(plan)
@@ -186,11 +176,11 @@ def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
     if engine.drafter_info is not None:
         rows.append(("drafter weights", format_size(engine.drafter_info.size_bytes)))
     rows.append(("context", f"{engine.n_ctx} tokens"))
-    kv = _kv_bytes(engine.target_info, engine.n_ctx)
+    kv = kv_bytes(layout(engine.target_info), engine.n_ctx, "f16")   # the planner's rule
     if kv is not None:
         rows.append(("target KV (f16, est.)", format_size(kv)))
     if engine.drafter_info is not None:
-        dkv = _kv_bytes(engine.drafter_info, engine.n_ctx, n_layer=1)
+        dkv = kv_bytes(layout(engine.drafter_info), engine.n_ctx, "f16")
         if dkv is not None:
             rows.append(("drafter KV (f16, est.)", format_size(dkv)))
     rows.append(("plan", "none (engine built without `localspec fit`)"))
@@ -477,6 +467,9 @@ class ChatApp(App):
             self._refresh_status()
             return
         self.engine = message.engine
+        note = getattr(getattr(self.engine, "memory_plan", None), "context_note", None)
+        if note:   # the memory plan used a smaller context than asked for
+            self._note(f"Note: {note}")
         self.query_one(StatsPanel).set_drafter(self.has_drafter)
         prompt.disabled = False
         prompt.placeholder = "Message (Enter sends)"

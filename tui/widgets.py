@@ -17,17 +17,6 @@ SPARK_SAMPLES = 40
 BAR_WIDTH = 10
 
 
-def format_size(n_bytes: int | None) -> str:
-    if n_bytes is None:
-        return "—"
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n_bytes} B"  # pragma: no cover
-
-
 def describe_finish(finish_reason: str | None, stats: dict | None = None) -> str:
     """The dim line under a reply: why it ended and how fast it ran."""
     parts: list[str] = []

@@ -67,14 +67,16 @@ def chat_settings(spec, *, system: Optional[str], given: dict, is_default) -> tu
 
 
 def engine_factory(spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
-                   vram: Optional[str] = None,
+                   vram: Optional[str] = None, ram: Optional[str] = None,
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``spec`` (a ModelSpec)."""
     from ..runtime.engine import Engine
-    from ..memory.fit import plan_for
+    from ..memory.pair import plan_engine
 
     def build() -> Engine:
-        options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)  # memory plan
+        # the memory plan; runs in the app's worker thread, so it prints nothing: a smaller context
+        # comes back as engine.memory_plan.context_note and the app shows it
+        options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram, ram=ram)
         return Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
                       **options)
 

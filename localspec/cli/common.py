@@ -46,10 +46,13 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     if warning:
         print(warning, file=sys.stderr)
     spec = spec or resolve(model, target=target, draft=draft)
-    # the memory plan (localspec.memory.fit) chooses offload, KV type and verify-sized buffers by default
-    from ..memory.fit import plan_for
+    # the memory plan (localspec.memory) chooses offload, KV type and verify-sized buffers by default
+    from ..memory.pair import plan_engine
 
-    options = plan_for(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
+    options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
+    note = options["memory_plan"].context_note
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=verbose, chat_template=spec.template,
                     **options)
     return spec, engine

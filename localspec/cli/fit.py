@@ -13,7 +13,9 @@ from rich.table import Table
 
 from ..llama import backends
 from ..core.errors import LocalspecError
-from ..memory.fit import KV_TYPES, fmt_size, parse_size, plan_files
+from ..core.units import format_size, parse_size
+from ..llama.contexts import KV_TYPES
+from ..memory.pair import plan_files
 from ..store.models import resolve
 from ..core.options import check_cli
 from .app import app
@@ -66,21 +68,21 @@ def fit(
         for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
             table.add_column(col, justify="left" if col == "device" else "right")
         for d in plan.devices:
-            table.add_row(d.name, fmt_size(d.budget_bytes), fmt_size(d.margin_bytes), fmt_size(d.target_bytes),
-                          fmt_size(d.drafter_bytes), fmt_size(d.used_bytes),
-                          fmt_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
+            table.add_row(d.name, format_size(d.budget_bytes), format_size(d.margin_bytes), format_size(d.target_bytes),
+                          format_size(d.drafter_bytes), format_size(d.used_bytes),
+                          format_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
         console.print(table)
         parts = Table(title="per model")
         for col in ("model", "GPU layers", "weights", "CPU repack", "KV", "compute", "output"):
             parts.add_column(col, justify="left" if col == "model" else "right")
         for p in (plan.target, plan.drafter):
             if p is not None:
-                parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", fmt_size(p.weights_bytes), fmt_size(p.repack_bytes),
-                              f"{fmt_size(p.kv_bytes)} ({p.kv_type})", fmt_size(p.compute_bytes),
-                              fmt_size(p.output_bytes))
+                parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", format_size(p.weights_bytes), format_size(p.repack_bytes),
+                              f"{format_size(p.kv_bytes)} ({p.kv_type})", format_size(p.compute_bytes),
+                              format_size(p.output_bytes))
         console.print(parts)
-        console.print(f"backends: {', '.join(info.built_with)}; total {fmt_size(plan.total_bytes)} "
-                      f"of {fmt_size(plan.budget_bytes)}")
+        console.print(f"backends: {', '.join(info.built_with)}; total {format_size(plan.total_bytes)} "
+                      f"of {format_size(plan.budget_bytes)}")
         for note in plan.notes:
             console.print(f"note: {note}")
         if not plan.fits:

@@ -16,6 +16,7 @@ from ..store.models import apply_model_defaults, resolve
 from ..core.options import check_cli, check_text
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
+from ..memory.live import memory_report
 from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
 from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,  # noqa: F401
@@ -163,7 +164,7 @@ def generate(
                 "target": str(spec.target),
                 "drafter": str(spec.drafter) if spec.drafter and engine.drafter else None,
                 **stats.to_dict(),
-                "memory": engine.memory_report(),  # llama.cpp's buffers vs the memory plan (localspec fit)
+                "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
             }
             print(json.dumps(result, ensure_ascii=False))
         else:

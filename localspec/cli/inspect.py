@@ -9,17 +9,9 @@ from typing import Any
 import typer
 
 from ..formats import gguf_consts as K
+from ..core.units import format_size
 from ..formats.gguf_info import GGUFInfo, read_gguf
 from .app import app
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 # Measured with llama.cpp's own llama-speculative-simple (--spec-type draft-eagle3, same target and
@@ -94,7 +86,7 @@ def print_description(desc: dict[str, Any], *, title: str | None = None, warning
         if key in ("file",) or (key == "source_revision" and not value):
             continue
         if key == "size_bytes":
-            key, value = "size", human_size(int(value))
+            key, value = "size", format_size(int(value))
         elif key == "parameters":
             value = f"{value:,}"
         elif isinstance(value, bool):

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..formats import modelfile as mfmod
 from ..store import registry
 from ..core.errors import LocalspecError
+from ..core.units import format_size
 from .app import app
 
 TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
@@ -41,11 +42,7 @@ def _size(*paths: str | None) -> str:
                 total += Path(p).stat().st_size
             except OSError:
                 pass
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if total < 1000 or unit == "TB":
-            return f"{total:.0f} {unit}" if unit == "B" else f"{total:.1f} {unit}"
-        total /= 1000
-    return "?"
+    return format_size(total)
 
 
 @app.command("list")

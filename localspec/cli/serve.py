@@ -74,7 +74,7 @@ def serve(
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
     /health and Prometheus /metrics. Requests run one at a time on the engine, in arrival order."""
-    from ..memory.fit import parse_size
+    from ..core.units import parse_size
 
     resolved = resolve(model, target=target, draft=draft)
     for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):

@@ -32,6 +32,7 @@ from typing import Iterator, Sequence
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.events import DoneEvent, Event
+from ..llama.contexts import KV_TYPES, PROMPT_BATCH, target_context
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
@@ -45,15 +46,6 @@ from .generation import GenerationLoop
 from .margins import MarginRecorder
 from .sampling import SamplingParams
 from .verifier import TargetVerifier
-
-PROMPT_BATCH = 512
-
-
-def target_context(with_drafter: bool) -> dict:
-    """Sequence settings of the target context (localspec.memory.fit reserves the same): with a drafter,
-    draft trees are verified in one batch, each leaf a sequence of one unified cache (the tree's
-    rows share the prefix cells; see speculation.tree)."""
-    return dict(n_seq_max=1 + tree.MAX_NODES, kv_unified=True) if with_drafter else {}
 
 
 @dataclass
@@ -91,7 +83,7 @@ class Engine:
         verbose: bool = False,
         kv_type: str | None = None,
         n_outputs_max: int = 0,
-        plan=None,
+        memory_plan=None,
         chat_template: str | None = None,
     ) -> None:
         set_verbose(verbose)
@@ -106,8 +98,9 @@ class Engine:
             n_threads = options.check_threads(n_threads)
         n_gpu_layers = options.check("gpu_layers", n_gpu_layers)
         drafter_gpu_layers = options.check("gpu_layers", drafter_gpu_layers)
-        # memory plan hook (localspec.memory.fit): KV type, verify-sized logit rows, the plan to report against
-        self.plan = plan
+        # from a memory plan (localspec.memory): KV type, verify-sized logit rows, the plan itself (kept
+        # for reports: localspec.memory.live reads it)
+        self.memory_plan = memory_plan
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
         self.formatter = self._chat_formatter(chat_template)
         self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
@@ -121,7 +114,6 @@ class Engine:
     def _open(self, n_ctx: int, n_threads: int | None, n_gpu_layers: int, drafter_gpu_layers: int,
               kv_type: str | None, n_outputs_max: int) -> None:
         """Load the target and its context, then the drafter and its context beside it."""
-        from ..memory.fit import KV_TYPES
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
@@ -238,12 +230,6 @@ class Engine:
         self.verifier.forget()
         if self.drafter is not None:
             self.drafter.reset(0)
-
-    def memory_report(self) -> dict:
-        """llama.cpp's allocated buffers (weights, KV, compute, output) vs the plan, if one was given."""
-        from ..memory.fit import memory_report
-
-        return memory_report(self)
 
     # -- life cycle ------------------------------------------------------------------------------
     def close(self) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..core.atomic import atomic_path, atomic_write
 from ..core.errors import LocalspecError
+from ..core.units import format_size
 
 # Refuse to start writing when less than this is free where data, checkpoints or the drafter go.
 MIN_FREE_BYTES = 64 * 1024 * 1024
@@ -30,8 +31,8 @@ def check_free_space(path: Path, need: int = MIN_FREE_BYTES) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < need:
-        raise LocalspecError(f"not enough disk space in {path}: {free // (1 << 20)} MiB free, "
-                             f"need at least {need // (1 << 20)} MiB")
+        raise LocalspecError(f"not enough disk space in {path}: {format_size(free)} free, "
+                             f"need at least {format_size(need)}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 from ..formats import gguf_consts as K
 from ..core.atomic import atomic_path, atomic_write
 from ..core.errors import LocalspecError
+from ..core.units import format_size
 from ..formats.gguf_info import check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
 from .prompts import load_prompts
@@ -339,7 +340,7 @@ def run(opts: TrainOptions) -> TrainSummary:
     summary.drafter_bytes = conv.size_bytes
     atomic_write(work / "summary.json", json.dumps({k: (str(v) if isinstance(v, Path) else v)
                                                     for k, v in vars(summary).items()}, indent=1))
-    log(f"drafter: {out} ({conv.size_bytes / 1e6:.1f} MB, held-out tokens/cycle {state.best_tau:.2f})")
+    log(f"drafter: {out} ({format_size(conv.size_bytes)}, held-out tokens/cycle {state.best_tau:.2f})")
     return summary
 
 

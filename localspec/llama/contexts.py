@@ -1,0 +1,34 @@
+"""The shapes of the llama.cpp contexts localspec creates, shared by the engine (which creates them)
+and the memory planner (which reserves the same ones to measure them). A low module: it imports
+only ``localspec.core``, so both sides can use it without importing each other.
+
+- KV cache types by name: the ggml type id llama.cpp takes and the bytes per element.
+- The target context: its prompt batch (n_batch = n_ubatch), its sequences (one per draft-tree
+  leaf when a drafter is loaded) and the most logit rows one verify batch asks for.
+- The drafter context's batch (its graph computes logits for every row of a batch).
+"""
+
+from __future__ import annotations
+
+from ..core import options
+
+# KV cache types: name -> (ggml type id, bytes per element)
+KV_TYPES: dict[str, tuple[int, float]] = {
+    "f16": (1, 2.0),
+    "q8_0": (8, 34 / 32),
+    "q4_0": (2, 18 / 32),
+    "f32": (0, 4.0),
+}
+
+PROMPT_BATCH = 512          # the target context's n_batch = n_ubatch
+# the target context's n_outputs_max: the largest verify batch, a chain (draft-max + 1, or auto's
+# lookup draft on a long match, lookup-max + 1) or a tree (its nodes + the root), 129
+VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.LOOKUP_MAX, options.TREE_MAX_NODES)
+DRAFTER_BATCH = 64          # the drafter context's n_batch (speculation.eagle.DRAFTER_BATCH: the same value)
+
+
+def target_context(with_drafter: bool) -> dict:
+    """Sequence settings of the target context: with a drafter, draft trees are verified in one batch,
+    each leaf a sequence of one unified cache (the tree's rows share the prefix cells; see
+    speculation.tree)."""
+    return dict(n_seq_max=1 + options.TREE_MAX_NODES, kv_unified=True) if with_drafter else {}
