@@ -53,14 +53,14 @@ TREE_VERIFY_RATIO = 1.5  # ... and verifying a full tree at most this, times the
 @dataclass
 class PolicyConfig:
     name: str = "auto"
-    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this), but:
-    lookup_max: int = MAX_DEPTH  # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
+    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
     p_min: float = 0.3          # drafter: stop drafting below this confidence
     probe_every: int = 16       # auto: first interval (cycles) between drafter probes
     source: str = "auto"        # auto (both), eagle (drafter only), lookup (n-gram lookup only)
     tree: str = "auto"          # drafter trees: auto (where batching is cheap), on (always), off (chains)
     tree_width: int = 4         # branches expanded per depth, children offered by each
     tree_nodes: int = 24        # most draft nodes in a tree
+    lookup_max: int = MAX_DEPTH  # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
 
     def __post_init__(self) -> None:
         # ranges and choices: localspec.core.options
