@@ -1,8 +1,14 @@
 """localspec against llama.cpp's own speculators, side by side on the same prompts and token ids.
 
-    python bench/peer_llamacpp.py --prompts bench/heldout.jsonl --prompts bench/easy.jsonl \
-        -n 128 --threads 2 [--native plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3] \
-        [--modes plain,auto] [--json results.json]
+    python bench/peer_llamacpp.py -n 128 --threads 2 [--prompts bench/chat.jsonl ...] \
+        [--native plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3] [--modes plain,auto] \
+        [--limit N] [--json results.json]
+
+Without ``--prompts`` it runs the four sets of issue 17: ``bench/chat.jsonl``, ``copy.jsonl``,
+``coding.jsonl`` and ``repetitive.jsonl``. It prints one table per set (tok/s, ratio to the
+native plain decoding over all tokens of the set, the per-prompt median ratio, acceptance, and
+whether greedy output equals localspec's plain decoding) and, per localspec mode, its rate over
+the best native n-gram speculator of each set (``vs best n-gram``) and the lowest of them.
 
 The native side is llama.cpp's ``llama-speculative-simple``, built once with cmake from the
 ``vendor/llama.cpp`` of the pinned llama-cpp-python sdist (the same llama.cpp localspec runs on)
@@ -18,6 +24,11 @@ generation clock starts after the prefill that already chose the first token, so
 (N - 1) / generation seconds. Ratios are to the native plain decoding (the native tool needs some
 speculator: ``ngram-mod`` with a lookup length of 1024 never matches, so it decodes plainly).
 This is for people who measure; CI does not run it. Measure on an idle machine (``uptime``).
+
+Same length: the native tool checks ``-n`` only after each cycle, so a speculating type decodes
+up to 63 tokens more than asked, the most repetitive and cheapest part of a looping text. So
+localspec's modes generate as many tokens as the longest native run of that prompt decoded
+(``--exact-n``: exactly ``-n``), and every rate is over the same stretch of text or a longer one.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ from localspec.store.models import resolve
 from localspec.speculation.policy import PolicyConfig
 
 TOOL = "llama-speculative-simple"
+SETS = ("chat", "copy", "coding", "repetitive")   # the default prompt sets, bench/NAME.jsonl
+NGRAM = ("ngram-mod", "ngram-map-k", "ngram-simple")
 # --spec-type arguments per native type; "plain" never drafts (no 1024-token n-gram ever matches)
 NATIVE = {
     "plain": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "1024"],
@@ -123,9 +136,10 @@ def run_localspec(engine: Engine, messages: list[Message], mode: str, n: int) ->
 
 
 def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], modes: list[str], n: int,
-              threads: int, target: Path, drafter: Path | None) -> dict:
+              threads: int, target: Path, drafter: Path | None, limit: int | None = None,
+              exact_n: bool = False) -> dict:
     runs: dict[str, list[dict]] = {f"native:{k}": [] for k in native} | {m: [] for m in modes}
-    for bp in load_prompts(path):
+    for bp in load_prompts(path)[:limit]:
         messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
         text = engine.formatter.render(messages, add_generation_prompt=True)
         n_prompt = len(engine.prompt_tokens(messages))
@@ -136,8 +150,9 @@ def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], 
                                  f"localspec {n_prompt}) for {bp.prompt[:40]!r}")
             runs[f"native:{kind}"].append(r)
         plain_ids = None
+        n_local = n if exact_n else max([n] + [runs[f"native:{k}"][-1]["tokens"] + 1 for k in native])
         for mode in modes:
-            r = run_localspec(engine, messages, mode, n)
+            r = run_localspec(engine, messages, mode, min(n_local, engine.n_ctx - n_prompt - 1))
             if mode == "plain":
                 plain_ids = r["token_ids"]
             elif plain_ids is not None:
@@ -158,12 +173,38 @@ def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], 
                          for r, b in zip(rs, runs.get("native:plain", rs))), 4)}
         if all("greedy_identical" in r for r in rs):
             out[name]["greedy_identical"] = all(r["greedy_identical"] for r in rs)
+    best = max((rates[f"native:{k}"] for k in NGRAM if f"native:{k}" in rates), default=None)
+    for mode in modes:
+        if best:
+            out[mode]["vs_best_ngram"] = round(rates[mode] / best, 4)
     return out
+
+
+def print_tables(results: dict, names: list[str], modes: list[str]) -> None:
+    for path, res in results.items():
+        print(f"\n{Path(path).name}")
+        print(f"  {'':<20}{'tok/s':>8}{'ratio':>8}{'median':>8}{'accept':>8}{'greedy=':>9}{'vs best n-gram':>16}")
+        for n in names:
+            r = res[n]
+            acc = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
+            same = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "")
+            vs = f"{r['vs_best_ngram']:.2f}x" if "vs_best_ngram" in r else ""
+            print(f"  {n:<20}{r['tokens_per_second']:>8.1f}{r['ratio']:>7.2f}x{r['median_prompt_ratio']:>7.2f}x"
+                  f"{acc:>8}{same:>9}{vs:>16}")
+    for mode in modes:
+        vs = {Path(p).stem: res[mode]["vs_best_ngram"] for p, res in results.items() if "vs_best_ngram" in res[mode]}
+        if vs:
+            print(f"\n{mode} vs the best native n-gram speculator: "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in vs.items()) + f"; lowest {min(vs.values()):.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", action="append", required=True, type=Path, help="a bench JSONL file (repeatable)")
+    ap.add_argument("--prompts", action="append", type=Path,
+                    help="a bench JSONL file (repeatable; default: bench/{chat,copy,coding,repetitive}.jsonl)")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts of each set")
+    ap.add_argument("--exact-n", action="store_true",
+                    help="localspec generates exactly -n tokens (default: as many as the longest native run decoded)")
     ap.add_argument("--model", default=None, help="localspec model name or target .gguf (default: embedded)")
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -173,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    if not args.prompts:
+        args.prompts = [Path(__file__).with_name(f"{name}.jsonl") for name in SETS]
     native = [k for k in args.native.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
     for k in native:
@@ -187,19 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     if drafter is None:
         native = [k for k in native if k != "draft-eagle3"]
     results = {}
+    load_start = os.getloadavg()[0]
     with Engine(target, drafter, n_ctx=args.ctx, n_threads=args.threads) as engine:
         engine.cost_model()  # calibrate before the clock runs, as a user's first chat would have
         for path in args.prompts:
             results[str(path)] = bench_set(path, engine, tool, native, modes, args.max_tokens, args.threads,
-                                           target, drafter)
+                                           target, drafter, args.limit, args.exact_n)
     names = [f"native:{k}" for k in native] + modes
-    print(f"{'prompt set':<28}" + "".join(f"{n:>20}" for n in names))
-    for path, res in results.items():
-        print(f"{Path(path).name:<28}" + "".join(
-            f"{res[n]['tokens_per_second']:>9.1f} {res[n]['ratio']:>6.2f}x   " for n in names))
+    print(f"{args.threads} threads, {args.max_tokens} tokens, load average {load_start:.2f} at the start, "
+          f"{os.getloadavg()[0]:.2f} at the end "
+          f"(ratios: to native:plain; median: of the per-prompt ratios)")
+    print_tables(results, names, modes)
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "max_tokens": args.max_tokens,
-                                         "target": target.name, "results": results}, indent=1))
+                                         "target": target.name, "load_average": [load_start, os.getloadavg()[0]],
+                                         "results": results}, indent=1))
     return 0
 
 

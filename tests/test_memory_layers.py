@@ -87,7 +87,8 @@ def test_the_shared_context_shapes_are_what_the_runtime_uses():
 
     assert contexts.target_context(True)["n_seq_max"] == 1 + tree.MAX_NODES
     assert contexts.target_context(False) == {}
-    assert contexts.VERIFY_OUTPUTS_MAX == 33   # draft-max 32 + 1, and a 32-node tree + its root
+    # auto's deepest lookup draft 128 + 1 (issue 17; was 33: draft-max 32 + 1, a 32-node tree + its root)
+    assert contexts.VERIFY_OUTPUTS_MAX == 129
     assert _imports(PACKAGE / "llama" / "contexts.py") <= {"localspec.core", "localspec.core.options"}
 
 

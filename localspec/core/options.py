@@ -26,7 +26,8 @@ UINT32_MAX = 2**32 - 1
 N_CTX_MIN = 16            # llama.cpp asserts on contexts of a few tokens (its output buffer rows)
 MAX_THREADS = 512         # GGML_MAX_N_THREADS: ggml indexes fixed arrays by thread
 MAX_SEQUENCES = 256       # LLAMA_MAX_SEQ: sequences of one llama.cpp context
-DRAFT_MAX = 32            # deepest draft chain (speculation.policy.MAX_DEPTH)
+DRAFT_MAX = 32            # deepest drafter chain, and fixed's depth (--draft-max)
+LOOKUP_MAX = 128          # deepest n-gram lookup draft of auto (speculation.policy.MAX_DEPTH)
 TREE_MAX_NODES = 32       # draft nodes of one tree (each leaf a llama.cpp sequence)
 TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's sequences)
 RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
@@ -149,6 +150,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source"),
     Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting"),
     _int("draft_max", 1, DRAFT_MAX, flag="--draft-max"),
+    _int("lookup_max", 1, LOOKUP_MAX),
     _float("p_min", 0.0, 1.0, flag="--p-min"),
     _int("probe_every", 1),
     _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width"),

@@ -21,9 +21,9 @@ KV_TYPES: dict[str, tuple[int, float]] = {
 }
 
 PROMPT_BATCH = 512          # the target context's n_batch = n_ubatch
-# the target context's n_outputs_max: the largest verify batch, a chain (draft-max + 1) or a tree
-# (its nodes + the root), 33
-VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.TREE_MAX_NODES)
+# the target context's n_outputs_max: the largest verify batch, a chain (draft-max + 1, or auto's
+# lookup draft on a long match, lookup-max + 1) or a tree (its nodes + the root), 129
+VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.LOOKUP_MAX, options.TREE_MAX_NODES)
 # The drafter context's n_batch: llama.cpp sizes its output buffer (full-vocabulary logits) by it,
 # and prompt chunks are written to the drafter without outputs in pieces of this size.
 DRAFTER_BATCH = 64

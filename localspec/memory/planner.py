@@ -19,7 +19,7 @@ Where the numbers come from:
   and hybrid archs are not modelled (noted in the plan).
 - compute buffers: the ``ComputeFn`` given (llama.cpp's own figure in real use, see
   :class:`localspec.memory.probe.LlamaCompute`). The target context reserves only the largest
-  verify batch's logit rows (``n_outputs_max`` = draft-max + 1 <= 33) instead of all 512 prompt
+  verify batch's logit rows (``n_outputs_max``: the longest draft + 1, 129) instead of all 512 prompt
   rows; the drafter's graph computes logits for every row of a batch, so its buffer is sized by
   its 64-row batch.
 - output buffers (host): logits rows of the largest batch: target draft_max+1 rows, drafter a
@@ -388,7 +388,7 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     kv_t = KV_TYPES[kv][1]
     kv_d = KV_TYPES["f32"][1]  # the drafter's exact attention keeps an F32 cache
     dm = draft_max or DRAFT_MAX_CHOICES[0]
-    t_out = _output_bytes(target, min(dm + 1, VERIFY_OUTPUTS_MAX), 0)
+    t_out = _output_bytes(target, VERIFY_OUTPUTS_MAX, 0)   # the rows the context reserves (auto's long lookup drafts)
     d_out = _output_bytes(drafter, DRAFTER_BATCH, DRAFTER_BATCH) if drafter else 0
 
     def split(ngl: int, dngl: int) -> tuple[Share, Share, int, int]:
@@ -409,14 +409,13 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     # draft depth: deeper when verification runs on a GPU (a batch costs about one step there)
     if draft_max is None:
         dm = 8 if gpu_dev is not None and ngl >= target.n_units else 4
-        t = replace(t, cpu_bytes=t.cpu_bytes - t_out + _output_bytes(target, dm + 1))
     devices = [DeviceUse(cpu_dev.name, False, cpu_dev.budget_bytes, margins[cpu_dev.name],
                          t.cpu_bytes + d.cpu_bytes, t.cpu_bytes, d.cpu_bytes)]
     if gpu_dev is not None:
         devices.append(DeviceUse(gpu_dev.name, True, gpu_dev.budget_bytes, margins[gpu_dev.name],
                                  t.gpu_bytes + d.gpu_bytes, t.gpu_bytes, d.gpu_bytes))
     tpart = Part("target", target.path, ngl, target.n_units, t.weights_bytes, t.repack_bytes, t.kv_bytes, kv, tc,
-                 _output_bytes(target, dm + 1), t.gpu_bytes, t.cpu_bytes)
+                 t_out, t.gpu_bytes, t.cpu_bytes)
     dpart = (Part("drafter", drafter.path, dngl, drafter.n_units, d.weights_bytes, d.repack_bytes, d.kv_bytes,
                   "f32", dc, d_out, d.gpu_bytes, d.cpu_bytes) if drafter else None)
     total = sum(x.used_bytes for x in devices)

@@ -38,14 +38,15 @@ class DraftStep:
         self.policy = policy
         self.drafter = drafter
         self.lookup = lookup
-        self.shadow = ShadowScore(policy.observe_lookup) if lookup is not None and not policy.fixed else None
+        self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
+                       if lookup is not None and not policy.fixed else None)
         self.calibration = calibration      # draft probability -> acceptance, learned across generations
         self.draft_max = draft_max
 
     def draft(self, room: int, n_past: int) -> Draft:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
         policy, drafter = self.policy, self.drafter
-        proposal, match = self.lookup.propose(min(self.draft_max, room)) if self.lookup is not None else ([], 0)
+        proposal, match = self.lookup.propose(policy.lookup_depth(room)) if self.lookup is not None else ([], 0)
         source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
         if self.shadow is not None:
             self.shadow.add(proposal, match)

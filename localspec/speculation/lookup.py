@@ -9,6 +9,13 @@ The index maps each n-gram to the position right after its latest occurrence tha
 continuation; it is updated as tokens arrive (``max_n`` dictionary writes per token), so a proposal
 costs a few dictionary reads, whatever the length of the history.
 
+A second index holds ``LONG_N``-grams (one more dictionary write per token). It finds the
+occurrence that matches a long stretch even when the short suffix occurred again since in
+another context: the text being copied (a passage of the prompt, a loop in the output), whose
+continuation can be drafted far ahead (see ``policy.MAX_DEPTH``). Like llama.cpp's ``ngram-mod``
+(24-token n-grams), but an exact dictionary rather than a hash table, and the continuation is
+read from the text itself rather than chained token by token.
+
 Shadow scoring: a proposal is free, so every cycle's proposal is scored against the tokens that are
 actually committed after it, whether or not it was verified. The policy thus knows lookup's
 per-depth acceptance even while it decodes plain, and comes back to lookup as soon as it pays.
@@ -20,7 +27,8 @@ from typing import Sequence
 
 MAX_N = 4
 MIN_N = 1
-MATCH_CAP = 32   # proposals report how far back their match really goes, up to this many tokens
+LONG_N = 16      # the long index's n-gram length
+MATCH_CAP = 64   # proposals report how far back their match really goes, up to this many tokens
 
 
 class NgramLookup:
@@ -29,58 +37,75 @@ class NgramLookup:
         self.min_n = min_n
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
+        self._long: dict[tuple[int, ...], int] = {}   # LONG_N-grams -> the position after
         self.extend(tokens)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        toks, index, max_n = self.tokens, self._index, self.max_n
+        toks, index, max_n, long = self.tokens, self._index, self.max_n, self._long
         for tok in tokens:
             i = len(toks)  # the new token's position: it continues every n-gram ending at i-1
             for n in range(1, min(max_n, i) + 1):
                 index[tuple(toks[i - n:i])] = i
+            if i >= LONG_N:
+                long[tuple(toks[i - LONG_N:i])] = i
             toks.append(tok)
 
     def propose(self, k: int) -> tuple[list[int], int]:
         """Up to ``k`` draft tokens after the history, and the length of the matched suffix (0: no
         match, no drafts): found through the index for up to ``max_n`` tokens, then followed
         backwards up to ``MATCH_CAP`` tokens, since a long match (copying a passage) predicts
-        its continuation far better than a short one."""
+        its continuation far better than a short one. A ``LONG_N``-token suffix seen before is
+        looked up first: its latest occurrence is the one the text is copying."""
         toks = self.tokens
         size = len(toks)
         if k <= 0 or size == 0:
             return [], 0
+        start = self._long.get(tuple(toks[size - LONG_N:])) if size > LONG_N else None
+        if start is not None:
+            return self._follow(start, LONG_N, k)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             start = self._index.get(tuple(toks[size - n:]))
-            if start is None:
-                continue
-            if n == self.max_n:
-                a, b = start - n - 1, size - n - 1
-                while a >= 0 and n < MATCH_CAP and toks[a] == toks[b]:
-                    a -= 1
-                    b -= 1
-                    n += 1
-            avail = size - start
-            if avail >= k:
-                return toks[start:start + k], n
-            # the continuation runs into the present: it repeats with period size - start
-            out = toks[start:]
-            while len(out) < k:
-                out.append(out[len(out) - avail])
-            return out, n
+            if start is not None:
+                return self._follow(start, n, k)
         return [], 0
+
+    def _follow(self, start: int, n: int, k: int) -> tuple[list[int], int]:
+        """``k`` tokens from ``start`` (the text after an earlier occurrence of the last ``n``
+        tokens) and the match length, followed backwards from ``n`` up to ``MATCH_CAP``."""
+        toks = self.tokens
+        size = len(toks)
+        if n >= self.max_n:
+            a, b = start - n - 1, size - n - 1
+            while a >= 0 and n < MATCH_CAP and toks[a] == toks[b]:
+                a -= 1
+                b -= 1
+                n += 1
+        avail = size - start
+        if avail >= k:
+            return toks[start:start + k], n
+        # the continuation runs into the present: it repeats with period size - start
+        period = toks[start:]
+        return (period * (k // avail + 1))[:k], n
 
 
 class ShadowScore:
     """Scores proposals against the tokens committed after them: per-depth acceptance of a source
-    whose drafts cost nothing to produce, verified or not."""
+    whose drafts cost nothing to produce, verified or not.
 
-    __slots__ = ("_open", "sink")
+    ``sink(bucket, proposal_length, accepted)`` hears each proposal once it is settled (its first
+    miss, or all of it matched). With ``hits``, matched positions are reported as they come,
+    ``hits(bucket, lo, hi)`` for positions lo..hi-1: a 128-token proposal on a loop is otherwise
+    settled only 128 tokens later, and deep drafts would wait that long for their evidence."""
 
-    def __init__(self, sink) -> None:
+    __slots__ = ("_open", "sink", "hits")
+
+    def __init__(self, sink, hits=None) -> None:
         self._open: list[list] = []  # [proposal, matched so far, bucket]
-        self.sink = sink             # sink(bucket, proposal_length, accepted)
+        self.sink = sink
+        self.hits = hits
 
     def add(self, proposal: list[int], bucket: int) -> None:
         if proposal:
@@ -90,17 +115,22 @@ class ShadowScore:
         if not self._open:
             return
         still = []
+        hits = self.hits
         for entry in self._open:
             proposal, done, bucket = entry
-            m = len(proposal)
+            start, m, settled = done, len(proposal), False
             for tok in tokens:
                 if proposal[done] != tok:
-                    self.sink(bucket, m, done)
+                    settled = True
                     break
                 done += 1
                 if done == m:
-                    self.sink(bucket, m, done)
+                    settled = True
                     break
+            if hits is not None and done > start:
+                hits(bucket, start, done)
+            if settled:
+                self.sink(bucket, m, done)
             else:
                 entry[1] = done
                 still.append(entry)

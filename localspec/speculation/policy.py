@@ -10,7 +10,10 @@ drafter's measured step time times ``k`` (lookup: nothing), and ``E[accepted]`` 
 positions of the product of live conditional acceptance rates, per source (lookup: per length of
 the matched n-gram, scored on every cycle whether verified or not, see ``lookup.ShadowScore``).
 It compares the best option with a plain step ``1 / (V(1) + overhead)`` and decodes plain when
-nothing beats it by a margin. The drafter's acceptance is only learned by drafting, so while it is
+nothing beats it by a margin. ``draft_max`` caps the drafter and lookup drafts on short matches; a
+lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up to ``lookup_max``
+(128) tokens, where one long verify costs far less per token than single steps (on this CPU
+V(65) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
 not chosen it is probed now and then, one draft deep, at intervals that double after each probe
 that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
 """
@@ -28,8 +31,15 @@ POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
 SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
 EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
-MAX_DEPTH = options.DRAFT_MAX
-LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16)  # lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16+
+MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
+# lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP)
+LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
+# (first draft, later drafts) acceptance priors by bucket: a match of 64 tokens is a copy or a loop
+LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.8, 0.85),
+                 (0.85, 0.95), (0.9, 0.98))
+LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
+DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
+DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
 DECAY = 0.97           # weight of past observations, per observation of a position
 MARGIN = 1.03          # speculation must beat plain decoding by this factor
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
@@ -43,18 +53,20 @@ TREE_VERIFY_RATIO = 1.5  # ... and verifying a full tree at most this, times the
 @dataclass
 class PolicyConfig:
     name: str = "auto"
-    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this)
+    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
     p_min: float = 0.3          # drafter: stop drafting below this confidence
     probe_every: int = 16       # auto: first interval (cycles) between drafter probes
     source: str = "auto"        # auto (both), eagle (drafter only), lookup (n-gram lookup only)
     tree: str = "auto"          # drafter trees: auto (where batching is cheap), on (always), off (chains)
     tree_width: int = 4         # branches expanded per depth, children offered by each
     tree_nodes: int = 24        # most draft nodes in a tree
+    lookup_max: int = MAX_DEPTH  # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
 
     def __post_init__(self) -> None:
         # ranges and choices: localspec.core.options
         self.name = options.check("policy", self.name)
-        for name in ("draft_max", "p_min", "probe_every", "source", "tree", "tree_width", "tree_nodes"):
+        for name in ("draft_max", "lookup_max", "p_min", "probe_every", "source", "tree", "tree_width",
+                     "tree_nodes"):
             setattr(self, name, options.check(name, getattr(self, name)))
 
 
@@ -90,6 +102,19 @@ class Acceptance:
                 self.seen[i] = w + evidence
                 self.hit[i] = self.prior[i] * w + rate * evidence
 
+    def observe_hits(self, lo: int, hi: int) -> None:
+        """Drafts lo..hi-1 accepted (the earlier ones were: see ShadowScore's ``hits``)."""
+        hit, seen = self.hit, self.seen
+        for i in range(lo, min(hi, len(seen))):
+            seen[i] = seen[i] * DECAY + 1.0
+            hit[i] = hit[i] * DECAY + 1.0
+
+    def observe_miss(self, i: int) -> None:
+        """Draft ``i`` rejected after drafts 0..i-1 were accepted."""
+        if i < len(self.seen):
+            self.seen[i] = self.seen[i] * DECAY + 1.0
+            self.hit[i] *= DECAY
+
     def observe(self, drafted: int, accepted: int) -> None:
         hit, seen = self.hit, self.seen
         for i in range(min(drafted, accepted + 1, len(seen))):
@@ -117,8 +142,17 @@ def _bucket(match: int) -> int:
     return i
 
 
-def _prior(first: float, rest: float) -> list[float]:
-    return [first] + [min(rest, 0.9)] * (MAX_DEPTH - 1)
+def _prior(first: float, rest: float, depth: int = MAX_DEPTH) -> list[float]:
+    return [first] + [rest] * (depth - 1)
+
+
+def _depths(k_max: int) -> list[int]:
+    """The depths auto weighs: every one up to DENSE_DEPTH, then those whose verify batch (depth
+    + 1) is a multiple of DEPTH_STEP, and k_max; keeps a 128-deep plan cheap in Python."""
+    if k_max <= DENSE_DEPTH:
+        return list(range(1, k_max + 1))
+    out = list(range(1, DENSE_DEPTH + 1)) + list(range(DENSE_DEPTH + DEPTH_STEP - 1, k_max, DEPTH_STEP))
+    return out + [k_max]
 
 
 class Learned:
@@ -126,10 +160,10 @@ class Learned:
     quality, and how often this model copies its context, change slowly)."""
 
     def __init__(self) -> None:
-        self.eagle = Acceptance(_prior(0.5, 0.6))
+        self.eagle = Acceptance(_prior(0.5, 0.6, options.DRAFT_MAX))
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
-        self.lookup = [Acceptance(_prior(p, p + 0.05)) for p in (0.15, 0.3, 0.45, 0.6, 0.7, 0.8)]
+        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS]
 
     def new_generation(self) -> None:
         self.eagle.carry()
@@ -168,7 +202,7 @@ class DraftPolicy:
         """(source, depth) for this cycle; (None, 0) is a plain step. ``lookup_len``: drafts the
         lookup source has ready, ``lookup_n``: the length of its matched n-gram; ``backlog``: rows
         the drafter must write before it drafts (each costs about one drafter step)."""
-        k_max = min(self.config.draft_max, room, MAX_DEPTH)
+        k_max = min(self.config.draft_max, room, options.DRAFT_MAX)
         if k_max <= 0 or not self.active:
             return None, 0
         if self.fixed:
@@ -184,8 +218,9 @@ class DraftPolicy:
         best_rate = MARGIN / (cost.verify(1) + o)
         best = (None, 0)
         if self.lookup and lookup_len:
-            acc = self.lookup_acc[_bucket(lookup_n)].expected(min(k_max, lookup_len))
-            for k in range(1, len(acc)):
+            cap = self.config.lookup_max if lookup_n >= LONG_MATCH else self.config.draft_max
+            acc = self.lookup_acc[_bucket(lookup_n)].expected(min(cap, room, MAX_DEPTH, lookup_len))
+            for k in _depths(len(acc) - 1):
                 rate = (1.0 + acc[k]) / (cost.verify(k + 1) + o)
                 if rate > best_rate:
                     best_rate, best = rate, (LOOKUP, k)
@@ -216,6 +251,14 @@ class DraftPolicy:
         elif self.eagle:
             self.wants_features = True  # nothing recorded yet: record this cycle's rows
         return best
+
+    def lookup_depth(self, room: int) -> int:
+        """Most tokens a lookup proposal may hold this cycle: ``draft_max`` for fixed; for auto
+        also ``lookup_max``, since a match of ``LONG_MATCH`` tokens or more (copying a passage,
+        text that repeats itself) may be drafted that far ahead (:meth:`plan` cuts the rest)."""
+        cfg = self.config
+        cap = cfg.draft_max if self.fixed else max(cfg.draft_max, cfg.lookup_max)
+        return max(0, min(cap, room, MAX_DEPTH))
 
     def _probe_could_pay(self, k_max: int, d: float, o: float) -> bool:
         """Would the drafter pay with clearly better acceptance than measured? If not even that
@@ -262,6 +305,15 @@ class DraftPolicy:
         """The drafter was asked but was not confident enough for even one draft: for the
         policy, a first draft that would not have been accepted (it cost a catch-up)."""
         self.eagle_acc.observe(1, 0)
+
+    def lookup_hits(self, bucket: int, lo: int, hi: int) -> None:
+        """Positions lo..hi-1 of a lookup proposal matched the committed tokens (ShadowScore's
+        ``hits``; :meth:`lookup_settled` then records only the miss)."""
+        self.lookup_acc[_bucket(bucket)].observe_hits(lo, hi)
+
+    def lookup_settled(self, bucket: int, proposed: int, accepted: int) -> None:
+        if accepted < proposed:
+            self.lookup_acc[_bucket(bucket)].observe_miss(accepted)
 
     def observe_lookup(self, bucket: int, proposed: int, accepted: int) -> None:
         """A lookup proposal scored against the committed tokens (see ShadowScore)."""
