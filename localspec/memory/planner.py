@@ -29,7 +29,7 @@ Where the numbers come from:
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..core import options
