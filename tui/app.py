@@ -460,7 +460,7 @@ class ChatApp(App):
                 rows.append(("  draft vocab", str(d.draft_vocab)))
         rows.append(("Policy", ""))
         rows.append(("speculation", "on" if self.spec_enabled and self.has_drafter else "off"))
-        rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.draft_max}"))
+        rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.effective_draft_max}"))
         rows.append(("sampling", f"temperature {self.settings.temperature:g}, top-k {self.settings.top_k}, "
                                  f"top-p {self.settings.top_p:g}"))
         s = self.settings

@@ -3,10 +3,11 @@ settings screen, seeded by ``localspec chat``'s flags and a Modelfile's PARAMETE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from localspec.runtime.engine import GenerationConfig
-from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
+from localspec.runtime.generation_options import GenerationOptions, default_draft_max
+from localspec.runtime.sampling import CHAT_SAMPLING
 from localspec.speculation.policy import PolicyConfig
 
 
@@ -18,7 +19,7 @@ class ChatSettings:
     top_k: int = CHAT_SAMPLING.top_k
     top_p: float = CHAT_SAMPLING.top_p
     policy: str = "auto"
-    draft_max: int = PolicyConfig().draft_max  # auto chooses the depth up to this
+    draft_max: int | None = None   # None: the policy's default (auto chooses the depth up to 16, fixed drafts 4)
     # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
     min_p: float = CHAT_SAMPLING.min_p
     repeat_penalty: float = CHAT_SAMPLING.repeat_penalty
@@ -30,14 +31,13 @@ class ChatSettings:
     tree: str = PolicyConfig().tree
     p_min: float = PolicyConfig().p_min
 
+    @property
+    def effective_draft_max(self) -> int:
+        """The draft cap replies use: ``draft_max``, or the policy's default when it is None."""
+        return default_draft_max(self.policy, self.draft_max)
+
+    def options(self, spec: bool) -> GenerationOptions:
+        return GenerationOptions.from_values(asdict(self), spec=spec)   # `system` is not a generation option
+
     def config(self, spec: bool) -> GenerationConfig:
-        return GenerationConfig(
-            max_tokens=self.max_tokens,
-            sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                    min_p=self.min_p, seed=self.seed, repeat_penalty=self.repeat_penalty,
-                                    repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
-                                    frequency_penalty=self.frequency_penalty),
-            stop=tuple(self.stop),
-            spec=spec,
-            policy=PolicyConfig(name=self.policy, draft_max=self.draft_max, tree=self.tree, p_min=self.p_min),
-        )
+        return self.options(spec).to_config()

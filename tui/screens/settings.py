@@ -50,11 +50,19 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Select([(p, p) for p in POLICIES], value=s.policy, allow_blank=False, id="set-policy",
                              compact=True)
                 yield Label("Draft max", classes="field-label")
-                yield Input(str(s.draft_max), id="set-draft-max", compact=True)
+                yield Input(str(s.effective_draft_max), id="set-draft-max", compact=True)
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
+
+    def _draft_max(self, number) -> int | None:
+        """Left as shown while the settings follow the policy's default: still the policy's default
+        (so choosing fixed drafts 4, as everywhere else); any other value is the user's."""
+        raw = self.query_one("#set-draft-max", Input).value.strip()
+        if self.settings.draft_max is None and raw == str(self.settings.effective_draft_max):
+            return None
+        return number("#set-draft-max", int, "draft max")
 
     def _read(self) -> ChatSettings:
         def number(widget_id: str, kind, label: str):
@@ -72,13 +80,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             top_k=number("#set-top-k", int, "top-k"),
             top_p=number("#set-top-p", float, "top-p"),
             policy=str(self.query_one("#set-policy", Select).value),
-            draft_max=number("#set-draft-max", int, "draft max"),
+            draft_max=self._draft_max(number),
         )
         # the ranges of localspec.core.options, named as the dialog labels them
         for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
                             ("top_p", "top-p"), ("draft_max", "draft max")):
             opt = options.OPTIONS[name]
-            opt.check(getattr(s, name), where=None if label == (opt.label or opt.name) else label)
+            value = getattr(s, name) if name != "draft_max" else s.effective_draft_max
+            opt.check(value, where=None if label == (opt.label or opt.name) else label)
         check_text("the system prompt", s.system)
         s.config(True)  # and everything else the configuration checks
         return s
