@@ -61,6 +61,9 @@ def test_fixed_drafts_four_by_default_everywhere_the_chat_included():
 
 def test_defaults_are_the_engines_and_ranges_are_checked_once():
     assert GenerationOptions().to_config() == GenerationConfig()
+    policy = PolicyConfig(name="fixed", draft_max=3, p_min=0.5, probe_every=8, source="eagle", tree="on",
+                          tree_width=2, tree_nodes=10)          # every policy field survives the round trip
+    assert GenerationOptions.from_config(SamplingParams(), policy).policy_config() == policy
     with pytest.raises(LocalspecError, match="draft_max"):
         GenerationOptions(draft_max=33).to_config()
     with pytest.raises(LocalspecError, match="min_p"):

@@ -56,6 +56,9 @@ class GenerationOptions:
     source: str = _POLICY.source
     tree: str = _POLICY.tree
     p_min: float = _POLICY.p_min
+    probe_every: int = _POLICY.probe_every
+    tree_width: int = _POLICY.tree_width
+    tree_nodes: int = _POLICY.tree_nodes
     parse_special: bool = True
 
     @classmethod
@@ -72,8 +75,7 @@ class GenerationOptions:
     def from_config(cls, sampling: SamplingParams | dict, policy: PolicyConfig, **more: Any) -> "GenerationOptions":
         """From the engine's parts (what the server keeps per model) plus ``more`` by name."""
         values = dict(sampling) if isinstance(sampling, dict) else asdict(sampling)
-        values.update(policy=policy.name, draft_max=policy.draft_max, source=policy.source, tree=policy.tree,
-                      p_min=policy.p_min)
+        values.update({('policy' if k == 'name' else k): v for k, v in asdict(policy).items()})
         return cls.from_values(values, **more)
 
     def sampling(self) -> SamplingParams:
@@ -81,7 +83,8 @@ class GenerationOptions:
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(name=self.policy, draft_max=default_draft_max(self.policy, self.draft_max),
-                            source=self.source, tree=self.tree, p_min=self.p_min)
+                            source=self.source, tree=self.tree, p_min=self.p_min, probe_every=self.probe_every,
+                            tree_width=self.tree_width, tree_nodes=self.tree_nodes)
 
     def to_config(self) -> GenerationConfig:
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling(), stop=tuple(self.stop),
