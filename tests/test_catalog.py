@@ -20,61 +20,9 @@ from localspec.store import hub, install, registry, repo_files
 from localspec.cli import main
 from localspec.core.errors import LocalspecError
 from localspec.store.models import resolve
-from test_pull import COMMIT, FakeHub, _handler
+from hub_stub import COMMIT, FakeHub, _handler  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _listing_handler(fake: FakeHub):
-    base = _handler(fake)
-
-    class Handler(base):  # type: ignore[misc, valid-type]
-        def do_GET(self) -> None:
-            m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/?]+)", self.path)
-            if m is None:
-                return super().do_GET()
-            repo, rev = m.group(1), unquote(m.group(2))
-            with fake.lock:
-                fake.log.append(("GET", self.path, None))
-            if not any(r == repo for r, _ in fake.files):
-                return self._error("RepoNotFound")
-            if rev not in ("main", COMMIT):
-                return self._error("RevisionNotFound")
-            body = json.dumps([
-                {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
-                for (r, name), data in sorted(fake.files.items()) if r == repo
-            ]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
-
-
-@pytest.fixture
-def listing_hub(tmp_path, monkeypatch):
-    import huggingface_hub.constants as hf_constants
-
-    fake = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _listing_handler(fake))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    # huggingface_hub fixed its cache path at import (from conftest's environment): point it here
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    try:
-        yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from localspec.cli import main
 from localspec.store.models import resolve
 from localspec.runtime.sampling import CHAT_SAMPLING
 from localspec.tui.app import ChatSettings
-from test_cli import cli
+from cli_run import cli
 
 RAINBOW = "Name three colours of the rainbow."
 

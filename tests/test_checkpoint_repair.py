@@ -26,8 +26,7 @@ from localspec.converters.convert import convert_checkpoint  # noqa: E402
 from localspec.converters.reference import EagleReference  # noqa: E402
 from localspec.core.errors import LocalspecError  # noqa: E402
 from localspec.llama.gguf_native import GGUFHeader  # noqa: E402
-from test_convert import H, FF, N_LAYER, NH, NKV, VOCAB, write_checkpoint  # noqa: E402
-from test_catalog import listing_hub  # noqa: E402,F401  (the Hub stand-in fixture)
+from checkpoints import H, FF, N_LAYER, NH, NKV, VOCAB, write_checkpoint  # noqa: E402
 from tiny_models import N_EMBD, build_target  # noqa: E402
 
 WIDE = 32          # the weights' head width; H // NH = 16 is what a config derived from hidden_size says

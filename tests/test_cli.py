@@ -8,11 +8,8 @@ import sys
 
 import pytest
 
+from cli_run import cli
 from tiny_models import build_drafter, build_target
-
-
-def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

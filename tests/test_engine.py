@@ -10,19 +10,8 @@ import pytest
 from localspec import (CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, Message,
                        PolicyConfig, SamplingParams, TokenEvent)
 from localspec.formats import gguf_consts as K
+from engine_checks import NEAR_TIE, PROMPTS, assert_lossless, run  # noqa: F401
 from tiny_models import build_drafter, build_target
-
-PROMPTS = [
-    "Hello world, this is",
-    "The quick brown fox jumps over the lazy dog.",
-    "def fibonacci(n):",
-    "1, 2, 3, 4, 5,",
-    "Once upon a time",
-    "Translate to French: good morning",
-    "SELECT * FROM users WHERE",
-    "Les feux de la Saint-Jean",
-]
-NEAR_TIE = 1e-3  # logit gap under which batched and one-token kernels may pick differently
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +29,6 @@ def models(tmp_path_factory):
     paths["subset"] = subset
     paths["d_d2t"] = build_drafter(d / "d_d2t.gguf", paths["repeat"], "repeat", d2t=subset)
     return paths
-
-
-def run(engine: Engine, prompt, **kw) -> DoneEvent:
-    done = None
-    for event in engine.generate(prompt, GenerationConfig(**kw)):
-        if isinstance(event, DoneEvent):
-            done = event
-    assert done is not None
-    return done
-
-
-def assert_lossless(plain: DoneEvent, spec: DoneEvent) -> None:
-    """Token-identical, or the first difference sits at a numerical near-tie of plain decoding."""
-    a, b = plain.tokens, spec.tokens
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            assert plain.margins[i] < NEAR_TIE, f"diverged at {i} with a clear gap {plain.margins[i]:.4f}"
-            return
-    assert len(a) == len(b)
 
 
 @pytest.mark.parametrize("target,drafter,draft_max", [

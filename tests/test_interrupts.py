@@ -156,7 +156,7 @@ def test_ctrl_c_and_kill_during_the_first_q4_0_derivation(isolated_home):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     pytest.importorskip("torch")
-    from test_convert import N_LAYER, make_reference, write_checkpoint
+    from checkpoints import N_LAYER, make_reference, write_checkpoint
 
     d = tmp_path_factory.mktemp("intckpt")
     target = build_target(d / "target.gguf", "random", n_layer=N_LAYER)

@@ -14,8 +14,8 @@ import pytest
 from localspec import DoneEvent, Engine, GenerationConfig, LocalspecError, Message, PolicyConfig, SamplingParams
 from localspec.runtime.penalties import PenaltyWindow
 from localspec.runtime.sampling import Sampler, distribution
-from test_engine import PROMPTS, assert_lossless, run
-from test_sampling import SIGMAS, within_binomial_bounds
+from engine_checks import PROMPTS, assert_lossless, run
+from sampling_checks import SIGMAS, within_binomial_bounds
 from tiny_models import build_drafter, build_target
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,18 +9,8 @@ import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, PolicyConfig, SamplingParams
 from localspec.runtime.sampling import Sampler, distribution
+from sampling_checks import SIGMAS, within_binomial_bounds  # noqa: F401
 from tiny_models import build_drafter, build_target
-
-SIGMAS = 5.0  # per-category bound: a fair test fails by chance with probability ~1e-6 per category
-
-
-def within_binomial_bounds(counts: Counter, n: int, expected: dict[int, float]) -> None:
-    for tok, p in expected.items():
-        f = counts.get(tok, 0) / n
-        sigma = max(np.sqrt(p * (1 - p) / n), 1e-9)
-        assert abs(f - p) <= SIGMAS * sigma + 1e-12, f"token {tok}: frequency {f:.4f}, expected {p:.4f}"
-    assert set(counts) <= set(expected), "sampled a token outside the filtered distribution"
-
 
 def test_distribution_filters_in_llama_cpp_order():
     logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05], dtype=np.float32))

@@ -12,7 +12,7 @@ from localspec.speculation import costmodel
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore
 from localspec.speculation.policy import Acceptance, DraftPolicy
-from test_engine import PROMPTS, assert_lossless, run
+from engine_checks import PROMPTS, assert_lossless, run
 from tiny_models import build_drafter, build_target
 
 

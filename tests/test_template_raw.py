@@ -10,7 +10,7 @@ from localspec import DoneEvent, Engine, GenerationConfig, LocalspecError, Messa
 from localspec.formats.chat_format import check_template
 from localspec.cli import main
 from localspec.store.models import resolve
-from test_cli import cli
+from cli_run import cli
 
 QUESTION = "What is the capital of France?"
 # ChatML like SmolLM2's own template, with a fixed system line of its own: a different prompt

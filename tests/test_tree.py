@@ -13,7 +13,7 @@ from localspec.formats import gguf_consts as K
 from localspec.speculation import tree as T
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.policy import DraftPolicy
-from test_engine import PROMPTS, assert_lossless, run
+from engine_checks import PROMPTS, assert_lossless, run
 from tiny_models import build_drafter, build_target
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,103 +13,36 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message as TMessage
-from textual.screen import ModalScreen
-from textual.widgets import Button, Footer, Input, Label, LoadingIndicator, OptionList, Select, Static, TextArea
-from textual.widgets.option_list import Option
+from textual.widgets import Footer, Input, LoadingIndicator, Static
 
-from localspec.formats.chat_format import Message
-from localspec.store.conversations import Conversation, ConversationStore
-from localspec.runtime.engine import Engine, GenerationConfig
-from localspec.core import options
 from localspec.core.errors import LocalspecError
-from localspec.core.options import check_text
 from localspec.core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
-from localspec.core.units import format_size
-from localspec.memory.planner import kv_bytes, layout
-from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
-from localspec.speculation.policy import POLICIES, PolicyConfig
+from localspec.formats.chat_format import Message
+from localspec.runtime.engine import Engine, GenerationConfig
+from localspec.runtime.sampling import SamplingParams
+from localspec.store.conversations import Conversation, ConversationStore
 
+from .screens import ConversationsScreen, InfoScreen, SettingsScreen, memory_plan_rows
+from .settings import ChatSettings
 from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans
 
-CHAT_CSS = """
-#status { height: 1; background: $panel; }
-#main { height: 1fr; }
-#chat { width: 1fr; padding: 0 1; }
-#loading { height: 3; }
-#stats { width: 26; border-left: vkey $primary; padding: 0 1; }
-#stats .panel-title { text-style: bold; }
-#stats .panel-subtitle { color: $text-muted; margin-top: 1; }
-#stats-spark { height: 2; }
-#prompt { dock: bottom; }
-.user-message { margin: 1 0 0 6; padding: 0 1; background: $boost; border-left: wide $accent; }
-.assistant-message { height: auto; margin: 1 0 0 0; }
-.assistant-message Markdown { margin: 0; padding: 0; }
-.reply-text { padding: 0 0; }
-.reply-meta { color: $text-muted; text-style: italic; }
-.note { margin: 1 0 0 0; }
-.dialog { background: $surface; border: round $primary; padding: 0 1; width: 76; height: auto;
-          max-height: 22; }
-ModalScreen { align: center middle; }
-.dialog-title { text-style: bold; margin-bottom: 1; }
-.dialog-hint { color: $text-muted; margin-top: 1; }
-#set-system { height: 5; }
-.field-row { height: 1; margin-top: 1; }
-.field-label { width: 13; }
-.field-row Input { width: 1fr; margin-right: 2; }
-.field-row Select { width: 1fr; margin-right: 2; }
-#settings-error { height: auto; margin-top: 1; }
-.buttons { height: 1; align-horizontal: right; }
-.buttons Button { margin-left: 2; }
-#conversation-list { height: auto; max-height: 18; }
-"""
+__all__ = ["ChatApp", "ChatSettings", "ConversationsScreen", "InfoScreen", "PLAIN_NOTE", "SettingsScreen",
+           "memory_plan_rows"]
+
 WELCOME = ("Type a message and press Enter. Esc cancels a reply, Ctrl+T switches speculation, "
            "F2 edits the system prompt and settings, Ctrl+O resumes a saved chat, Ctrl+Q quits.")
 FLUSH_SECONDS = 0.05     # batch tokens for the UI at most this often
 SAVE_SECONDS = 0.5       # rewrite the streaming reply in the database at most this often
 PLAIN_NOTE = "plain decoding (no drafter)"
-
-
-# -- settings ------------------------------------------------------------------------------------
-@dataclass
-class ChatSettings:
-    system: str = ""
-    max_tokens: int = 512
-    temperature: float = CHAT_SAMPLING.temperature   # sampling, as llama.cpp and Ollama chat (0: greedy)
-    top_k: int = CHAT_SAMPLING.top_k
-    top_p: float = CHAT_SAMPLING.top_p
-    policy: str = "auto"
-    draft_max: int = PolicyConfig().draft_max  # auto chooses the depth up to this
-    # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
-    min_p: float = CHAT_SAMPLING.min_p
-    repeat_penalty: float = CHAT_SAMPLING.repeat_penalty
-    repeat_last_n: int = CHAT_SAMPLING.repeat_last_n
-    presence_penalty: float = CHAT_SAMPLING.presence_penalty
-    frequency_penalty: float = CHAT_SAMPLING.frequency_penalty
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    tree: str = PolicyConfig().tree
-    p_min: float = PolicyConfig().p_min
-
-    def config(self, spec: bool) -> GenerationConfig:
-        return GenerationConfig(
-            max_tokens=self.max_tokens,
-            sampling=SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                    min_p=self.min_p, seed=self.seed, repeat_penalty=self.repeat_penalty,
-                                    repeat_last_n=self.repeat_last_n, presence_penalty=self.presence_penalty,
-                                    frequency_penalty=self.frequency_penalty),
-            stop=tuple(self.stop),
-            spec=spec,
-            policy=PolicyConfig(name=self.policy, draft_max=self.draft_max, tree=self.tree, p_min=self.p_min),
-        )
 
 
 def _error_text(exc: BaseException) -> str:
@@ -143,212 +76,11 @@ class ReplyDone(TMessage):
         self.error = error
 
 
-# -- the memory plan -----------------------------------------------------------------------------
-def _plan_rows(plan) -> list[tuple[str, str]]:
-    """Rows from a ``localspec.memory`` Plan (what the engine was built from)."""
-    rows: list[tuple[str, str]] = []
-    for part in (plan.target, plan.drafter):
-        if part is None:
-            continue
-        rows.append((part.role, f"{format_size(part.total_bytes)} total, {part.gpu_layers} GPU layers"))
-        rows.append(("  weights", format_size(part.weights_bytes + part.repack_bytes)))
-        rows.append((f"  KV ({part.kv_type})", format_size(part.kv_bytes)))
-        rows.append(("  compute + output", format_size(part.compute_bytes + part.output_bytes)))
-    rows.append(("context", f"{plan.n_ctx} tokens, {plan.kv_type} KV"))
-    for dev in plan.devices:
-        rows.append((dev.name, f"{format_size(dev.used_bytes)} of {format_size(dev.budget_bytes)}"
-                               f"{'' if dev.fits else ' (over budget)'}"))
-    if not plan.fits and plan.reason:
-        rows.append(("warning", plan.reason))
-    return rows
-
-
-def memory_plan_rows(engine: Engine) -> list[tuple[str, str]]:
-    """What the memory panel shows: the ``localspec fit`` plan the engine was built from when it
-    has one (``engine.memory_plan``), else file sizes, context and an f16 KV estimate."""
-    plan = getattr(engine, "memory_plan", None)
-    if plan is not None:
-        try:
-            return _plan_rows(plan)
-        except (AttributeError, TypeError):
-            pass  # a plan of another shape: fall back to what the files say
-    rows = [("target weights", format_size(engine.target_info.size_bytes))]
-    if engine.drafter_info is not None:
-        rows.append(("drafter weights", format_size(engine.drafter_info.size_bytes)))
-    rows.append(("context", f"{engine.n_ctx} tokens"))
-    kv = kv_bytes(layout(engine.target_info), engine.n_ctx, "f16")   # the planner's rule
-    if kv is not None:
-        rows.append(("target KV (f16, est.)", format_size(kv)))
-    if engine.drafter_info is not None:
-        dkv = kv_bytes(layout(engine.drafter_info), engine.n_ctx, "f16")
-        if dkv is not None:
-            rows.append(("drafter KV (f16, est.)", format_size(dkv)))
-    rows.append(("plan", "none (engine built without `localspec fit`)"))
-    return rows
-
-
-# -- screens -------------------------------------------------------------------------------------
-class InfoScreen(ModalScreen[None]):
-    """The model pair, drafter variant, policy choices and memory plan."""
-
-    BINDINGS = [Binding("escape,f3,q", "dismiss", "Close")]
-
-    def __init__(self, rows: list[tuple[str, str]]) -> None:
-        super().__init__()
-        self.rows = rows
-
-    def compose(self) -> ComposeResult:
-        text = Text()
-        for i, (key, value) in enumerate(self.rows):
-            if i:
-                text.append("\n")
-            if not value:
-                text.append(("\n" if i else "") + key, style="bold underline")
-                continue
-            text.append(f"{key:<22}", style="dim")
-            text.append(value)
-        with VerticalScroll(classes="dialog", id="info-dialog"):
-            yield Static("Model, drafter and memory (Esc closes)", classes="dialog-title")
-            yield Static(text, id="info-body")
-
-    def on_mount(self) -> None:
-        self.query_one("#info-dialog").focus()      # arrows and PgUp/PgDn scroll it
-
-    def action_dismiss(self) -> None:
-        self.dismiss(None)
-
-
-class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """Edit the system prompt and generation settings; bad values are named, nothing is applied."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
-
-    def __init__(self, settings: ChatSettings) -> None:
-        super().__init__()
-        self.settings = settings
-
-    def compose(self) -> ComposeResult:
-        s = self.settings
-        with Vertical(classes="dialog", id="settings-dialog"):
-            yield Static("Settings (apply to the next reply)", classes="dialog-title")
-            yield Label("System prompt")
-            yield TextArea(s.system, id="set-system", soft_wrap=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Max tokens", classes="field-label")
-                yield Input(str(s.max_tokens), id="set-max-tokens", compact=True)
-                yield Label("Temperature", classes="field-label")
-                yield Input(str(s.temperature), id="set-temperature", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Top-k", classes="field-label")
-                yield Input(str(s.top_k), id="set-top-k", compact=True)
-                yield Label("Top-p", classes="field-label")
-                yield Input(str(s.top_p), id="set-top-p", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Policy", classes="field-label")
-                yield Select([(p, p) for p in POLICIES], value=s.policy, allow_blank=False, id="set-policy",
-                             compact=True)
-                yield Label("Draft max", classes="field-label")
-                yield Input(str(s.draft_max), id="set-draft-max", compact=True)
-            yield Static("", id="settings-error")
-            with Horizontal(classes="buttons"):
-                yield Button("Save", id="save", variant="primary", compact=True)
-                yield Button("Cancel", id="cancel", compact=True)
-
-    def _read(self) -> ChatSettings:
-        def number(widget_id: str, kind, label: str):
-            raw = self.query_one(widget_id, Input).value.strip()
-            try:
-                return kind(raw)
-            except ValueError:
-                raise LocalspecError(f"{label}: '{raw}' is not a{'n integer' if kind is int else ' number'}") from None
-
-        s = replace(
-            self.settings,   # what the dialog does not show stays as it was
-            system=self.query_one("#set-system", TextArea).text.strip(),
-            max_tokens=number("#set-max-tokens", int, "max tokens"),
-            temperature=number("#set-temperature", float, "temperature"),
-            top_k=number("#set-top-k", int, "top-k"),
-            top_p=number("#set-top-p", float, "top-p"),
-            policy=str(self.query_one("#set-policy", Select).value),
-            draft_max=number("#set-draft-max", int, "draft max"),
-        )
-        # the ranges of localspec.core.options, named as the dialog labels them
-        for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
-                            ("top_p", "top-p"), ("draft_max", "draft max")):
-            opt = options.OPTIONS[name]
-            opt.check(getattr(s, name), where=None if label == (opt.label or opt.name) else label)
-        check_text("the system prompt", s.system)
-        s.config(True)  # and everything else the configuration checks
-        return s
-
-    @on(Button.Pressed, "#save")
-    def action_save(self) -> None:
-        try:
-            settings = self._read()
-        except LocalspecError as exc:
-            self.query_one("#settings-error", Static).update(Text(f"Error: {exc}", style="bold red"))
-            return
-        self.dismiss(settings)
-
-    @on(Button.Pressed, "#cancel")
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
-class ConversationsScreen(ModalScreen[int | None]):
-    """Saved conversations, newest first; Enter resumes one."""
-
-    BINDINGS = [Binding("escape", "cancel", "Close"), Binding("delete", "delete", "Delete")]
-
-    def __init__(self, store: ConversationStore) -> None:
-        super().__init__()
-        self.store = store
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="conversations-dialog"):
-            yield Static("Conversations (Enter resumes, Del deletes, Esc closes)", classes="dialog-title")
-            yield OptionList(id="conversation-list")
-
-    def on_mount(self) -> None:
-        self._fill()
-        self.query_one(OptionList).focus()
-
-    def _fill(self) -> None:
-        options = self.query_one(OptionList)
-        options.clear_options()
-        items = self.store.list()
-        if not items:
-            options.add_option(Option("no saved conversations yet", disabled=True))
-            return
-        for c in items:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-            label = Text.assemble((f"#{c.id:<4}", "bold"), (f"{when}  ", "dim"), c.title or "(empty)",
-                                  (f"  {c.n_messages} msg", "dim"))
-            options.add_option(Option(label, id=str(c.id)))
-
-    @on(OptionList.OptionSelected)
-    def _chosen(self, event: OptionList.OptionSelected) -> None:
-        if event.option.id is not None:
-            self.dismiss(int(event.option.id))
-
-    def action_delete(self) -> None:
-        options = self.query_one(OptionList)
-        if options.highlighted is None:
-            return
-        option = options.get_option_at_index(options.highlighted)
-        if option.id is not None:
-            self.store.delete(int(option.id))
-            self._fill()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
 # -- the app -------------------------------------------------------------------------------------
 class ChatApp(App):
     TITLE = "localspec chat"
     ENABLE_COMMAND_PALETTE = False
-    CSS = CHAT_CSS
+    CSS_PATH = "app.tcss"
 
     BINDINGS = [
         Binding("escape", "cancel_reply", "Cancel", priority=True),
@@ -728,7 +460,7 @@ class ChatApp(App):
                 rows.append(("  draft vocab", str(d.draft_vocab)))
         rows.append(("Policy", ""))
         rows.append(("speculation", "on" if self.spec_enabled and self.has_drafter else "off"))
-        rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.draft_max}"))
+        rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.effective_draft_max}"))
         rows.append(("sampling", f"temperature {self.settings.temperature:g}, top-k {self.settings.top_k}, "
                                  f"top-p {self.settings.top_p:g}"))
         s = self.settings

@@ -11,11 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ..runtime.bench import load_prompts, parse_modes, run_bench
-from ..runtime.engine import GenerationConfig
-from ..speculation.policy import PolicyConfig
+from ..runtime.generation_options import GenerationOptions
 from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
-from .spec_options import Policy, Source, Tree, TreeOpt, default_draft_max
+from .spec_options import Policy, Source, Tree, TreeOpt
 
 
 @app.command()
@@ -54,10 +53,9 @@ def bench(
 
     check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
     items = load_prompts(prompts)
-    draft_max = default_draft_max(policy, draft_max)
-    config = GenerationConfig(max_tokens=max_tokens,
-                              policy=PolicyConfig(name=policy.value, draft_max=draft_max, source=source.value,
-                                                  tree=tree.value))
+    config = GenerationOptions.from_values(dict(max_tokens=max_tokens, policy=policy, draft_max=draft_max,
+                                                source=source, tree=tree)).to_config()
+    draft_max = config.policy.draft_max   # the policy's default when --draft-max was not given
     mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
     if repeats < 1:
         from ..core.errors import LocalspecError

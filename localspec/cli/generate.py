@@ -14,8 +14,8 @@ from ..runtime.engine import GenerationConfig
 from ..core.events import DoneEvent, TokenEvent
 from ..store.models import apply_model_defaults, resolve
 from ..core.options import check_cli, check_text
+from ..runtime.generation_options import GenerationOptions
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
-from ..speculation.policy import PolicyConfig
 from ..memory.live import memory_report
 from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
@@ -44,25 +44,10 @@ def penalty_options(chat: bool = False) -> dict:
 _PENALTY = penalty_options()
 
 
-def build_config(*, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
-                 seed: Optional[int], stop: list[str], no_spec: bool, policy: Policy,
-                 draft_max: Optional[int], source: Source = Source.auto, tree: Tree = Tree.auto,
-                 p_min: float = PolicyConfig.p_min, repeat_penalty: float = PENALTY_DEFAULTS.repeat_penalty,
-                 repeat_last_n: int = PENALTY_DEFAULTS.repeat_last_n,
-                 presence_penalty: float = PENALTY_DEFAULTS.presence_penalty,
-                 frequency_penalty: float = PENALTY_DEFAULTS.frequency_penalty,
-                 parse_special: bool = True) -> GenerationConfig:
-    return GenerationConfig(
-        max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
-        stop=tuple(stop),
-        parse_special=parse_special,
-        spec=not no_spec,
-        policy=PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max), source=source.value,
-                            tree=tree.value, p_min=p_min),
-    )
+def build_config(*, no_spec: bool = False, no_special: bool = False, **values) -> GenerationConfig:
+    """The configuration from option values by name (flags, after the model's PARAMETERs), through
+    the one builder every front end uses (localspec.runtime.generation_options)."""
+    return GenerationOptions.from_values(values, spec=not no_spec, parse_special=not no_special).to_config()
 
 
 def format_stats(stats) -> str:
@@ -116,26 +101,22 @@ def generate(
     resolved = resolve(model, target=target, draft=draft)
     if no_special and not raw:
         raise typer.BadParameter("--no-special applies to --raw prompts only", param_hint="--no-special")
-    (max_tokens, temperature, top_k, top_p, min_p, seed, stop, ctx, threads, policy, draft_max, tree,
-     p_min, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty) = apply_model_defaults(
+    values = apply_model_defaults(
         resolved,
         dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
              stop=stop, ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min,
              repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
              frequency_penalty=frequency_penalty),
-        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
-    check_cli(dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   seed=seed, draft_max=draft_max, p_min=p_min, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-                   frequency_penalty=frequency_penalty))
+        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
+    ctx, threads = values.pop("ctx"), values.pop("threads")
+    checked = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_max", "p_min")
+    penalties = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+    check_cli({**{k: values[k] for k in checked}, "n_ctx": ctx, "threads": threads, "gpu_layers": gpu_layers,
+               **{k: values[k] for k in penalties}})
     check_text("the prompt", prompt)
     if system is not None:
         check_text("the system prompt", system)
-    config = build_config(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          min_p=min_p, seed=seed, stop=stop, no_spec=no_spec, policy=policy, draft_max=draft_max,
-                          source=source, tree=tree, p_min=p_min, repeat_penalty=repeat_penalty,
-                          repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-                          frequency_penalty=frequency_penalty, parse_special=not no_special)
+    config = build_config(**values, source=source, no_spec=no_spec, no_special=no_special)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved)
     with engine:

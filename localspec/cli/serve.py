@@ -14,10 +14,7 @@ from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
 from .app import app
 from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
-from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,
-                           default_draft_max)
-
-from ..speculation.policy import PolicyConfig
+from .spec_options import DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
@@ -91,11 +88,13 @@ def serve(
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
-    ctx, threads, policy, draft_max, tree, p_min = apply_model_defaults(
+    values = apply_model_defaults(
         resolved, dict(ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
-        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT").values()
-    policy_config = PolicyConfig(name=policy.value, draft_max=default_draft_max(policy, draft_max),
-                                 source=source.value, tree=tree.value, p_min=p_min)
+        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
+    ctx, threads = values.pop("ctx"), values.pop("threads")
+    from ..runtime.generation_options import GenerationOptions
+
+    policy_config = GenerationOptions.from_values(values, source=source).policy_config()
 
     from ..runtime.engine import GenerationConfig
     from ..server.app import ServerState, create_app

@@ -16,10 +16,11 @@ class Policy(str, Enum):
 
 
 def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:
-    """auto chooses the depth each cycle up to a generous cap; fixed always drafts the cap."""
-    if draft_max is not None:
-        return draft_max
-    return PolicyConfig().draft_max if policy == Policy.auto else 4
+    """auto chooses the depth each cycle up to a generous cap; fixed always drafts the cap (the rule
+    lives in localspec.runtime.generation_options, which every front end builds its config with)."""
+    from ..runtime.generation_options import default_draft_max as rule
+
+    return rule(policy, draft_max)
 
 
 class Source(str, Enum):

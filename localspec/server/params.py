@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
+from ..runtime.generation_options import GenerationOptions
 from ..core.errors import LocalspecError
 from ..store.models import ModelSpec
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
@@ -89,8 +90,8 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
     _refuse_unsupported(req)
     limit = max_tokens or defaults.max_tokens or defaults.n_ctx   # the engine stops at the context's end
     try:
-        return GenerationConfig(max_tokens=limit, sampling=sampling_params(req, defaults),
-                                stop=_stop(req, defaults.stop), spec=defaults.spec, policy=defaults.policy)
+        return GenerationOptions.from_config(sampling_params(req, defaults), defaults.policy, max_tokens=limit,
+                                             stop=_stop(req, defaults.stop), spec=defaults.spec).to_config()
     except LocalspecError as exc:
         raise bad_request(str(exc)) from None
 

@@ -1,0 +1,34 @@
+"""Shared test helpers live in helper modules (tests/*.py not named test_*) or conftest.py: no test
+module imports from another test module, so each test file can be read, run and changed alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _imported_modules(tree: ast.AST) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(tree):   # every level: imports inside fixtures and functions count too
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_no_test_module_imports_another_test_module():
+    offenders = [
+        f"{path.name} imports {mod}"
+        for path in sorted(TESTS.glob("*.py"))
+        for mod in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if mod.split(".")[0].startswith("test_")
+    ]
+    assert not offenders, "move the shared helper into a helper module or conftest.py: " + "; ".join(offenders)
+
+
+def test_the_check_sees_a_nested_import():
+    tree = ast.parse("def f():\n    from test_engine import run\nimport test_cli\n")
+    assert sorted(_imported_modules(tree)) == ["test_cli", "test_engine"]
