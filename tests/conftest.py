@@ -3,13 +3,11 @@ Hugging Face stand-in with its file listing (``listing_hub``; the server lives i
 
 from __future__ import annotations
 
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from hub_stub import FakeHub, _listing_handler
+from hub_stub import FakeHub, _listing_handler, serving
 from localspec.core.paths import embedded_target
 
 
@@ -33,23 +31,6 @@ def smollm2() -> Path:
 
 @pytest.fixture
 def listing_hub(tmp_path, monkeypatch):
-    import huggingface_hub.constants as hf_constants
-
     fake = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _listing_handler(fake))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    # huggingface_hub fixed its cache path at import (from conftest's environment): point it here
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    try:
+    with serving(_listing_handler(fake), tmp_path, monkeypatch):
         yield fake
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

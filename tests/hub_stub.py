@@ -10,7 +10,8 @@ import hashlib
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler
+import contextlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -126,3 +127,28 @@ def _listing_handler(fake: FakeHub):
 
     return Handler
 
+
+
+@contextlib.contextmanager
+def serving(handler, home, monkeypatch):
+    """Serve ``handler`` on a local port as the Hugging Face endpoint, with huggingface_hub's cache
+    under ``home`` and online mode on (conftest sets offline for every test)."""
+    import huggingface_hub.constants as hf_constants
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    # huggingface_hub reads HF_HUB_OFFLINE and fixes its cache path once, at import
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(home / "hf" / "hub"))
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -12,7 +12,7 @@ from localspec.speculation import lookup
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.lookup import NgramLookup
 from localspec.speculation.policy import MAX_DEPTH, DraftPolicy
-from test_engine import assert_lossless
+from engine_checks import assert_lossless
 from tiny_models import build_target
 
 # verify seconds by batch size shaped as measured on this 2-core CPU (one thread): per token the

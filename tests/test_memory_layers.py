@@ -18,67 +18,32 @@ from hypothesis import strategies as st
 from localspec.core.errors import LocalspecError
 from localspec.core.units import GiB, KiB, MiB, TiB, format_size, parse_size
 from localspec.llama import contexts
+from import_graph import import_graph, imports, modules, reaches
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localspec"
 MEMORY = PACKAGE / "memory"
 
 
-# -- imports -------------------------------------------------------------------------------------
+# -- imports ---------------------------------------------------------------------------------------
 def _imports(path: Path) -> set[str]:
-    """Every localspec module ``path`` imports, at module level or inside functions."""
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            out.add(name)
-            out.update(f"{name}.{a.name}" for a in node.names)   # `from . import x` names a module
-    return {m for m in out if m.startswith("localspec")}
-
-
-def _graph() -> dict[str, set[str]]:
-    mods = {}
-    for path in PACKAGE.rglob("*.py"):
-        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-        mods[name] = path
-    return {name: {m for m in _imports(path) if m in mods} for name, path in mods.items()}
-
-
-def _reaches(graph: dict[str, set[str]], start: str, goal_prefix: str) -> list[str] | None:
-    """A path of imports from ``start`` to a module under ``goal_prefix``, or None."""
-    seen, stack = {start}, [[start]]
-    while stack:
-        path = stack.pop()
-        for nxt in sorted(graph.get(path[-1], ())):
-            if nxt.startswith(goal_prefix):
-                return path + [nxt]
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append(path + [nxt])
-    return None
+    """The localspec modules ``path`` imports, at module level or inside functions."""
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    return imports(name, path, modules())
 
 
 def test_the_runtime_never_imports_the_memory_package():
-    graph = _graph()
+    graph = import_graph()
     for low in ("localspec.runtime.engine", "localspec.llama.contexts", "localspec.llama.llama_model",
                 "localspec.speculation.eagle", "localspec.core.units"):
-        assert _reaches(graph, low, "localspec.memory") is None, _reaches(graph, low, "localspec.memory")
+        assert reaches(graph, low, "localspec.memory") is None, reaches(graph, low, "localspec.memory")
 
 
 def test_no_import_circle_through_the_memory_package():
-    graph = _graph()
+    graph = import_graph()
     for name in graph:
         if name.startswith("localspec.memory") or name == "localspec.llama.contexts":
             for dep in graph[name]:
-                back = _reaches(graph, dep, name)
+                back = reaches(graph, dep, name)
                 assert back is None or back[-1] != name, f"{name} -> {' -> '.join(back)}"
 
 

@@ -8,12 +8,9 @@ is mocked; HF_ENDPOINT points it at the server and HF_HOME at a temporary cache.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import sys
-import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,30 +21,14 @@ from localspec.core.errors import LocalspecError
 from localspec.store.hub import parse_hf_ref
 from localspec.store.install import pull
 from localspec.store.models import resolve
-from hub_stub import COMMIT, FakeHub, _handler
+from hub_stub import COMMIT, FakeHub, _handler, serving
 
 
 @pytest.fixture
 def hub_server(tmp_path, monkeypatch):
-    import huggingface_hub.constants as hf_constants
-
     hub = FakeHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    # huggingface_hub reads HF_HUB_OFFLINE once at import; conftest set it to 1 for every test.
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    try:
+    with serving(_handler(hub), tmp_path, monkeypatch):
         yield hub
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")

@@ -7,85 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from import_graph import circles, import_graph, imports, modules
+
 ROOT = Path(__file__).resolve().parents[1]
-# source folders and the package names they install as (pyproject's package-dir)
-SOURCES = {"localspec": ROOT / "localspec", "localspec.converters": ROOT / "converters",
-           "localspec.tui": ROOT / "tui"}
 STORE = "localspec.store"
-
-
-def _modules() -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for package, folder in SOURCES.items():
-        for path in folder.rglob("*.py"):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            name = ".".join([package, *parts])
-            if package == "localspec" and name.split(".")[1:2] in (["converters"], ["tui"]):
-                continue
-            out[name] = path
-    return out
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The localspec modules ``name`` imports anywhere in its file (top level or in a function)."""
-    is_package = path.name == "__init__.py"
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{a.name}" for a in node.names)
-    return {m for m in found if m in known and m != name}
-
-
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    known = set(modules)
-    return {name: _imports(name, path, known) for name, path in modules.items()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
 
 
 def test_the_checker_sees_a_circle_hidden_in_a_function(tmp_path):
@@ -94,20 +19,20 @@ def test_the_checker_sees_a_circle_hidden_in_a_function(tmp_path):
     (pkg / "a.py").write_text("from . import b\n")
     (pkg / "b.py").write_text("def f():\n    from .a import x\n")
     known = {"localspec.store.a", "localspec.store.b"}
-    graph = {m: _imports(m, pkg / f"{m.rsplit('.', 1)[1]}.py", known) for m in known}
-    assert _cycles(graph) == [sorted(known)]
+    graph = {m: imports(m, pkg / f"{m.rsplit('.', 1)[1]}.py", known) for m in known}
+    assert circles(graph) == [sorted(known)]
 
 
 def test_no_import_circle_through_the_store_or_the_converters():
-    graph = _graph()
+    graph = import_graph()
     assert {"localspec.store.registry", "localspec.store.hub", "localspec.converters.checkpoint"} <= set(graph)
-    bad = [c for c in _cycles(graph)
+    bad = [c for c in circles(graph)
            if any(m.startswith((STORE + ".", "localspec.converters")) for m in c)]
     assert bad == []
 
 
 def test_store_layers_import_downwards_only():
-    graph = _graph()
+    graph = import_graph()
     below = {   # what each layer must not import (directly or inside a function)
         "registry": {"models", "hub", "install", "repo_files"},   # storage: records and the catalog
         "models": {"hub", "install"},                              # resolution: a name -> files
@@ -128,7 +53,7 @@ RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "m
 
 def test_only_core_atomic_renames_files_into_place():
     offenders = []
-    for name, path in _modules().items():
+    for name, path in modules().items():
         if name == "localspec.core.atomic":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -146,7 +71,7 @@ def test_only_the_hub_module_downloads():
     """One download path: huggingface_hub's download functions are named only in store/hub.py."""
     downloads = {"hf_hub_download", "snapshot_download", "hf_hub_url"}
     offenders = []
-    for name, path in _modules().items():
+    for name, path in modules().items():
         if name == f"{STORE}.hub":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
