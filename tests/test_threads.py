@@ -142,13 +142,14 @@ def test_engine_adapts_only_without_a_user_count(tiny, monkeypatch):
     with Engine(tiny[0], tiny[1], n_ctx=512) as engine:
         ctl = engine.threads
         assert isinstance(ctl, T.ThreadController) and engine.ctx.n_threads == ctl.n_max
-        ctl.usage, ctl.interval = Scripted([(0.0, 2.0)] * 1000), 0.0  # an idle machine first
+        ctl.usage, ctl.interval, ctl._next = Scripted([(0.0, 2.0)] * 1000), 0.0, 0.0  # an idle machine first
         cfg = GenerationConfig(max_tokens=60, policy=PolicyConfig("auto", 8), record_margins=True)
         plain = [e for e in engine.generate("1, 2, 3, 4, 5,", GenerationConfig(max_tokens=60, spec=False))][-1]
         assert "-t%d-gpu" % ctl.n_max in engine.cost_model().key    # calibrated on all cores
         # the machine gets busy during the next generation: the engine drops to one thread, and
         # the drafter and the cost model follow
-        ctl.usage, ctl.interval = Scripted([(float(ctl.cores), 2.0)] * 1000), 0.0
+        # (readings due at once: a warm engine generates 60 tokens within the first interval)
+        ctl.usage, ctl.interval, ctl._next = Scripted([(float(ctl.cores), 2.0)] * 1000), 0.0, 0.0
         spec = [e for e in engine.generate("1, 2, 3, 4, 5,", cfg)][-1]
         assert isinstance(spec, DoneEvent) and ctl.changes >= 1
         assert engine.ctx.n_threads == 1 and engine.drafter.ctx.n_threads == 1
