@@ -27,8 +27,11 @@ This is for people who measure; CI does not run it. Measure on an idle machine (
 
 Same length: the native tool checks ``-n`` only after each cycle, so a speculating type decodes
 up to 63 tokens more than asked, the most repetitive and cheapest part of a looping text. So
-localspec's modes generate as many tokens as the longest native run of that prompt decoded
-(``--exact-n``: exactly ``-n``), and every rate is over the same stretch of text or a longer one.
+localspec's modes generate as many tokens as the longest native run of that prompt decoded, and a
+localspec rate set against a native type is cut at that type's token count on each prompt (at the
+end of the cycle that reached it): both cover the same text at the same context lengths (a longer
+context makes every step dearer). ``--exact-n``: localspec generates exactly ``-n`` and is not cut.
+The JSON (``--json``) has every prompt's tokens, seconds and acceptance per type and mode.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from statistics import median
 from localspec.runtime.bench import load_prompts
 from localspec.formats.chat_format import Message
 from localspec.runtime.engine import Engine, GenerationConfig
-from localspec.core.events import DoneEvent
+from localspec.core.events import CycleEvent, DoneEvent
 from localspec.store.models import resolve
 from localspec.speculation.policy import PolicyConfig
 
@@ -107,9 +110,9 @@ def build_tool(cache: Path) -> Path:
 
 
 def run_native(tool: Path, kind: str, target: Path, drafter: Path | None, text: str, n: int,
-               threads: int, n_ctx: int) -> dict:
+               threads: int, n_ctx: int, extra: list[str] = ()) -> dict:
     cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(n), "--temp", "0", "--seed", "1",
-           "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), *NATIVE[kind]]
+           "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), *NATIVE[kind], *extra]
     if kind == "draft-eagle3":
         if drafter is None:
             raise SystemExit("draft-eagle3 needs a drafter")
@@ -128,23 +131,46 @@ def run_native(tool: Path, kind: str, target: Path, drafter: Path | None, text: 
 def run_localspec(engine: Engine, messages: list[Message], mode: str, n: int) -> dict:
     engine.clear_cache()  # every run prefills the whole prompt, as the native tool does
     config = GenerationConfig(max_tokens=n, **MODES[mode])
-    done = next(e for e in engine.generate(messages, config) if isinstance(e, DoneEvent))
+    timeline = []  # (tokens after the first, generation seconds) after every cycle
+    for event in engine.generate(messages, config):
+        if isinstance(event, CycleEvent):
+            timeline.append((event.stats.generated_tokens - 1, event.stats.generation_seconds))
+        elif isinstance(event, DoneEvent):
+            done = event
     s = done.stats
     return {"prompt_tokens": s.prompt_tokens, "tokens": max(s.generated_tokens - 1, 0),
             "seconds": s.generation_seconds, "drafted": s.drafted, "accepted": s.accepted,
-            "token_ids": list(done.tokens)}
+            "token_ids": list(done.tokens), "timeline": timeline}
+
+
+def upto(run: dict, n: int) -> tuple[int, float]:
+    """A localspec run cut at ``n`` tokens: (tokens, seconds) at the end of the cycle that reached n
+    (the whole run when it stopped before)."""
+    for tokens, seconds in run["timeline"]:
+        if tokens >= n:
+            return tokens, seconds
+    return run["tokens"], run["seconds"]
+
+
+def rate(runs: list[dict], lengths: list[int] | None = None) -> float:
+    """tok/s over a set's runs; a localspec mode's cut at the given per-prompt lengths (a native
+    type's token counts), so both rates cover the same stretch of text, the same context lengths."""
+    # a native run's N tokens are N decodes; localspec's prefill chose its first token, so N - 1
+    cut = [upto(r, n - 1) for r, n in zip(runs, lengths)] if lengths else [(r["tokens"], r["seconds"]) for r in runs]
+    return sum(t for t, _ in cut) / max(sum(s for _, s in cut), 1e-9)
 
 
 def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], modes: list[str], n: int,
               threads: int, target: Path, drafter: Path | None, limit: int | None = None,
-              exact_n: bool = False) -> dict:
+              exact_n: bool = False, native_args: list[str] = ()) -> dict:
     runs: dict[str, list[dict]] = {f"native:{k}": [] for k in native} | {m: [] for m in modes}
-    for bp in load_prompts(path)[:limit]:
+    prompts = load_prompts(path)[:limit]
+    for bp in prompts:
         messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
         text = engine.formatter.render(messages, add_generation_prompt=True)
         n_prompt = len(engine.prompt_tokens(messages))
         for kind in native:
-            r = run_native(tool, kind, target, drafter, text, n, threads, engine.n_ctx)
+            r = run_native(tool, kind, target, drafter, text, n, threads, engine.n_ctx, native_args)
             if r["prompt_tokens"] != n_prompt:
                 raise SystemExit(f"{path}: prompt token counts differ (native {r['prompt_tokens']}, "
                                  f"localspec {n_prompt}) for {bp.prompt[:40]!r}")
@@ -160,23 +186,40 @@ def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], 
             runs[mode].append(r)
         print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    rates = {name: sum(r["tokens"] for r in rs) / max(sum(r["seconds"] for r in rs), 1e-9)
-             for name, rs in runs.items()}
-    base = rates.get("native:plain") or rates.get("plain")
-    out = {}
+    return summarize(runs, modes, [bp.prompt for bp in prompts], exact_n)
+
+
+def summarize(runs: dict[str, list[dict]], modes: list[str], prompts: list[str], exact_n: bool) -> dict:
+    lengths = {name: [r["tokens"] for r in rs] for name, rs in runs.items() if name.startswith("native:")}
+    base_name = "native:plain" if "native:plain" in runs else None
+    # a localspec mode's rate against a native type is over that type's token counts per prompt
+    # (unless --exact-n: then every localspec run is exactly -n long)
+    def rate_vs(name: str, other: str | None) -> float:
+        cut = None if (exact_n or name in lengths or other is None) else lengths[other]
+        return rate(runs[name], cut)
+    base = rate(runs[base_name]) if base_name else rate(runs["plain"])
+    out: dict = {}
     for name, rs in runs.items():
         drafted = sum(r["drafted"] for r in rs)
-        out[name] = {"tokens_per_second": round(rates[name], 2), "ratio": round(rates[name] / base, 4),
-                     "acceptance_rate": round(sum(r["accepted"] for r in rs) / drafted, 4) if drafted else None,
-                     "median_prompt_ratio": round(median(
-                         (r["tokens"] / r["seconds"]) / (b["tokens"] / b["seconds"])
-                         for r, b in zip(rs, runs.get("native:plain", rs))), 4)}
+        row = {"tokens_per_second": round(rate(rs), 2), "ratio": round(rate_vs(name, base_name) / base, 4),
+               "acceptance_rate": round(sum(r["accepted"] for r in rs) / drafted, 4) if drafted else None}
+        if base_name:
+            row["median_prompt_ratio"] = round(median(
+                rate([r], None if name in lengths or exact_n else [b["tokens"]]) / rate([b])
+                for r, b in zip(rs, runs[base_name])), 4)
         if all("greedy_identical" in r for r in rs):
-            out[name]["greedy_identical"] = all(r["greedy_identical"] for r in rs)
-    best = max((rates[f"native:{k}"] for k in NGRAM if f"native:{k}" in rates), default=None)
+            row["greedy_identical"] = all(r["greedy_identical"] for r in rs)
+        out[name] = row
+    ngrams = [f"native:{k}" for k in NGRAM if f"native:{k}" in runs]
+    best = max(ngrams, key=lambda k: rate(runs[k]), default=None)
     for mode in modes:
         if best:
-            out[mode]["vs_best_ngram"] = round(rates[mode] / best, 4)
+            out[mode]["vs_best_ngram"] = round(rate_vs(mode, best) / rate(runs[best]), 4)
+    out["per_prompt"] = [
+        {"prompt": prompt[:60]} | {name: {"tokens": rs[i]["tokens"], "seconds": round(rs[i]["seconds"], 4),
+                                          "drafted": rs[i]["drafted"], "accepted": rs[i]["accepted"]}
+                                   for name, rs in runs.items()}
+        for i, prompt in enumerate(prompts)]
     return out
 
 
@@ -189,7 +232,7 @@ def print_tables(results: dict, names: list[str], modes: list[str]) -> None:
             acc = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
             same = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "")
             vs = f"{r['vs_best_ngram']:.2f}x" if "vs_best_ngram" in r else ""
-            print(f"  {n:<20}{r['tokens_per_second']:>8.1f}{r['ratio']:>7.2f}x{r['median_prompt_ratio']:>7.2f}x"
+            print(f"  {n:<20}{r['tokens_per_second']:>8.1f}{r['ratio']:>7.2f}x{r.get('median_prompt_ratio', r['ratio']):>7.2f}x"
                   f"{acc:>8}{same:>9}{vs:>16}")
     for mode in modes:
         vs = {Path(p).stem: res[mode]["vs_best_ngram"] for p, res in results.items() if "vs_best_ngram" in res[mode]}
@@ -211,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--native", default="plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3")
     ap.add_argument("--modes", default="plain,auto")
+    ap.add_argument("--native-args", default="",
+                    help="more arguments for every native run, e.g. '-fa off' (flash attention off, as localspec runs on CPU)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
@@ -235,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.cost_model()  # calibrate before the clock runs, as a user's first chat would have
         for path in args.prompts:
             results[str(path)] = bench_set(path, engine, tool, native, modes, args.max_tokens, args.threads,
-                                           target, drafter, args.limit, args.exact_n)
+                                           target, drafter, args.limit, args.exact_n, shlex.split(args.native_args))
     names = [f"native:{k}" for k in native] + modes
     print(f"{args.threads} threads, {args.max_tokens} tokens, load average {load_start:.2f} at the start, "
           f"{os.getloadavg()[0]:.2f} at the end "

@@ -15,6 +15,8 @@ from ..speculation import costmodel, tree
 from ..speculation.eagle import EagleDrafter
 from .verifier import TargetVerifier
 
+WARM_STEPS = 4   # one-token decodes before timing: the filler's prefill leaves the next ones ~30% slower
+
 
 def calibrate(verifier: TargetVerifier, drafter: EagleDrafter | None,
               cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None, float | None, bool]:
@@ -49,7 +51,9 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
         ctx.decode([tok] * b, base, all_logits=True)
         ctx.seq_rm(base)
 
-    verify_costs = costmodel.measure(verify, sizes, stop=stop)
+    for _ in range(WARM_STEPS):  # the first single steps after a large batch run slow (cold caches)
+        verify(1)
+    verify_costs = costmodel.measure(verify, sizes, stop=stop, settle=lambda: verify(1))
     ctx.seq_rm(0)
     return verify_costs, len(verify_costs) == len(sizes), tok
 

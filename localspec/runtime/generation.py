@@ -124,7 +124,8 @@ class GenerationLoop:
         if draft.tree is not None:
             v = verifier.verify_tree(draft.tree, self.sampler)
         else:
-            v = verifier.verify(draft.tokens, self.sampler)
+            rows = policy.verify_rows(len(draft.tokens) + 1) if draft.tokens else 1
+            v = verifier.verify(draft.tokens, self.sampler, rows=rows)
         self.stats.record_verify(v.batch, v.seconds)
         t_cycle += self._observe(v)
         self.drafting.record(draft, v)
@@ -135,7 +136,8 @@ class GenerationLoop:
         depth = draft.tree.depth if draft.tree is not None else None
         self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
         policy.observe(source, v.drafted, v.accepted, verify_seconds=v.seconds, drafter_seconds=draft.seconds,
-                       cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth)
+                       cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth,
+                       batch=v.batch)
         return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)
 
     def _observe(self, verified: Verified) -> float:

@@ -111,13 +111,18 @@ class TargetVerifier:
         return first
 
     # -- verification ----------------------------------------------------------------------------
-    def verify(self, drafts: list[int], sampler: Sampler) -> Verified:
+    def verify(self, drafts: list[int], sampler: Sampler, *, rows: int = 0) -> Verified:
         """Decode ``uncached + [last] + drafts`` in one batch and accept the drafts the target
-        agrees with (none: a plain decoding step)."""
+        agrees with (none: a plain decoding step). ``rows``: pad the chain with filler rows up to
+        this many (where the cost model finds that size cheaper), as far as the context and the
+        logit rows allow; their rows are dropped with the rejected ones."""
         ctx = self.ctx
         base, n_past = len(self.uncached), self.n_past
+        chain = [self.last] + drafts
+        room = min(ctx.n_ctx - 1 - n_past - len(drafts), ctx.n_outputs_max - base - len(chain))
+        pad = max(0, min(rows - len(chain), room)) if drafts else 0
         t0 = time.perf_counter()
-        ctx.decode(self.uncached + [self.last] + drafts, n_past - base, all_logits=bool(drafts))
+        ctx.decode(self.uncached + chain + [chain[-1]] * pad, n_past - base, all_logits=bool(drafts))
         accepted, correction = 0, -1
         for i, d in enumerate(drafts):
             ok, tok = sampler.verify(ctx.logits(base + i), d, drafts[:i])
@@ -127,11 +132,11 @@ class TargetVerifier:
             accepted += 1
         if correction < 0:
             correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1), drafts)
-        if accepted < len(drafts):
+        if accepted < len(drafts) or pad:
             ctx.seq_rm(n_past + accepted + 1)
         seconds = time.perf_counter() - t0
         result = Verified(n_past, drafts[:accepted] + [correction], list(range(base, base + accepted + 1)),
-                          len(drafts), base + len(drafts) + 1, seconds)
+                          len(drafts), base + len(chain) + pad, seconds)
         self._advance(result, kept=accepted)
         return result
 

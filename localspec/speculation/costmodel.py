@@ -28,21 +28,29 @@ from typing import Callable
 from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
 
-CALIBRATE_MAX = 9      # batch sizes measured at load: 1..9 (verify of up to 8 drafts)
+CALIBRATE_MAX = 17     # batch sizes measured at load: every one of 1..17 (auto weighs every depth to 16)
 # measured too: deep drafts (long lookup matches, up to 128 tokens) interpolate between measured
-# sizes instead of extrapolating (on a CPU V(k)/k keeps falling well past 16)
-EXTRA_SIZES = (12, 16, 24, 32, 48, 64, 96, 128)
-REPEATS = 3            # runs per size up to 16, the fastest counts ...
-REPEATS_LARGE = 2      # ... and per size above 16 (each costs 3-20 plain steps)
-BUDGET_SECONDS = 4.0   # calibration stops here (the sizes measured so far; not cached)
+# sizes instead of extrapolating. CPU costs are not smooth: llama.cpp's flash attention switches to
+# a tiled kernel at 64 query rows (GGML_FA_TILE_Q), so on this project's CPU V(64) ~ V(32) while
+# V(63) ~ 2 V(64): 56 and 63 pin the step, and a draft may be padded up to a cheaper size (PAD_GAIN)
+EXTRA_SIZES = (24, 32, 48, 56, 63, 64, 72, 96, 128)
+REPEATS = 3            # runs per size up to 9, the fastest counts ...
+REPEATS_MID = 2        # ... per size up to 32 ...
+REPEATS_LARGE = 1      # ... and above (each costs 15-30 plain steps; the live refresh corrects them)
+BUDGET_SECONDS = 8.0   # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in a batch size's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
-LEVEL_CONFIRM = 3      # cycles after which a measurement is judged against the level
+PLAIN_RECENT = 12      # a verify is judged against one-token steps at most this many cycles later ...
+PLAIN_KEEP = 6         # ... (the last one-token steps kept) ...
+LEVEL_AGREE = 0.1      # ... those before and after it agreeing this well (log units)
 RESIDUAL_CLIP = 0.25   # one measurement moves a size's correction by at most ALPHA * this (log units)
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
-CACHE_VERSION = 3      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128
+LIVE_EVIDENCE = 3      # live measurements of a band of sizes before its live figures are cached
+PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
+CACHE_VERSION = 5      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
+                       # 5: only sizes measured live are written back
 
 
 def _file_key(path: Path | None) -> str:
@@ -72,9 +80,12 @@ class CostModel:
     than calibrated the machine runs now (log units): the median of what the last
     ``LEVEL_WINDOW`` cycles say, whatever their batch size, so a load that starts or ends moves
     every size within three cycles while one slow decode (a scheduler hiccup) moves nothing.
-    ``residual[b]`` is batch size b's own lasting deviation from that (an EMA, each step clipped),
-    e.g. verifies that suffer less than single steps from a busy core. The drafter step follows
-    the level too, with a residual of its own."""
+    ``residual[band]`` is a band of batch sizes' own lasting deviation from one-token steps (an
+    EMA, each step clipped; sizes share it by powers of two, see :func:`_band`), e.g. verifies that
+    suffer less than single steps from a busy core, or a calibration taken in a slow spell. It is
+    learned against the last one-token steps only (``_plain``): judged against a level that other
+    bands' residuals help set, one band's error would leak into the others and drift with them.
+    The drafter step follows the level too, with a residual of its own."""
 
     def __init__(self, verify: dict[int, float], drafter_step: float | None = None, *, key: str = "",
                  cache: Path | None = None, drafter_width: float | None = None) -> None:
@@ -95,7 +106,10 @@ class CostModel:
         self._drafter_base = drafter_step
         self._level = 0.0                           # log(live / calibrated), the machine's state
         self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
-        self._residual: dict[int, float] = {}       # per size, relative to the level
+        self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to the level
+        self._learned: dict[int, int] = {}          # per band: measurements it has learned from
+        self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
+        self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
         self._drafter_residual = 0.0
         self._slow = 1.0                            # the level's slow EMA, for sizes not seen lately
         self._cycles = 0
@@ -122,7 +136,21 @@ class CostModel:
         res = self._residual
         self._scale = math.exp(self._level)
         # calibrated cost times the size's own correction; verify() multiplies in the level
-        self._shape = [c * math.exp(res[b]) if b in res else c for b, c in enumerate(self._cal)]
+        self._shape = [c * math.exp(res.get(_band(b), 0.0)) for b, c in enumerate(self._cal)]
+        self._pad_rows()
+
+    def _pad_rows(self) -> None:
+        """``_pad[b]``: the rows to decode for a batch of ``b``: b, or a larger measured size that
+        verifies in at most PAD_GAIN of b's time (extra rows cost nothing there)."""
+        shape = self._shape
+        pad = list(range(len(shape)))
+        best = None
+        for b in range(len(shape) - 1, 0, -1):
+            if b in self._base and (best is None or shape[b] < shape[best]):
+                best = b
+            if best is not None and shape[best] <= PAD_GAIN * shape[b]:
+                pad[b] = best
+        self._pad = pad
 
     def verify(self, b: int) -> float:
         """Expected seconds for one target decode of ``b`` tokens with logits for all. Sizes not
@@ -134,7 +162,7 @@ class CostModel:
         shape = self._shape
         if b < len(shape):
             return shape[b] * scale
-        return self._calibrated(b) * scale * math.exp(self._residual.get(b, 0.0))
+        return self._calibrated(b) * scale * math.exp(self._residual.get(_band(b), 0.0))
 
     @property
     def drafter_step(self) -> float | None:
@@ -153,6 +181,11 @@ class CostModel:
         """How much slower than calibrated the machine runs now (1.0: as calibrated)."""
         return self._scale
 
+    def rows_for(self, b: int) -> int:
+        """The rows to decode to verify ``b`` rows: ``b``, or a larger size that costs clearly less
+        on this machine (e.g. 64 for 40 on a CPU, see EXTRA_SIZES); the extra rows are filler."""
+        return self._pad[b] if b < len(self._pad) else b
+
     def curve(self, n: int = CALIBRATE_MAX) -> list[float]:
         return [self.verify(b) for b in range(1, n + 1)]
 
@@ -165,7 +198,7 @@ class CostModel:
         window.append((b, x))
         if len(window) > LEVEL_WINDOW:
             del window[0]
-        implied = sorted(x - res.get(s, 0.0) for s, x in window)
+        implied = sorted(x - res.get(_band(s), 0.0) for s, x in window)
         level = implied[len(implied) // 2]
         if level != self._level:
             self._level = level
@@ -173,15 +206,42 @@ class CostModel:
         self._slow = (1 - ALPHA / 4) * self._slow + (ALPHA / 4) * self._scale
         self._cycles += 1
         self._seen_at[b] = self._cycles
-        if len(window) >= LEVEL_CONFIRM:
-            # a size's own correction learns from the cycle LEVEL_CONFIRM - 1 back, judged against
-            # the level the cycles since agree on: the first cycles after a load change do not
-            # count as that size's own (clipped: one odd decode moves it little)
-            s, x = window[-LEVEL_CONFIRM]
-            r = res.get(s, 0.0)
-            res[s] = r = r + ALPHA * min(max(x - level - r, -RESIDUAL_CLIP), RESIDUAL_CLIP)
-            if s < len(self._shape):
-                self._shape[s] = self._cal[s] * math.exp(r)
+        if b == 1:
+            self._plain.append((self._cycles, x))
+            del self._plain[:-PLAIN_KEEP]
+            self._learn_pending()
+        elif b < len(self._shape):
+            self._pending.append((self._cycles, b, x))
+
+    def _learn_pending(self) -> None:
+        """Each band's own correction learns from its verifies once two one-token steps followed
+        them, against the one-token steps around them (those just before and after: a verify
+        between two that disagree, a load that changed meanwhile, teaches nothing); clipped, so one
+        odd decode moves it little. A band's first few measurements weigh more: a calibration taken
+        in a slow spell of the machine has the wrong shape, and a band is drafted a few times per
+        generation. Verifies with no one-token steps after them within PLAIN_RECENT cycles (a
+        long repeat: nothing but drafts) are dropped."""
+        plain, res, keep = self._plain, self._residual, []
+        for t, s, x in self._pending:
+            before = [x1 for c, x1 in plain if c < t][-2:]
+            after = [x1 for c, x1 in plain if c > t][:2]
+            if len(after) < 2 or not before:
+                if self._cycles - t <= PLAIN_RECENT:
+                    keep.append((t, s, x))
+                continue
+            lo, hi = sum(before) / len(before), sum(after) / 2
+            if abs(lo - hi) > LEVEL_AGREE:
+                continue
+            key = _band(s)
+            n = self._learned.get(key, 0)
+            self._learned[key] = n + 1
+            r = res.get(key, 0.0)
+            res[key] = r = r + max(ALPHA, 1.0 / (2 + n)) * min(max(x - (lo + hi) / 2 - r, -RESIDUAL_CLIP), RESIDUAL_CLIP)
+            shape, cal = self._shape, self._cal
+            for b in range(key, min(2 * key, len(shape))):
+                shape[b] = cal[b] * math.exp(r)
+            self._pad_rows()
+        self._pending = keep
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
@@ -201,12 +261,12 @@ class CostModel:
         if key == self.key:
             return
         self._stash[self.key] = (self._base, self._drafter_base, self._level, self._residual,
-                                 self._drafter_residual, self.cacheable)
+                                 self._learned, self._drafter_residual, self.cacheable)
         old, self.key = self._stash.get(key), key
         if old is not None:
-            base, dbase, level, residual, dres, self.cacheable = old
+            base, dbase, level, residual, learned, dres, self.cacheable = old
             self._set_base(base, dbase)
-            self._level, self._residual, self._drafter_residual = level, residual, dres
+            self._level, self._residual, self._learned, self._drafter_residual = level, residual, learned, dres
             self._rebuild()
             return
         if self.cache is not None and self.cache.is_file():
@@ -225,16 +285,21 @@ class CostModel:
 
     # -- persistence ----------------------------------------------------------------------------
     def live(self) -> dict:
-        """The current figures, in the cache's form."""
-        sizes = sorted(set(self._sizes))
-        return {"verify": {str(b): self.verify(b) for b in sizes}, "drafter_step": self.drafter_step,
-                "drafter_width": self.drafter_width}
+        """The figures to cache: the live value of each size whose band was measured live at least
+        LIVE_EVIDENCE times, the calibrated one of the others. (Scaling sizes never drafted by the
+        machine level would ratchet: a level read off one-token steps is no measurement of a
+        64-row verify, and each save would build on the last.)"""
+        trusted = {key for key, n in self._learned.items() if n >= LIVE_EVIDENCE}
+        verify = {str(b): (self._shape[b] * self._scale if b < len(self._shape) else self.verify(b))
+                  if _band(b) in trusted else self._base[b] for b in self._sizes}
+        return {"verify": verify, "drafter_step": self.drafter_step, "drafter_width": self.drafter_width}
 
     def drifted(self) -> bool:
-        moved = [abs(math.exp(self._level + r) - 1.0) for r in self._residual.values()]
+        live = self.live()
+        moved = [abs(sec / self._base[int(b)] - 1.0) for b, sec in live["verify"].items()]
         if self._drafter_base and self.drafter_step:
             moved.append(abs(self.drafter_step / self._drafter_base - 1.0))
-        return bool(self._residual) and max(moved) > DRIFT_SAVE
+        return max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
         if self.cache is None or not self.key:
@@ -262,24 +327,37 @@ class CostModel:
 
 
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
-            stop: Callable[[], bool] | None = None) -> dict[int, float]:
-    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (``REPEATS_LARGE``
-    above 16 rows; other processes on a shared machine only ever add time; the live refresh brings
-    in what they cost), after one unmeasured warm-up; powers of two first. ``stop()`` true ends it
-    early (the sizes measured so far)."""
+            stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
+    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (fewer above 9 and 32
+    rows; other processes on a shared machine only ever add time; the live refresh brings in what
+    they cost), after one unmeasured warm-up; powers of two first. The repeats run in rounds over
+    all sizes, so a slow spell of the machine inflates no size's every run (one size measured slow
+    against the others bends the curve the policy plans with). ``settle()`` runs before each timed
+    run, untimed: a one-token step there makes every size measured as generation meets it, after a
+    plain step (a step right after a large batch runs up to 2x slow on a CPU: cold caches).
+    ``stop()`` true ends it early (the sizes measured so far)."""
     sizes = _coarse_first(sizes)
     run(sizes[0])
-    out = {}
-    for b in sizes:
-        if stop is not None and out and stop():
-            break
-        times = []
-        for _ in range(repeats if b <= 16 else min(repeats, REPEATS_LARGE)):
+    out: dict[int, float] = {}
+    for r in range(repeats):
+        for b in sizes:
+            if r >= (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE)):
+                continue
+            if stop is not None and out and stop():
+                return out
+            if settle is not None:
+                settle()
             t0 = time.perf_counter()
             run(b)
-            times.append(time.perf_counter() - t0)
-        out[b] = min(times)
+            seconds = time.perf_counter() - t0
+            out[b] = min(out.get(b, seconds), seconds)
     return out
+
+
+def _band(b: int) -> int:
+    """The band of batch sizes ``b`` shares its live correction with: 1, 2-3, 4-7, ... 64-127 (on a
+    CPU, 64 rows is where flash attention turns tiled: the bands break where the curve does)."""
+    return 1 << (b.bit_length() - 1) if b > 0 else 0
 
 
 def _coarse_first(sizes) -> list[int]:

@@ -41,7 +41,12 @@ LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may dra
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
 DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
 DECAY = 0.97           # weight of past observations, per observation of a position
-MARGIN = 1.03          # speculation must beat plain decoding by this factor
+MARGIN = 1.03          # speculation must beat plain decoding by this factor ...
+# ... and by this one for short drafts (a drafter's, a lookup of a match under LONG_MATCH): each
+# gains little, and on a CPU the cost model misses what a change of batch size costs beyond the
+# verify itself (cold caches after a larger batch: a few % of the next steps), so a predicted 5%
+# gain was measured as a 5-10% loss on prose that only repeats a few words here and there
+SHORT_MARGIN = 1.15
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
@@ -215,14 +220,16 @@ class DraftPolicy:
         if cost is None:
             return None, 0
         o = self.overhead
-        best_rate = MARGIN / (cost.verify(1) + o)
+        plain = 1.0 / (cost.verify(1) + o)
+        best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
         best = (None, 0)
         if self.lookup and lookup_len:
-            cap = self.config.lookup_max if lookup_n >= LONG_MATCH else self.config.draft_max
+            long_match = lookup_n >= LONG_MATCH
+            cap = self.config.lookup_max if long_match else self.config.draft_max
             acc = self.lookup_acc[_bucket(lookup_n)].expected(min(cap, room, MAX_DEPTH, lookup_len))
             for k in _depths(len(acc) - 1):
-                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + o)
-                if rate > best_rate:
+                rate = (1.0 + acc[k]) / (cost.verify(cost.rows_for(k + 1)) + o)
+                if rate > best_rate and (long_match or rate > short_bar):
                     best_rate, best = rate, (LOOKUP, k)
         if self.eagle and backlog > 0:
             d = cost.drafter_step or 0.0
@@ -230,8 +237,8 @@ class DraftPolicy:
             acc = self.eagle_acc.expected(k_max)
             eagle_best = None
             for k in range(1, len(acc)):
-                rate = (1.0 + acc[k]) / (cost.verify(k + 1) + (k + rows) * d + o)
-                if rate > best_rate:
+                rate = (1.0 + acc[k]) / (cost.verify(cost.rows_for(k + 1)) + (k + rows) * d + o)
+                if rate > best_rate and rate > short_bar:
                     best_rate, best, eagle_best = rate, (EAGLE, k), k
             if eagle_best is not None:
                 self._since_eagle = 0
@@ -252,6 +259,11 @@ class DraftPolicy:
             self.wants_features = True  # nothing recorded yet: record this cycle's rows
         return best
 
+    def verify_rows(self, rows: int) -> int:
+        """Rows to decode to verify a chain of ``rows`` (its drafts and the last token): auto pads
+        up to a size the cost model finds clearly cheaper (a CPU's flash attention at 64 rows)."""
+        return rows if self.fixed or self.cost is None else self.cost.rows_for(rows)
+
     def lookup_depth(self, room: int) -> int:
         """Most tokens a lookup proposal may hold this cycle: ``draft_max`` for fixed; for auto
         also ``lookup_max``, since a match of ``LONG_MATCH`` tokens or more (copying a passage,
@@ -264,7 +276,7 @@ class DraftPolicy:
         """Would the drafter pay with clearly better acceptance than measured? If not even that
         (a slow drafter, a costly verify), probing it only costs time."""
         cost = self.cost
-        plain = MARGIN / (cost.verify(1) + o)
+        plain = SHORT_MARGIN / (cost.verify(1) + o)
         run, total = 1.0, 0.0
         for i, r in enumerate(self.eagle_acc.rates()[:k_max]):
             run *= min(1.0, r + OPTIMISM)
@@ -321,12 +333,13 @@ class DraftPolicy:
 
     def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
                 drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0,
-                depth: int | None = None) -> None:
-        """After a cycle; ``depth``: a draft tree's depth (``drafted`` counts its nodes)."""
+                depth: int | None = None, batch: int | None = None) -> None:
+        """After a cycle; ``depth``: a draft tree's depth (``drafted`` counts its nodes); ``batch``:
+        the rows decoded (default: drafted + 1; more when padded or after a tree's uncached rows)."""
         self.choices[source or "plain"] += 1
         cost = self.cost
         if cost is not None:
-            cost.observe_verify(drafted + 1, verify_seconds)
+            cost.observe_verify(batch or drafted + 1, verify_seconds)
             if source == EAGLE and drafted:
                 cost.observe_drafter(drafter_steps or drafted, drafter_seconds)
         if source in (EAGLE, TREE) and drafted:  # a tree counts as a chain of its depth
