@@ -7,7 +7,9 @@
 Without ``--prompts`` it runs the four sets of issue 17: ``bench/chat.jsonl``, ``copy.jsonl``,
 ``coding.jsonl`` and ``repetitive.jsonl``. It prints one table per set (tok/s, ratio to the
 native plain decoding over all tokens of the set, the per-prompt median ratio, acceptance, and
-whether greedy output equals localspec's plain decoding) and, per localspec mode, its rate over
+whether greedy output equals localspec's plain decoding: ``yes``, or ``gapX`` with X the widest
+top-1 minus top-2 logit gap of plain decoding where a run left it, a near-tie when tiny: batched
+kernels round differently) and, per localspec mode, its rate over
 the best native n-gram speculator of each set (``vs best n-gram``) and the lowest of them.
 
 The native side is llama.cpp's ``llama-speculative-simple``, built once with cmake from the
@@ -49,7 +51,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from localspec.runtime.bench import load_prompts
+from localspec.runtime.bench import first_divergence, load_prompts
 from localspec.formats.chat_format import Message
 from localspec.runtime.engine import Engine, GenerationConfig
 from localspec.core.events import CycleEvent, DoneEvent
@@ -68,7 +70,7 @@ NATIVE = {
     "draft-eagle3": ["--spec-type", "draft-eagle3"],   # plus -md DRAFTER
 }
 MODES = {  # localspec modes: generation config overrides
-    "plain": dict(spec=False),
+    "plain": dict(spec=False, record_margins=True),   # margins: their time is not generation time
     "auto": dict(spec=True, policy=PolicyConfig("auto")),
     "chain": dict(spec=True, policy=PolicyConfig("auto", tree="off")),
     "lookup": dict(spec=True, policy=PolicyConfig("auto", source="lookup")),
@@ -140,7 +142,7 @@ def run_localspec(engine: Engine, messages: list[Message], mode: str, n: int) ->
     s = done.stats
     return {"prompt_tokens": s.prompt_tokens, "tokens": max(s.generated_tokens - 1, 0),
             "seconds": s.generation_seconds, "drafted": s.drafted, "accepted": s.accepted,
-            "token_ids": list(done.tokens), "timeline": timeline}
+            "token_ids": list(done.tokens), "timeline": timeline, "done": done}
 
 
 def upto(run: dict, n: int) -> tuple[int, float]:
@@ -175,14 +177,17 @@ def bench_set(path: Path, engine: Engine, tool: Path | None, native: list[str], 
                 raise SystemExit(f"{path}: prompt token counts differ (native {r['prompt_tokens']}, "
                                  f"localspec {n_prompt}) for {bp.prompt[:40]!r}")
             runs[f"native:{kind}"].append(r)
-        plain_ids = None
+        plain_done = None
         n_local = n if exact_n else max([n] + [runs[f"native:{k}"][-1]["tokens"] + 1 for k in native])
         for mode in modes:
             r = run_localspec(engine, messages, mode, min(n_local, engine.n_ctx - n_prompt - 1))
+            done = r.pop("done")
             if mode == "plain":
-                plain_ids = r["token_ids"]
-            elif plain_ids is not None:
-                r["greedy_identical"] = r["token_ids"] == plain_ids
+                plain_done = done
+            elif plain_done is not None:   # where it differs: plain decoding's logit gap there
+                div = first_divergence(plain_done, done.tokens)
+                r["greedy_identical"] = div is None
+                r["divergence"] = None if div is None else vars(div)
             runs[mode].append(r)
         print(".", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -209,6 +214,9 @@ def summarize(runs: dict[str, list[dict]], modes: list[str], prompts: list[str],
                 for r, b in zip(rs, runs[base_name])), 4)
         if all("greedy_identical" in r for r in rs):
             row["greedy_identical"] = all(r["greedy_identical"] for r in rs)
+            # the widest logit gap of plain decoding where a run left it (a near-tie: batch arithmetic)
+            gaps = [r["divergence"]["plain_margin"] for r in rs if r["divergence"]]
+            row["divergence_margin_max"] = max(gaps) if gaps else None
         out[name] = row
     ngrams = [f"native:{k}" for k in NGRAM if f"native:{k}" in runs]
     best = max(ngrams, key=lambda k: rate(runs[k]), default=None)
@@ -216,9 +224,8 @@ def summarize(runs: dict[str, list[dict]], modes: list[str], prompts: list[str],
         if best:
             out[mode]["vs_best_ngram"] = round(rate_vs(mode, best) / rate(runs[best]), 4)
     out["per_prompt"] = [
-        {"prompt": prompt[:60]} | {name: {"tokens": rs[i]["tokens"], "seconds": round(rs[i]["seconds"], 4),
-                                          "drafted": rs[i]["drafted"], "accepted": rs[i]["accepted"]}
-                                   for name, rs in runs.items()}
+        {"prompt": prompt[:60]} | {name: {k: rs[i][k] for k in ("tokens", "seconds", "drafted", "accepted", "divergence")
+                                          if k in rs[i]} for name, rs in runs.items()}
         for i, prompt in enumerate(prompts)]
     return out
 
@@ -230,7 +237,7 @@ def print_tables(results: dict, names: list[str], modes: list[str]) -> None:
         for n in names:
             r = res[n]
             acc = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
-            same = {True: "yes", False: "NO"}.get(r.get("greedy_identical"), "")
+            same = {True: "yes", False: f"gap{r.get('divergence_margin_max')}"}.get(r.get("greedy_identical"), "")
             vs = f"{r['vs_best_ngram']:.2f}x" if "vs_best_ngram" in r else ""
             print(f"  {n:<20}{r['tokens_per_second']:>8.1f}{r['ratio']:>7.2f}x{r.get('median_prompt_ratio', r['ratio']):>7.2f}x"
                   f"{acc:>8}{same:>9}{vs:>16}")

@@ -146,3 +146,48 @@ def test_load_changes_do_not_bend_the_curve():
     assert cm.verify(16) / cm.verify(1) == pytest.approx(CAL[16] / CAL[1], rel=0.05)
     assert cm.verify(9) / cm.verify(1) == pytest.approx(CAL[9] / CAL[1], rel=0.05)
     assert cm.level == pytest.approx(3.0, rel=0.05)
+
+
+def test_a_calibration_of_the_wrong_shape_is_corrected_by_the_bands_measured():
+    """Calibrated in a slow spell, V(1) came out 1.5x too high: the level read off one-token steps
+    would scale every other size down with it. Each band learns its own correction against the
+    one-token steps around its verifies within a few of them, and the sizes of a band move together."""
+    cal = dict(CAL)
+    cal[1] = CAL[1] * 1.5
+    cm = CostModel(cal)
+    feed(cm, [1, 1, 1, 16, 1, 1, 8, 1, 1, 16, 1, 1, 8, 1, 1, 16, 1, 1, 8, 1, 1, 16, 1, 1, 8, 1, 1], 1.0)
+    assert cm.verify(1) == pytest.approx(CAL[1], rel=0.05)
+    for b in (16, 24, 8, 12):   # 24 and 12 never measured: corrected with their bands (16-31, 8-15)
+        assert cm.verify(b) / cm.verify(1) == pytest.approx(cm._calibrated(b) / CAL[1], rel=0.15)
+
+
+def test_a_verify_between_two_load_levels_teaches_its_band_nothing():
+    cm = CostModel(CAL)
+    feed(cm, [1, 1, 16], 1.0)
+    feed(cm, [1, 1, 1, 1], 3.0)       # the load changed right after the verify
+    assert 16 not in cm._learned and cm.verify(16) / cm.verify(1) == pytest.approx(CAL[16] / CAL[1], rel=0.01)
+
+
+def test_live_figures_written_back_keep_the_shape_of_sizes_not_measured(tmp_path):
+    """One-token steps 30% faster than calibrated: the level moves every size alike (a 64-row
+    verify never drafted keeps its ratio to V(1)); a band measured against one-token steps is
+    written back with its own correction."""
+    cache = tmp_path / "calibration.json"
+    cm = CostModel(CAL, key="k", cache=cache)
+    feed(cm, [1, 1, 1, 1], 0.7)
+    cm.observe_verify(16, CAL[16] * 0.7 * 1.3)          # 16-31 rows: 30% dearer than calibrated
+    feed(cm, [1, 1, 1, 1], 0.7)
+    cm.save_if_drifted()
+    saved = json.loads(cache.read_text())["entries"]["k"]["verify"]
+    assert saved["1"] == pytest.approx(0.7 * CAL[1], rel=0.02)
+    assert saved["64"] / saved["1"] == pytest.approx(CAL[64] / CAL[1], rel=0.02)
+    assert saved["16"] / saved["1"] > 1.05 * CAL[16] / CAL[1]
+    assert saved["24"] / saved["16"] == pytest.approx(CAL[24] / CAL[16], rel=0.02)   # one band
+
+
+def test_measure_settles_before_every_timed_run():
+    calls = []
+    costmodel.measure(calls.append, [1, 64, 2], repeats=2, settle=lambda: calls.append("settle"))
+    timed = [c for i, c in enumerate(calls[1:], 1) if c != "settle"]
+    assert all(calls[i - 1] == "settle" for i, c in enumerate(calls) if i > 0 and c != "settle")
+    assert timed == [1, 2, 64, 1, 2]    # rounds, powers of two first; 64 once (above 32 rows)

@@ -143,3 +143,39 @@ def test_shadow_score_reports_matched_positions_as_they_come():
     incremental.observe_miss(42)
     at_end.observe(100, 42)
     assert incremental.hit == at_end.hit and incremental.seen == at_end.seen
+
+
+# -- padding to a cheaper batch -------------------------------------------------------------------
+
+# measured on this CPU (2 threads): llama.cpp's flash attention runs 64+ query rows tiled, so a
+# verify of 64 rows costs about half one of 63
+CPU_CLIFF = {1: 0.0055, 2: 0.0088, 4: 0.0135, 8: 0.025, 16: 0.045, 17: 0.051, 24: 0.068, 32: 0.091,
+             48: 0.142, 56: 0.165, 63: 0.19, 64: 0.096, 72: 0.104, 96: 0.128, 128: 0.155}
+
+
+def test_a_draft_between_two_measured_steps_is_padded_to_the_cheaper_size():
+    cm = CostModel(CPU_CLIFF)
+    assert cm.rows_for(41) == 64 and cm.rows_for(63) == 64      # cheaper with filler rows
+    assert cm.rows_for(17) == 17 and cm.rows_for(1) == 1         # 64 rows cost more than these
+    assert cm.rows_for(100) == 100                               # nothing larger is cheaper
+    # the policy weighs a 40-token draft at the padded cost, and pads it
+    pol = _trained(CPU_CLIFF, 64, 128, 128)
+    source, k = pol.plan(500, 40, 64)
+    assert source == "lookup" and k == 40 and pol.verify_rows(k + 1) == 64
+    assert DraftPolicy(PolicyConfig("fixed"), cm, lookup=True).verify_rows(41) == 41   # fixed: as asked
+
+
+def test_padded_verifies_keep_the_output_equal_to_plain(smollm2):
+    """Drafts of a loop capped at 48 tokens (lookup_max): those verifies run 64 rows, cheaper
+    here than 49, and the filler rows are dropped with the rejected ones."""
+    prompt = [Message("user", "List some words that rhyme with dog.")]
+    with Engine(smollm2, n_ctx=1024, n_threads=1) as engine:
+        _, plain = _run(engine, prompt, max_tokens=150, spec=False, record_margins=True)
+        engine.clear_cache()
+        engine.cost = CostModel(CPU_CLIFF)
+        cycles, spec = _run(engine, prompt, max_tokens=150,
+                            policy=PolicyConfig("auto", source="lookup", lookup_max=48))
+    assert_lossless(plain, spec)
+    padded = [c for c in cycles if 40 <= c.drafted <= 48]
+    assert padded and 64 in spec.stats.verify_by_batch
+    assert spec.stats.verify_by_batch[64][0] >= len(padded)

@@ -150,7 +150,9 @@ GPU = {b: 0.020 + 0.0002 * b for b in range(1, 10)}
 
 def test_auto_policy_drafts_deep_when_lookup_copies_and_plain_when_it_fails():
     assert _policy(CPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
-    assert _policy(CPU, 1.0, draft_max=5).plan(100, 8, 4) == ("lookup", 3)  # verify 4: a sweet spot
+    assert _policy(CPU, 1.0, draft_max=4).plan(100, 8, 4) == ("lookup", 3)  # verify 4: a sweet spot
+    padded = _policy(CPU, 1.0, draft_max=5)     # 6 rows verify padded to 8, cheaper here
+    assert padded.plan(100, 8, 4) == ("lookup", 5) and padded.verify_rows(6) == 8
     assert _policy(CPU, 0.0).plan(100, 8, 4) == (None, 0)
     assert _policy(GPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
     assert _policy(CPU, 1.0).plan(2, 8, 4)[1] <= 2                   # room left

@@ -258,7 +258,7 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     return prompts
 
 
-def _first_divergence(plain: DoneEvent, tokens: list[int]) -> Divergence | None:
+def first_divergence(plain: DoneEvent, tokens: list[int]) -> Divergence | None:
     a, b = plain.tokens, tokens
     for i in range(min(len(a), len(b))):
         if a[i] != b[i]:
@@ -412,16 +412,16 @@ def _run_prompts(engine: Engine, prompts: list[BenchPrompt], report: BenchReport
                     if name not in best or done.stats.generation_seconds < best[name].stats.generation_seconds:
                         best[name] = done
             plain, spec = best["plain"], best[spec_mode]
-            result = PromptResult(bp, plain, spec, _first_divergence(plain, spec.tokens))
+            result = PromptResult(bp, plain, spec, first_divergence(plain, spec.tokens))
             for name in order:
                 if name == LLAMA_LOOKUP:
                     # timed from its first token (the prompt pass's), as our runs are
                     _, secs, toks = llama_best
-                    result.modes[name] = ModeRun(toks, secs, divergence=_first_divergence(plain, toks))
+                    result.modes[name] = ModeRun(toks, secs, divergence=first_divergence(plain, toks))
                 else:
                     d = best[name]
                     result.modes[name] = ModeRun(d.tokens, d.stats.generation_seconds, d.stats,
-                                                 _first_divergence(plain, d.tokens))
+                                                 first_divergence(plain, d.tokens))
             if baseline is not None and plain.stats.generated_tokens > 1:
                 result.llama_cpp = baseline.run(engine.prompt_tokens(messages), plain.stats.generated_tokens)
             report.results.append(result)

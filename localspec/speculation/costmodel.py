@@ -44,13 +44,14 @@ LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3
 PLAIN_RECENT = 12      # a verify is judged against one-token steps at most this many cycles later ...
 PLAIN_KEEP = 6         # ... (the last one-token steps kept) ...
 LEVEL_AGREE = 0.1      # ... those before and after it agreeing this well (log units)
-RESIDUAL_CLIP = 0.25   # one measurement moves a size's correction by at most ALPHA * this (log units)
+RESIDUAL_CLIP = 0.25   # one measurement moves a band's correction by at most ALPHA * this (log units) ...
+FIRST_MEASURED = 3     # ... its first 3 (a running mean) ...
+FIRST_CLIP = 0.5       # ... by at most this
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
-LIVE_EVIDENCE = 3      # live measurements of a band of sizes before its live figures are cached
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
 CACHE_VERSION = 5      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
-                       # 5: only sizes measured live are written back
+                       # 5: bands learned against one-token steps (4's live saves could bend the curve)
 
 
 def _file_key(path: Path | None) -> str:
@@ -113,7 +114,7 @@ class CostModel:
         self._drafter_residual = 0.0
         self._slow = 1.0                            # the level's slow EMA, for sizes not seen lately
         self._cycles = 0
-        self._seen_at: dict[int, int] = {}          # size -> the cycle it was last measured in
+        self._seen_at: dict[int, int] = {}          # band -> the cycle a size of it was last measured in
         self._rebuild()
 
     # -- reading ----------------------------------------------------------------------------
@@ -157,7 +158,7 @@ class CostModel:
         measured in the last ``FRESH_CYCLES`` cycles follow a slower machine at once but a faster
         one only gradually (``_slow``: the old drift): when in doubt, drafting looks costly."""
         scale = self._scale
-        if self._cycles - self._seen_at.get(b, -FRESH_CYCLES - 1) > FRESH_CYCLES and self._slow > scale:
+        if self._cycles - self._seen_at.get(_band(b), -FRESH_CYCLES - 1) > FRESH_CYCLES and self._slow > scale:
             scale = self._slow
         shape = self._shape
         if b < len(shape):
@@ -205,7 +206,7 @@ class CostModel:
             self._scale = math.exp(level)
         self._slow = (1 - ALPHA / 4) * self._slow + (ALPHA / 4) * self._scale
         self._cycles += 1
-        self._seen_at[b] = self._cycles
+        self._seen_at[_band(b)] = self._cycles
         if b == 1:
             self._plain.append((self._cycles, x))
             del self._plain[:-PLAIN_KEEP]
@@ -217,7 +218,7 @@ class CostModel:
         """Each band's own correction learns from its verifies once two one-token steps followed
         them, against the one-token steps around them (those just before and after: a verify
         between two that disagree, a load that changed meanwhile, teaches nothing); clipped, so one
-        odd decode moves it little. A band's first few measurements weigh more: a calibration taken
+        odd decode moves it little. A band's first few measurements are averaged: a calibration taken
         in a slow spell of the machine has the wrong shape, and a band is drafted a few times per
         generation. Verifies with no one-token steps after them within PLAIN_RECENT cycles (a
         long repeat: nothing but drafts) are dropped."""
@@ -236,7 +237,8 @@ class CostModel:
             n = self._learned.get(key, 0)
             self._learned[key] = n + 1
             r = res.get(key, 0.0)
-            res[key] = r = r + max(ALPHA, 1.0 / (2 + n)) * min(max(x - (lo + hi) / 2 - r, -RESIDUAL_CLIP), RESIDUAL_CLIP)
+            clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
+            res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(x - (lo + hi) / 2 - r, -clip), clip)
             shape, cal = self._shape, self._cal
             for b in range(key, min(2 * key, len(shape))):
                 shape[b] = cal[b] * math.exp(r)
@@ -285,13 +287,10 @@ class CostModel:
 
     # -- persistence ----------------------------------------------------------------------------
     def live(self) -> dict:
-        """The figures to cache: the live value of each size whose band was measured live at least
-        LIVE_EVIDENCE times, the calibrated one of the others. (Scaling sizes never drafted by the
-        machine level would ratchet: a level read off one-token steps is no measurement of a
-        64-row verify, and each save would build on the last.)"""
-        trusted = {key for key, n in self._learned.items() if n >= LIVE_EVIDENCE}
-        verify = {str(b): (self._shape[b] * self._scale if b < len(self._shape) else self.verify(b))
-                  if _band(b) in trusted else self._base[b] for b in self._sizes}
+        """The current figures, in the cache's form: each size's calibrated cost times its band's
+        correction and the machine level, so sizes not drafted keep the calibrated shape."""
+        shape, scale = self._shape, self._scale
+        verify = {str(b): shape[b] * scale if b < len(shape) else self.verify(b) for b in self._sizes}
         return {"verify": verify, "drafter_step": self.drafter_step, "drafter_width": self.drafter_width}
 
     def drifted(self) -> bool:
