@@ -74,6 +74,8 @@ MODES = {  # localspec modes: generation config overrides
     "auto": dict(spec=True, policy=PolicyConfig("auto")),
     "chain": dict(spec=True, policy=PolicyConfig("auto", tree="off")),
     "lookup": dict(spec=True, policy=PolicyConfig("auto", source="lookup")),
+    # auto with every verify under 64 rows: on a CPU, greedy output equal to plain decoding bit for bit
+    "exact": dict(spec=True, policy=PolicyConfig("auto", lookup_max=62)),
 }
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ENCODED = re.compile(r"encoded\s+(\d+) tokens")

@@ -5,13 +5,15 @@ up to 128, a few repeats, the fastest) and cached in ``user_dir()/calibration.js
 naming the machine (platform, CPU count, threads, offloaded layers) and the model files (path,
 size, mtime), so later loads cost nothing. During generation every verify and every drafting step
 refreshes the figures: a machine level (the median of what the last few cycles say, so a load
-that starts or ends is followed within three cycles and one hiccup is ignored) times a slow,
-clipped per-size correction. A change of thread count re-keys the model (:meth:`CostModel.rekey`).
+that starts or ends is followed within three cycles and one hiccup is ignored) times a clipped
+correction per band of sizes, learned against one-token steps. A change of thread count re-keys
+the model (:meth:`CostModel.rekey`).
 When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
-Verify cost is not linear in batch size on CPUs (DESIGN.md section 4: Q4_0 verifies 4 tokens for
-~2x one token, 8 for ~3x, and multiples of 4 are sweet spots), and on GPUs it is almost flat: the
-policy only ever asks :meth:`CostModel.verify`, so one policy fits both.
+Verify cost is not linear in batch size on CPUs (DESIGN.md section 4 says Q4_0 verifies 4 tokens
+for ~2x one token and 8 for ~3x; measured now with flash attention, as llama.cpp defaults: 8 for
+3.8x, 63 for 29x, and 64 for 14x, see EXTRA_SIZES), and on GPUs it is almost flat: the policy only
+ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy fits both.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ REPEATS_MID = 2        # ... per size up to 32 ...
 REPEATS_LARGE = 1      # ... and above (each costs 15-30 plain steps; the live refresh corrects them)
 BUDGET_SECONDS = 8.0   # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
-ALPHA = 0.15           # weight of one live measurement in a batch size's own correction
+ALPHA = 0.15           # weight of one live measurement in its band's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
 PLAIN_RECENT = 12      # a verify is judged against one-token steps at most this many cycles later ...
 PLAIN_KEEP = 6         # ... (the last one-token steps kept) ...
@@ -84,8 +86,9 @@ class CostModel:
     ``residual[band]`` is a band of batch sizes' own lasting deviation from one-token steps (an
     EMA, each step clipped; sizes share it by powers of two, see :func:`_band`), e.g. verifies that
     suffer less than single steps from a busy core, or a calibration taken in a slow spell. It is
-    learned against the last one-token steps only (``_plain``): judged against a level that other
-    bands' residuals help set, one band's error would leak into the others and drift with them.
+    learned against the one-token steps just before and after each verify (``_plain``): judged
+    against a level that other bands' residuals help set, one band's error would leak into the
+    others and drift with them.
     The drafter step follows the level too, with a residual of its own."""
 
     def __init__(self, verify: dict[int, float], drafter_step: float | None = None, *, key: str = "",
@@ -107,7 +110,7 @@ class CostModel:
         self._drafter_base = drafter_step
         self._level = 0.0                           # log(live / calibrated), the machine's state
         self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
-        self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to the level
+        self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to one-token steps
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)

@@ -228,7 +228,7 @@ class DraftPolicy:
             cap = self.config.lookup_max if long_match else self.config.draft_max
             acc = self.lookup_acc[_bucket(lookup_n)].expected(min(cap, room, MAX_DEPTH, lookup_len))
             for k in _depths(len(acc) - 1):
-                rate = (1.0 + acc[k]) / (cost.verify(cost.rows_for(k + 1)) + o)
+                rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
                 if rate > best_rate and (long_match or rate > short_bar):
                     best_rate, best = rate, (LOOKUP, k)
         if self.eagle and backlog > 0:
@@ -237,7 +237,7 @@ class DraftPolicy:
             acc = self.eagle_acc.expected(k_max)
             eagle_best = None
             for k in range(1, len(acc)):
-                rate = (1.0 + acc[k]) / (cost.verify(cost.rows_for(k + 1)) + (k + rows) * d + o)
+                rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + (k + rows) * d + o)
                 if rate > best_rate and rate > short_bar:
                     best_rate, best, eagle_best = rate, (EAGLE, k), k
             if eagle_best is not None:
@@ -261,8 +261,13 @@ class DraftPolicy:
 
     def verify_rows(self, rows: int) -> int:
         """Rows to decode to verify a chain of ``rows`` (its drafts and the last token): auto pads
-        up to a size the cost model finds clearly cheaper (a CPU's flash attention at 64 rows)."""
-        return rows if self.fixed or self.cost is None else self.cost.rows_for(rows)
+        up to a size the cost model finds clearly cheaper (a CPU's flash attention at 64 rows), no
+        more than its deepest draft verifies (``lookup_max=62`` keeps every batch under 64 rows,
+        where llama.cpp's CPU logits equal one-token decoding's bit for bit; see docs)."""
+        if self.fixed or self.cost is None:
+            return rows
+        padded = self.cost.rows_for(rows)
+        return padded if padded <= 1 + max(self.config.draft_max, self.config.lookup_max) else rows
 
     def lookup_depth(self, room: int) -> int:
         """Most tokens a lookup proposal may hold this cycle: ``draft_max`` for fixed; for auto
