@@ -32,7 +32,8 @@ up to 63 tokens more than asked, the most repetitive and cheapest part of a loop
 localspec's modes generate as many tokens as the longest native run of that prompt decoded, and a
 localspec rate set against a native type is cut at that type's token count on each prompt (at the
 end of the cycle that reached it): both cover the same text at the same context lengths (a longer
-context makes every step dearer). ``--exact-n``: localspec generates exactly ``-n`` and is not cut.
+context makes every step dearer; the tok/s column is over each run's whole length, the ratios are
+cut). ``--exact-n``: localspec generates exactly ``-n`` and is not cut.
 The JSON (``--json``) has every prompt's tokens, seconds and acceptance per type and mode.
 """
 
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native", default="plain,ngram-mod,ngram-map-k,ngram-simple,draft-eagle3")
     ap.add_argument("--modes", default="plain,auto")
     ap.add_argument("--native-args", default="",
-                    help="more arguments for every native run, e.g. '-fa off' (flash attention off, as localspec runs on CPU)")
+                    help="more arguments for every native run, e.g. '-fa off' (flash attention off)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
