@@ -181,6 +181,28 @@ def test_auto_policy_weighs_drafter_cost_and_probes_a_bad_drafter_rarely():
     assert cpu.plan(100, backlog=1)[0] == "eagle" and cpu.plan(100, backlog=500) == (None, 0)
 
 
+def test_auto_policy_copies_features_only_for_a_drafter_it_may_use():
+    """The engine copies the target's features for the drafter only while the policy wants them, and
+    drops the rows it did not want (backlog 0 next cycle). An empty backlog must not ask for them
+    again: a drafter that would never pay (every other cycle's copy cost 1-2% of plain text here)."""
+    def run(verify):
+        pol = DraftPolicy(PolicyConfig("auto", 8, probe_every=4), CostModel(verify, 0.0005), eagle=True)
+        for _ in range(300):
+            pol.eagle_acc.observe(1, 0)
+        backlog, wanted, plans = 1, [], []
+        for _ in range(200):
+            plans.append(pol.plan(100, backlog=backlog))
+            wanted.append(pol.wants_features)
+            backlog = 1 if pol.wants_features else 0
+        return wanted, plans
+
+    wanted, plans = run(CPU)     # never worth probing: never copied
+    assert not any(wanted) and all(p == (None, 0) for p in plans)
+    wanted, plans = run(GPU)     # probed now and then: copied only in the cycles before a probe
+    probes = [i for i, p in enumerate(plans) if p[0] == "eagle"]
+    assert probes and all(wanted[i - 1] for i in probes) and sum(wanted) < len(wanted) / 2
+
+
 # -- engine with lookup drafts -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
