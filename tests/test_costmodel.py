@@ -190,4 +190,5 @@ def test_measure_settles_before_every_timed_run():
     costmodel.measure(calls.append, [1, 64, 2], repeats=2, settle=lambda: calls.append("settle"))
     timed = [c for i, c in enumerate(calls[1:], 1) if c != "settle"]
     assert all(calls[i - 1] == "settle" for i, c in enumerate(calls) if i > 0 and c != "settle")
-    assert timed == [1, 2, 64, 1, 2]    # rounds, powers of two first; 64 once (above 32 rows)
+    # rounds, powers of two first; 64 (above 32 rows) min(repeats, REPEATS_LARGE) = 2 times
+    assert costmodel.REPEATS_LARGE == 2 and timed == [1, 2, 64, 1, 2, 64]

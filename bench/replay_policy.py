@@ -1,0 +1,124 @@
+"""Replay the ``auto`` policy's lookup decisions on recorded greedy output, without timing noise.
+
+    python bench/replay_policy.py [--prompts bench/chat.jsonl ...] -n 192 --threads 2
+
+For every prompt the engine decodes plainly (greedy) once; then, offline, the lookup source and
+``auto``'s :class:`~localspec.speculation.policy.DraftPolicy` (its priors, shadow scoring and
+statistics carried from prompt to prompt, as in one engine) replay that text cycle by cycle, each
+draft accepted up to the first token that differs from the recorded output (greedy verification
+accepts exactly that). A cycle costs the calibrated verify time of its batch (the engine's cost
+model for ``--threads``), so the result, tokens per one-token-step time over plain decoding's,
+says what the policy's choices are worth on this machine with no Python overhead and no shared
+machine's slow spells. llama.cpp's ``ngram-mod`` (24-token n-grams, drafts of 48-64 tokens only,
+common/speculative.cpp) is replayed the same way, with every n-gram of the history known (the
+native one adds them in chunks of 32), for comparison.
+
+A measured run (``bench/peer_llamacpp.py``) less this replay is what the policy's cost model does
+not see: Python per cycle, a slower step after a large batch. For people who measure; CI does not
+run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from localspec.core.events import DoneEvent
+from localspec.formats.chat_format import Message
+from localspec.runtime.bench import load_prompts
+from localspec.runtime.engine import Engine, GenerationConfig
+from localspec.speculation.costmodel import CostModel
+from localspec.speculation.lookup import NgramLookup, ShadowScore
+from localspec.speculation.policy import LOOKUP, DraftPolicy, Learned, PolicyConfig
+from localspec.store.models import resolve
+
+SETS = ("chat", "copy", "coding", "repetitive")
+MOD_N, MOD_MIN, MOD_MAX = 24, 48, 64   # llama.cpp's ngram-mod defaults (common/common.h)
+
+
+def replay_auto(texts: list[tuple[list[int], list[int]]], cost: CostModel) -> float:
+    """Speed over plain decoding of ``auto``'s lookup drafts on (prompt, greedy output) pairs."""
+    learned = Learned()
+    steps = tokens = 0.0
+    v1 = cost.verify(1)
+    for prompt, output in texts:
+        learned.new_generation()
+        policy = DraftPolicy(PolicyConfig("auto"), cost, lookup=True, learned=learned)
+        lookup = NgramLookup(prompt + output[:1])
+        shadow = ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
+        pos = 1
+        while pos < len(output):
+            room = len(output) - pos - 1
+            proposal, match = lookup.propose(policy.lookup_depth(room))
+            source, k = policy.plan(room, len(proposal), match, 0)
+            shadow.add(proposal, match)
+            drafts = proposal[:k] if source == LOOKUP else []
+            accepted = 0
+            while accepted < len(drafts) and output[pos + accepted] == drafts[accepted]:
+                accepted += 1
+            rows = policy.verify_rows(len(drafts) + 1) if drafts else 1
+            seconds = cost.verify(rows)
+            committed = output[pos:pos + accepted + 1]
+            lookup.extend(committed)
+            shadow.commit(committed)
+            policy.observe(source if drafts else None, len(drafts), accepted, verify_seconds=seconds,
+                           drafter_seconds=0.0, cycle_seconds=seconds, batch=rows)
+            pos += len(committed)
+            tokens += len(committed)
+            steps += seconds / v1
+    return tokens / steps
+
+
+def replay_ngram_mod(texts: list[tuple[list[int], list[int]]], cost: CostModel) -> float:
+    steps = tokens = 0.0
+    v1 = cost.verify(1)
+    for prompt, output in texts:
+        seq, pos = prompt + output, len(prompt) + 1
+        while pos < len(seq):
+            table = {tuple(seq[j:j + MOD_N]): seq[j + MOD_N] for j in range(pos - MOD_N)}
+            chain = seq[pos - MOD_N:pos]
+            for _ in range(MOD_MAX):
+                nxt = table.get(tuple(chain[-MOD_N:]))
+                if nxt is None:
+                    break
+                chain.append(nxt)
+            drafts = chain[MOD_N:] if len(chain) - MOD_N >= MOD_MIN else []
+            accepted = 0
+            while accepted < len(drafts) and pos + accepted < len(seq) and seq[pos + accepted] == drafts[accepted]:
+                accepted += 1
+            steps += cost.verify(len(drafts) + 1) / v1
+            pos += accepted + 1
+            tokens += accepted + 1
+    return tokens / steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", action="append", type=Path, help="bench JSONL files (default: the four peer sets)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=None)
+    args = ap.parse_args()
+    paths = args.prompts or [Path(__file__).with_name(f"{name}.jsonl") for name in SETS]
+    spec = resolve(args.model)
+    with Engine(Path(spec.target), None, n_ctx=4096, n_threads=args.threads) as engine:
+        live = engine.cost_model()
+        cost = CostModel({b: live.verify(b) for b in range(1, 130)})   # the replay's own copy: it learns
+        print(f"{args.threads} threads, V(k)/V(1): " + " ".join(
+            f"{b}:{cost.verify(b) / cost.verify(1):.1f}" for b in (2, 4, 8, 16, 32, 64, 128)))
+        for path in paths:
+            texts = []
+            for bp in load_prompts(path):
+                messages = ([Message("system", bp.system)] if bp.system else []) + [Message("user", bp.prompt)]
+                for event in engine.generate(messages, GenerationConfig(max_tokens=args.max_tokens, spec=False)):
+                    if isinstance(event, DoneEvent):
+                        texts.append((engine.prompt_tokens(messages), list(event.tokens)))
+            auto, mod = replay_auto(texts, cost), replay_ngram_mod(texts, cost)
+            print(f"{path.stem:12} auto {auto:.3f}x plain   ngram-mod {mod:.3f}x plain   auto / ngram-mod {auto / mod:.3f}x")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
