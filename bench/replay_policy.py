@@ -28,9 +28,12 @@ from localspec.core.events import DoneEvent
 from localspec.formats.chat_format import Message
 from localspec.runtime.bench import load_prompts
 from localspec.runtime.engine import Engine, GenerationConfig
+from localspec.runtime.drafting import DraftStep
+from localspec.runtime.verifier import Verified
+from localspec.speculation import tree
 from localspec.speculation.costmodel import CostModel
-from localspec.speculation.lookup import NgramLookup, ShadowScore
-from localspec.speculation.policy import LOOKUP, DraftPolicy, Learned, PolicyConfig
+from localspec.speculation.lookup import NgramLookup
+from localspec.speculation.policy import DraftPolicy, Learned, PolicyConfig
 from localspec.store.models import resolve
 
 SETS = ("chat", "copy", "coding", "repetitive")
@@ -45,24 +48,21 @@ def replay_auto(texts: list[tuple[list[int], list[int]]], cost: CostModel) -> fl
     for prompt, output in texts:
         learned.new_generation()
         policy = DraftPolicy(PolicyConfig("auto"), cost, lookup=True, learned=learned)
-        lookup = NgramLookup(prompt + output[:1])
-        shadow = ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
+        # the engine's own draft step: the lookup source, its shadow score and the policy as wired there
+        step = DraftStep(policy, None, NgramLookup(prompt + output[:1]), tree.Calibration(), policy.config.draft_max)
         pos = 1
         while pos < len(output):
-            room = len(output) - pos - 1
-            proposal, match = lookup.propose(policy.lookup_depth(room))
-            source, k = policy.plan(room, len(proposal), match, 0)
-            shadow.add(proposal, match)
-            drafts = proposal[:k] if source == LOOKUP else []
+            draft = step.draft(len(output) - pos - 1, len(prompt) + pos - 1)
+            drafts = draft.tokens
             accepted = 0
             while accepted < len(drafts) and output[pos + accepted] == drafts[accepted]:
                 accepted += 1
             rows = policy.verify_rows(len(drafts) + 1) if drafts else 1
             seconds = cost.verify(rows)
             committed = output[pos:pos + accepted + 1]
-            lookup.extend(committed)
-            shadow.commit(committed)
-            policy.observe(source if drafts else None, len(drafts), accepted, verify_seconds=seconds,
+            step.record(draft, Verified(len(prompt) + pos - 1, committed, list(range(accepted + 1)), len(drafts),
+                                        rows, seconds))
+            policy.observe(draft.source if drafts else None, len(drafts), accepted, verify_seconds=seconds,
                            drafter_seconds=0.0, cycle_seconds=seconds, batch=rows)
             pos += len(committed)
             tokens += len(committed)
