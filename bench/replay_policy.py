@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from localspec.core.errors import LocalspecError
 from localspec.core.events import DoneEvent
 from localspec.formats.chat_format import Message
 from localspec.runtime.bench import load_prompts
@@ -121,4 +122,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except LocalspecError as exc:   # a bad --model or --threads: one line, as the CLI says it
+        raise SystemExit(f"Error: {exc}") from None
