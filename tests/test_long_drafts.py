@@ -193,3 +193,37 @@ def test_a_padded_verify_commits_and_caches_what_an_unpadded_one_does(smollm2):
 def test_padding_stays_within_the_deepest_draft_the_config_allows():
     pol = _trained(CPU_CLIFF, 64, 128, 128, PolicyConfig("auto", lookup_max=62))
     assert pol.verify_rows(41) == 41 and pol.verify_rows(63) == 63
+
+
+def test_the_quick_bound_in_plan_never_changes_a_decision():
+    """``plan`` first bounds every depth's rate by the cheapest batch (so most cycles skip weighing
+    each depth); with the bound disabled (a cheapest batch of 0: it never skips) every choice is
+    the same, over random cost curves, acceptance histories, matches and drafter backlogs."""
+    import random
+
+    rng = random.Random(7)
+    for trial in range(300):
+        v1 = rng.uniform(0.003, 0.008)
+        curve, v = {1: v1}, v1
+        for b in (2, 3, 4, 8, 16, 17, 24, 32, 48, 63, 64, 96, 128, 129):
+            v = v * rng.uniform(1.0, 1.6) if b < 64 else v * rng.uniform(0.7, 1.5)
+            curve[b] = v
+        cost = CostModel(curve, rng.uniform(0.0002, 0.002))
+        for _ in range(rng.randrange(0, 20)):   # a live history: bands learn their corrections
+            b = rng.choice([1, 1, 1, 4, 16, 64])
+            cost.observe_verify(b, cost.verify(b) * rng.uniform(0.8, 1.3))
+        pol = DraftPolicy(PolicyConfig("auto"), cost, eagle=rng.random() < 0.5, lookup=True)
+        pol.overhead = rng.uniform(0.0, 0.001)
+        for _ in range(rng.randrange(0, 40)):
+            bucket, proposed = rng.choice([1, 2, 4, 8, 16, 32, 64]), rng.randrange(1, 129)
+            pol.observe_lookup(bucket, proposed, rng.randrange(0, proposed + 1))
+            if rng.random() < 0.3:
+                pol.eagle_acc.observe(8, rng.randrange(0, 9))
+        args = (rng.randrange(1, 200), rng.randrange(0, 129), rng.choice([0, 1, 2, 3, 5, 9, 17, 40, 64]),
+                rng.randrange(0, 20))
+        twin = DraftPolicy(PolicyConfig("auto"), cost, eagle=pol.eagle, lookup=True)
+        twin.eagle_acc, twin.lookup_acc, twin.overhead = pol.eagle_acc, pol.lookup_acc, pol.overhead
+        unbounded = type("Unbounded", (), {"__getattr__": lambda self, name: getattr(cost, name),
+                                           "cheapest_batch": lambda self: 0.0})()
+        twin.cost = unbounded
+        assert pol.plan(*args) == twin.plan(*args), (trial, args)

@@ -4,6 +4,7 @@ processes used), its hook in the engine, and llama.cpp's thread change on a real
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -168,11 +169,22 @@ def test_a_generation_start_reads_at_once():
     assert len(ctl.usage.readings) == 0 and applied == [1]
 
 
-def test_as_a_generation_observer_it_ticks_after_each_verify():
-    ctl, applied, clock = controller([(1.0, 0.3)] * 2)
-    for _ in range(2):
-        clock.t += 0.31
-        ctl.after_prefill(None, None)
-        ctl.after_verify(None, None, None)
-    assert applied == [1]
-    T.FixedThreads().after_verify(None, None, None)
+def test_a_generation_ticks_between_cycles_and_counts_the_time(tiny):
+    """The controller is asked once per cycle (and once as the generation starts), and its time is
+    generation time: a slow reading of /proc/stat slows what the user sees, so bench must see it."""
+    calls = []
+
+    class Slow:
+        changes = 0
+
+        def tick(self, *, start=False):
+            calls.append(start)
+            time.sleep(0.002)
+
+    with Engine(tiny[0], n_ctx=512, n_threads=1) as engine:
+        engine.threads = Slow()
+        done = [e for e in engine.generate("1, 2, 3,", GenerationConfig(max_tokens=12, spec=False))][-1]
+    stats = done.stats
+    assert calls[0] is True and calls[1:] == [False] * stats.cycles
+    assert stats.generation_seconds >= 0.002 * stats.cycles
+    assert stats.overhead_seconds >= 0.002 * stats.cycles   # outside llama.cpp: Python's share

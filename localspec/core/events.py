@@ -94,12 +94,15 @@ class GenerationStats:
                 self.accepted_per_position[i] += 1
 
     def snapshot(self) -> "GenerationStats":
-        copy = GenerationStats(**{k: v for k, v in self.__dict__.items()})
-        copy.accepted_per_position = list(self.accepted_per_position)
-        copy.drafted_per_position = list(self.drafted_per_position)
-        copy.sources = {k: list(v) for k, v in self.sources.items()}
-        copy.verify_by_batch = {k: list(v) for k, v in self.verify_by_batch.items()}
-        copy.policy_choices = dict(self.policy_choices)
+        # once per cycle: a copy of the fields, not a call of __init__ with each as a keyword
+        copy = object.__new__(GenerationStats)
+        fields = copy.__dict__
+        fields.update(self.__dict__)
+        fields["accepted_per_position"] = self.accepted_per_position[:]
+        fields["drafted_per_position"] = self.drafted_per_position[:]
+        fields["sources"] = {k: v[:] for k, v in self.sources.items()}
+        fields["verify_by_batch"] = {k: v[:] for k, v in self.verify_by_batch.items()}
+        fields["policy_choices"] = dict(self.policy_choices)
         return copy
 
     def to_dict(self) -> dict:

@@ -118,6 +118,8 @@ def raise_if_pending() -> None:
     """Raise a Ctrl-C that a callback recorded (under a SIGINT handler that is not ours, which the
     callback saw as a KeyboardInterrupt): call after native calls that run callbacks."""
     global _deferred_raised_at
+    if not _pending.is_set():   # after every decode: no lock on the common path
+        return
     with _lock:
         if not _pending.is_set():
             return

@@ -18,6 +18,11 @@ from ..core import interrupts, options
 from ..core.errors import LocalspecError
 from .process import capture_log, init_backend, llama_failure, load_progress
 
+# Called once or more per generated token. llama_get_logits_ith bound to return the address as an
+# int (llama-cpp-python's binding returns a float pointer, which costs a ctypes.cast per call).
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, llama_cpp.llama_context_p_ctypes, ctypes.c_int32)(
+    ("llama_get_logits_ith", llama_cpp.llama_cpp._lib))
+
 MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 
 
@@ -211,13 +216,17 @@ class Context:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
             raise LocalspecError(f"internal: {n} logit rows exceed n_outputs_max {self.n_outputs_max}")
-        self._tok[:n] = tokens
-        self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-        self._out[:n] = 1 if all_logits else 0
-        self._out[n - 1] = 1
-        self._batch.n_tokens = n
-        if n > 1:
+        if n == 1:  # a plain decoding step: the hot path, kept lean
+            self._tok[0] = tokens[0]
+            self._pos[0] = start_pos
+            self._out[0] = 1
+        else:
+            self._tok[:n] = tokens
+            self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+            self._out[:n] = 1 if all_logits else 0
+            self._out[n - 1] = 1
             interrupts.test_pause("prefill")
+        self._batch.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
@@ -268,15 +277,15 @@ class Context:
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row ``i`` of the last batch (-1: the last), a view valid until the next decode."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
-        if not ptr:
-            raise llama_failure("llama.cpp returned no logits")
         # rows live in one output buffer that llama.cpp reuses: cache a view per address
-        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        address = _logits_address(self._ctx, i)
         view = self._views.get(address)
         if view is None:
+            if not address:
+                raise llama_failure("llama.cpp returned no logits")
             if len(self._views) > 256:
                 self._views.clear()
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
         return view
 

@@ -199,9 +199,9 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         margins = MarginRecorder() if config.record_margins else None
-        observers = [self.threads] + ([margins] if margins is not None else [])   # threads: a tick per cycle
         loop = GenerationLoop(self.verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, cancel=cancel)
+                              observers=[margins] if margins is not None else [], tick=self.threads.tick,
+                              cancel=cancel)
         for event in loop.run():
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))

@@ -7,8 +7,9 @@ acceptance (:class:`~localspec.runtime.drafting.DraftStep`), the target verifies
 :class:`~localspec.runtime.text_stream.TokenOutput` turns the committed tokens into TokenEvents and
 says when to stop. With no draft source the same loop is plain decoding.
 
+``tick`` runs between cycles (the engine's thread-count controller) and counts as generation time.
 Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
-target's logits before the sampler moves on, for bookkeeping such as bench's logit margins
+target's logits before the sampler moves on, for measurement such as bench's logit margins
 (:mod:`localspec.runtime.margins`); their time after the prompt is not counted as generation time.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
@@ -51,7 +52,8 @@ class GenerationLoop:
 
     def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
-                 observers: Sequence[GenerationObserver] = (), cancel: threading.Event | None = None) -> None:
+                 observers: Sequence[GenerationObserver] = (), tick: Callable[[], None] | None = None,
+                 cancel: threading.Event | None = None) -> None:
         self.verifier = verifier
         self.prompt = prompt
         self.config = config
@@ -59,6 +61,7 @@ class GenerationLoop:
         self.drafter = drafter                    # None when this generation does not draft with it
         self.calibration = calibration
         self.observers = list(observers)
+        self.tick = tick
         self.cancel = cancel
         self.sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
         self.stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
@@ -80,6 +83,8 @@ class GenerationLoop:
                                  self.stats.snapshot(), cycle.source)
             if self._finished():
                 break
+            if self.tick is not None:
+                self.tick()
             pending, cycle = self._cycle()
         yield from self.output.close()
         self.stats.generation_seconds = time.perf_counter() - self._t_gen

@@ -110,7 +110,7 @@ class Sampler:
         if self.penalties is not None:
             logits = self.penalties.apply(logits, after)
         if self.params.greedy:
-            return int(np.argmax(logits))
+            return int(logits.argmax())
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
@@ -123,7 +123,7 @@ class Sampler:
         if self.penalties is not None:
             logits = self.penalties.apply(logits, after)
         if self.params.greedy:
-            best = int(np.argmax(logits))
+            best = int(logits.argmax())
             return best == draft, best
         ids, probs = distribution(logits, self.params)
         hit = np.flatnonzero(ids == draft)

@@ -113,13 +113,6 @@ class ThreadController:
         else:
             self._pending = self._low_since = None
 
-    # as a generation observer (main's runtime.generation.GenerationObserver): a tick per cycle
-    def after_prefill(self, ctx, sampler) -> None:
-        pass
-
-    def after_verify(self, ctx, sampler, verified) -> None:
-        self.tick()
-
     def _change(self, n: int) -> None:
         self._pending = self._low_since = None
         self.n = n
@@ -133,12 +126,6 @@ class FixedThreads:
     changes = 0
 
     def tick(self, *, start: bool = False) -> None:
-        pass
-
-    def after_prefill(self, ctx, sampler) -> None:
-        pass
-
-    def after_verify(self, ctx, sampler, verified) -> None:
         pass
 
 

@@ -113,7 +113,7 @@ class CostModel:
         self._cal = [0.0] + [self._calibrated(b) for b in range(1, max(self._sizes[-1], TABLE_MIN) + 1)]
         self._drafter_base = drafter_step
         self._level = 0.0                           # log(live / calibrated), the machine's state
-        self._window: list[tuple[int, float]] = []  # the last cycles: (size, log(measured / calibrated))
+        self._window: list[tuple[int, float]] = []  # the last cycles: (size's band, log(measured / calibrated))
         self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to one-token steps
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
@@ -159,6 +159,7 @@ class CostModel:
             if best is not None and shape[best] <= PAD_GAIN * shape[b]:
                 pad[b] = best
         self._pad = pad
+        self._floor = min(shape[2:], default=shape[-1])   # see cheapest_batch
 
     def verify(self, b: int) -> float:
         """Expected seconds for one target decode of ``b`` tokens with logits for all. Sizes not
@@ -189,6 +190,11 @@ class CostModel:
         """How much slower than calibrated the machine runs now (1.0: as calibrated)."""
         return self._scale
 
+    def cheapest_batch(self) -> float:
+        """A lower bound of :meth:`verify` for every batch of 2 rows or more (up to ``TABLE_MIN``):
+        the policy's quick test that no depth of a draft can pay, before it weighs each one."""
+        return self._floor * self._scale
+
     def rows_for(self, b: int) -> int:
         """The rows to decode to verify ``b`` rows: ``b``, or a larger size that costs clearly less
         on this machine (e.g. 64 for 40 on a CPU, see EXTRA_SIZES); the extra rows are filler."""
@@ -202,18 +208,18 @@ class CostModel:
         if seconds <= 0 or b < 1:
             return
         x = math.log(seconds / (self._cal[b] if b < len(self._cal) else self._calibrated(b)))
-        window, res = self._window, self._residual
-        window.append((b, x))
+        window, res, band = self._window, self._residual, _band(b)
+        window.append((band, x))
         if len(window) > LEVEL_WINDOW:
             del window[0]
-        implied = sorted(x - res.get(_band(s), 0.0) for s, x in window)
+        implied = sorted([x - res.get(s, 0.0) for s, x in window])
         level = implied[len(implied) // 2]
         if level != self._level:
             self._level = level
             self._scale = math.exp(level)
         self._slow = (1 - ALPHA / 4) * self._slow + (ALPHA / 4) * self._scale
         self._cycles += 1
-        self._seen_at[_band(b)] = self._cycles
+        self._seen_at[band] = self._cycles
         if b == 1:
             self._plain.append((self._cycles, x))
             del self._plain[:-PLAIN_KEEP]

@@ -236,10 +236,14 @@ class DraftPolicy:
             long_match = lookup_n >= LONG_MATCH
             cap = self.config.lookup_max if long_match else self.config.draft_max
             acc = self.lookup_acc[_bucket(lookup_n)].expected(min(cap, room, MAX_DEPTH, lookup_len))
-            for k in _depths(len(acc) - 1):
-                rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
-                if rate > best_rate and (long_match or rate > short_bar):
-                    best_rate, best = rate, (LOOKUP, k)
+            bar = best_rate if long_match else max(best_rate, short_bar)
+            # every cycle on most text (short matches that never pay): first an upper bound of
+            # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
+            if (1.0 + acc[-1]) / (cost.cheapest_batch() + o) > bar:
+                for k in _depths(len(acc) - 1):
+                    rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
+                    if rate > best_rate and (long_match or rate > short_bar):
+                        best_rate, best = rate, (LOOKUP, k)
         if self.eagle:
             # backlog 0: no rows recorded (features were not wanted): the drafter cannot draft
             # this cycle, but whether to record this cycle's rows is decided as below
@@ -248,7 +252,8 @@ class DraftPolicy:
             if backlog > 0:
                 rows = min(backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
                 acc = self.eagle_acc.expected(k_max)
-                for k in range(1, len(acc)):
+                bound = (1.0 + acc[-1]) / (cost.cheapest_batch() + (1 + rows) * d + o)   # as above
+                for k in range(1, len(acc) if bound > max(best_rate, short_bar) else 1):
                     rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + (k + rows) * d + o)
                     if rate > best_rate and rate > short_bar:
                         best_rate, best, eagle_best = rate, (EAGLE, k), k
