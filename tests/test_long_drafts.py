@@ -4,6 +4,8 @@ cycle on text that repeats itself, with output equal to plain decoding."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, Message, PolicyConfig
@@ -199,8 +201,6 @@ def test_the_quick_bound_in_plan_never_changes_a_decision():
     """``plan`` first bounds every depth's rate by the cheapest batch (so most cycles skip weighing
     each depth); with the bound disabled (a cheapest batch of 0: it never skips) every choice is
     the same, over random cost curves, acceptance histories, matches and drafter backlogs."""
-    import random
-
     rng = random.Random(7)
     for trial in range(300):
         v1 = rng.uniform(0.003, 0.008)
