@@ -13,7 +13,7 @@ from localspec.core.errors import LocalspecError
 from localspec.speculation import lookup
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.lookup import NgramLookup
-from localspec.speculation.policy import MAX_DEPTH, DraftPolicy
+from localspec.speculation.policy import MAX_DEPTH, DraftPolicy, lookup_class
 from engine_checks import assert_lossless
 from tiny_models import build_target
 
@@ -53,31 +53,31 @@ def test_a_loop_is_proposed_far_ahead_with_its_match_capped():
 def _trained(verify, bucket, proposed, accepted, config=None, rounds=60):
     pol = DraftPolicy(config or PolicyConfig("auto"), CostModel(verify), lookup=True)
     for _ in range(rounds):
-        pol.observe_lookup(bucket, proposed, accepted)
+        pol.observe_lookup(lookup_class(bucket), proposed, accepted)
     return pol
 
 
 def test_auto_drafts_deeper_than_16_where_one_long_verify_pays():
     pol = _trained(CPU_LONG, 64, 128, 128)
-    source, k = pol.plan(500, 128, 64)
+    source, k = pol.plan(500, 128, lookup_class(64))
     assert source == "lookup" and k >= 48
     # room and the proposal's length still bound it
-    assert pol.plan(40, 128, 64)[1] <= 40 and pol.plan(500, 30, 64)[1] <= 30
+    assert pol.plan(40, 128, lookup_class(64))[1] <= 40 and pol.plan(500, 30, lookup_class(64))[1] <= 30
     # draft_max (the flag) caps short matches; a long match (a copy, a loop) may go to lookup_max
     capped = _trained(CPU_LONG, 64, 128, 128, PolicyConfig("auto", draft_max=8, lookup_max=48))
-    source, k = capped.plan(500, 128, 64)
+    source, k = capped.plan(500, 128, lookup_class(64))
     assert source == "lookup" and 40 < k <= 48
     for _ in range(60):
-        capped.observe_lookup(4, 128, 128)
-    assert capped.plan(500, 128, 4)[1] <= 8
+        capped.observe_lookup(lookup_class(4), 128, 128)
+    assert capped.plan(500, 128, lookup_class(4))[1] <= 8
 
 
 def test_auto_stays_short_or_plain_where_long_drafts_do_not_pay():
     # deep drafts that break after a few tokens: a few drafts at most
     pol = _trained(CPU_LONG, 64, 128, 3)
-    assert pol.plan(500, 128, 64)[1] <= 8
+    assert pol.plan(500, 128, lookup_class(64))[1] <= 8
     # verify cost linear in the batch: nothing beats plain decoding, however good the match
-    assert _trained(LINEAR, 64, 128, 128).plan(500, 128, 64) == (None, 0)
+    assert _trained(LINEAR, 64, 128, 128).plan(500, 128, lookup_class(64)) == (None, 0)
 
 
 def test_lookup_max_is_checked():
@@ -162,7 +162,7 @@ def test_a_draft_between_two_measured_steps_is_padded_to_the_cheaper_size():
     assert cm.rows_for(100) == 100                               # nothing larger is cheaper
     # the policy weighs a 40-token draft at the padded cost, and pads it
     pol = _trained(CPU_CLIFF, 64, 128, 128)
-    source, k = pol.plan(500, 40, 64)
+    source, k = pol.plan(500, 40, lookup_class(64))
     assert source == "lookup" and k == 40 and pol.verify_rows(k + 1) == 64
     assert DraftPolicy(PolicyConfig("fixed"), cm, lookup=True).verify_rows(41) == 41   # fixed: as asked
 
@@ -216,10 +216,10 @@ def test_the_quick_bound_in_plan_never_changes_a_decision():
         pol.overhead = rng.uniform(0.0, 0.001)
         for _ in range(rng.randrange(0, 40)):
             bucket, proposed = rng.choice([1, 2, 4, 8, 16, 32, 64]), rng.randrange(1, 129)
-            pol.observe_lookup(bucket, proposed, rng.randrange(0, proposed + 1))
+            pol.observe_lookup(lookup_class(bucket), proposed, rng.randrange(0, proposed + 1))
             if rng.random() < 0.3:
                 pol.eagle_acc.observe(8, rng.randrange(0, 9))
-        args = (rng.randrange(1, 200), rng.randrange(0, 129), rng.choice([0, 1, 2, 3, 5, 9, 17, 40, 64]),
+        args = (rng.randrange(1, 200), rng.randrange(0, 129), lookup_class(rng.choice([0, 1, 2, 3, 5, 9, 17, 40, 64])),
                 rng.randrange(0, 20))
         twin = DraftPolicy(PolicyConfig("auto"), cost, eagle=pol.eagle, lookup=True)
         twin.eagle_acc, twin.lookup_acc, twin.overhead = pol.eagle_acc, pol.lookup_acc, pol.overhead

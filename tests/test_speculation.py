@@ -11,7 +11,7 @@ from localspec.core.paths import user_dir
 from localspec.speculation import costmodel
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore
-from localspec.speculation.policy import Acceptance, DraftPolicy
+from localspec.speculation.policy import Acceptance, DraftPolicy, lookup_class
 from engine_checks import PROMPTS, assert_lossless, run
 from tiny_models import build_drafter, build_target
 
@@ -61,6 +61,37 @@ def test_lookup_is_incremental_and_matches_a_brute_force_search():
 def test_lookup_extends_a_repeating_continuation_periodically():
     lk = NgramLookup([7, 1, 2, 1, 2])
     assert lk.propose(5) == ([1, 2, 1, 2, 1], 2)  # "1 2" at 1..2, continued by 1 2 (period 2)
+
+
+def test_lookup_reports_how_far_back_the_continued_occurrence_lies():
+    period = [11, 12, 13, 14, 15, 16, 17]
+    lk = NgramLookup([1, 2, 3] + period * 3 + period[:2])
+    assert lk.propose(4) == ([13, 14, 15, 16], 16) and lk.period == 7     # a loop: match >= period
+    passage = list(range(100, 130))
+    copy = NgramLookup(passage + [1, 2] + passage[:20])
+    assert copy.propose(4) == ([120, 121, 122, 123], 20) and copy.period == 32   # copying from far back
+    none = NgramLookup([1, 2, 3])
+    assert none.propose(4) == ([], 0) and none.period == 0                # nothing matched
+
+
+def test_loops_have_their_own_statistics_and_draft_deeper_than_other_matches():
+    from localspec.speculation.policy import LOOKUP_BUCKETS, _bucket
+
+    # a match spanning its whole period (4-31 tokens) is a loop class; others keep their length bucket
+    assert lookup_class(12, 10) == len(LOOKUP_BUCKETS) + 1 and lookup_class(12, 40) == _bucket(12)
+    assert lookup_class(5, 5) == len(LOOKUP_BUCKETS) and lookup_class(3, 2) == _bucket(3)
+    assert lookup_class(40, 10) == _bucket(40) and lookup_class(12) == _bucket(12)
+    # priors alone: a loop of 12 tokens drafts deeper than a 12-token match that is no loop
+    costs = {1: 0.006, 2: 0.0085, 4: 0.012, 8: 0.020, 16: 0.036, 17: 0.038, 32: 0.062, 64: 0.084, 128: 0.165}
+    fresh = DraftPolicy(PolicyConfig("auto"), CostModel(costs), lookup=True)
+    loop, other = fresh.plan(500, 128, lookup_class(12, 10)), fresh.plan(500, 128, lookup_class(12, 40))
+    assert loop[0] == "lookup" and loop[1] > 2 * other[1]
+    # and each class learns on its own
+    pol = DraftPolicy(PolicyConfig("auto"), CostModel(costs), lookup=True)
+    for _ in range(60):
+        pol.observe_lookup(lookup_class(12, 10), 16, 0)
+    assert pol.plan(500, 128, lookup_class(12, 10)) == (None, 0)
+    assert pol.plan(500, 128, lookup_class(12, 40)) == other
 
 
 def test_shadow_score_counts_accepted_prefixes():
@@ -140,7 +171,7 @@ def _policy(verify, lookup_rate, *, draft_max=8):
     cost = CostModel(verify)
     pol = DraftPolicy(PolicyConfig("auto", draft_max), cost, lookup=True)
     for _ in range(300):
-        pol.observe_lookup(4, 8, 8 if lookup_rate == 1.0 else 0)
+        pol.observe_lookup(lookup_class(4), 8, 8 if lookup_rate == 1.0 else 0)
     return pol
 
 
@@ -149,13 +180,13 @@ GPU = {b: 0.020 + 0.0002 * b for b in range(1, 10)}
 
 
 def test_auto_policy_drafts_deep_when_lookup_copies_and_plain_when_it_fails():
-    assert _policy(CPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
-    assert _policy(CPU, 1.0, draft_max=4).plan(100, 8, 4) == ("lookup", 3)  # verify 4: a sweet spot
+    assert _policy(CPU, 1.0).plan(100, 8, lookup_class(4)) == ("lookup", 8)
+    assert _policy(CPU, 1.0, draft_max=4).plan(100, 8, lookup_class(4)) == ("lookup", 3)  # verify 4: a sweet spot
     padded = _policy(CPU, 1.0, draft_max=5)     # 6 rows verify padded to 8, cheaper here
-    assert padded.plan(100, 8, 4) == ("lookup", 5) and padded.verify_rows(6) == 8
-    assert _policy(CPU, 0.0).plan(100, 8, 4) == (None, 0)
-    assert _policy(GPU, 1.0).plan(100, 8, 4) == ("lookup", 8)
-    assert _policy(CPU, 1.0).plan(2, 8, 4)[1] <= 2                   # room left
+    assert padded.plan(100, 8, lookup_class(4)) == ("lookup", 5) and padded.verify_rows(6) == 8
+    assert _policy(CPU, 0.0).plan(100, 8, lookup_class(4)) == (None, 0)
+    assert _policy(GPU, 1.0).plan(100, 8, lookup_class(4)) == ("lookup", 8)
+    assert _policy(CPU, 1.0).plan(2, 8, lookup_class(4))[1] <= 2                   # room left
 
 
 def test_auto_policy_weighs_drafter_cost_and_probes_a_bad_drafter_rarely():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup, ShadowScore
-from ..speculation.policy import EAGLE, LOOKUP, TREE, DraftPolicy, top1_probability
+from ..speculation.policy import EAGLE, LOOKUP, TREE, DraftPolicy, lookup_class, top1_probability
 from .verifier import Verified
 
 
@@ -46,10 +46,12 @@ class DraftStep:
     def draft(self, room: int, n_past: int) -> Draft:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
         policy, drafter = self.policy, self.drafter
-        proposal, match = self.lookup.propose(policy.lookup_depth(room)) if self.lookup is not None else ([], 0)
-        source, k = policy.plan(room, len(proposal), match, drafter.pending if drafter is not None else 0)
+        lookup = self.lookup
+        proposal, match = lookup.propose(policy.lookup_depth(room)) if lookup is not None else ([], 0)
+        cls = lookup_class(match, lookup.period) if proposal else 0
+        source, k = policy.plan(room, len(proposal), cls, drafter.pending if drafter is not None else 0)
         if self.shadow is not None:
-            self.shadow.add(proposal, match)
+            self.shadow.add(proposal, cls)
         if source == LOOKUP:
             return Draft(proposal[:k], LOOKUP)
         if source == EAGLE:

@@ -38,6 +38,7 @@ class NgramLookup:
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
         self._long: dict[tuple[int, ...], int] = {}   # LONG_N-grams -> the position after
+        self.period = 0   # the last proposal's: how far back the occurrence it continues lies
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -58,9 +59,12 @@ class NgramLookup:
         match, no drafts): found through the index for up to ``max_n`` tokens, then followed
         backwards up to ``MATCH_CAP`` tokens, since a long match (copying a passage) predicts
         its continuation far better than a short one. A ``LONG_N``-token suffix seen before is
-        looked up first: its latest occurrence is the one the text is copying."""
+        looked up first: its latest occurrence is the one the text is copying. :attr:`period` is then
+        the distance back to that occurrence: a match at least that long is a loop (the text
+        repeats its last ``period`` tokens verbatim), whose continuation is itself."""
         toks = self.tokens
         size = len(toks)
+        self.period = 0
         if k <= 0 or size == 0:
             return [], 0
         start = self._long.get(tuple(toks[size - LONG_N:])) if size > LONG_N else None
@@ -83,7 +87,7 @@ class NgramLookup:
                 a -= 1
                 b -= 1
                 n += 1
-        avail = size - start
+        avail = self.period = size - start
         if avail >= k:
             return toks[start:start + k], n
         # the continuation runs into the present: it repeats with period size - start

@@ -32,7 +32,8 @@ SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
 EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
-# lookup statistics by matched length: 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP)
+# lookup statistics classes: by matched length 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP),
+# and loops apart (see lookup_class)
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
 # (first draft, later drafts) acceptance priors by bucket. A match of 16+ tokens is a copy or a
 # loop, and greedy decoding goes on with it: measured on the plain greedy output of the four bench
@@ -44,6 +45,18 @@ LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
 # of cycles had confirmed each deep position, so loops were drafted 16 at a time.
 LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.9, 0.97),
                  (0.97, 0.995), (0.98, 0.998))
+# Loops: a match at least as long as the distance back to the occurrence it continues (the text
+# repeats its last ``period`` tokens verbatim, lookup.NgramLookup.period) of 4-7, 8-15, 16-31
+# tokens. Greedy decoding that has gone once round a loop mostly goes round again: on the plain
+# greedy output of the four sets (128 tokens each), 16 drafts were all accepted after 72% of
+# 4-7-token loop matches against 17% of other matches that long, after 80% of 8-15-token loop
+# matches against 14%, and 98% at 16-31. Longer matches share the length buckets (nearly every
+# match of 32+ tokens is a loop). In the policy replay (bench/replay_policy.py, 128 tokens, one
+# thread) loop classes took auto from 1.052x to 1.056x ngram-mod's rate on chat, 1.051x to 1.064x
+# on copy, 1.166x to 1.202x on repetitive text; letting loops of 8-15 tokens draft deep as well
+# lost on coding (1.041x to 1.027x), so only LONG_MATCH decides that, as for other matches.
+LOOP_BUCKETS = (4, 8, 16)
+LOOP_PRIORS = ((0.75, 0.95), (0.9, 0.97), (0.95, 0.99))
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
 DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
@@ -148,11 +161,27 @@ class Acceptance:
         return [h / s for h, s in zip(self.hit, self.seen)]
 
 
-def _bucket(match: int) -> int:
+def _bucket(match: int, buckets: tuple[int, ...] = LOOKUP_BUCKETS) -> int:
     i = 0
-    while i + 1 < len(LOOKUP_BUCKETS) and match >= LOOKUP_BUCKETS[i + 1]:
+    while i + 1 < len(buckets) and match >= buckets[i + 1]:
         i += 1
     return i
+
+
+def lookup_class(match: int, period: int = 0) -> int:
+    """The lookup statistics class of a proposal whose suffix match is ``match`` tokens long and
+    continues an occurrence ``period`` tokens back (0: unknown): its length bucket, or a loop
+    class (:data:`LOOP_BUCKETS`) when the match spans the whole period."""
+    if LOOP_BUCKETS[0] <= match < LOOKUP_BUCKETS[-2] and 0 < period <= match:
+        return len(LOOKUP_BUCKETS) + _bucket(match, LOOP_BUCKETS)
+    return _bucket(match)
+
+
+def _long_class(cls: int) -> bool:
+    """Whether a class may draft up to ``lookup_max``: a match of ``LONG_MATCH`` tokens or more
+    (a copy or a loop, not a few repeated words)."""
+    n = len(LOOKUP_BUCKETS)
+    return (LOOP_BUCKETS[cls - n] if cls >= n else LOOKUP_BUCKETS[cls]) >= LONG_MATCH
 
 
 def _prior(first: float, rest: float, depth: int = MAX_DEPTH) -> list[float]:
@@ -176,7 +205,7 @@ class Learned:
         self.eagle = Acceptance(_prior(0.5, 0.6, options.DRAFT_MAX))
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
-        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS]
+        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS + LOOP_PRIORS]   # by lookup_class
 
     def new_generation(self) -> None:
         self.eagle.carry()
@@ -212,9 +241,9 @@ class DraftPolicy:
         return self.eagle or self.lookup
 
     # -- choosing ---------------------------------------------------------------------------------
-    def plan(self, room: int, lookup_len: int = 0, lookup_n: int = 0, backlog: int = 1) -> tuple[str | None, int]:
+    def plan(self, room: int, lookup_len: int = 0, lookup_cls: int = 0, backlog: int = 1) -> tuple[str | None, int]:
         """(source, depth) for this cycle; (None, 0) is a plain step. ``lookup_len``: drafts the
-        lookup source has ready, ``lookup_n``: the length of its matched n-gram; ``backlog``: rows
+        lookup source has ready, ``lookup_cls``: their :func:`lookup_class`; ``backlog``: rows
         the drafter must write before it drafts (each costs about one drafter step)."""
         k_max = min(self.config.draft_max, room, options.DRAFT_MAX)
         if k_max <= 0 or not self.active:
@@ -233,9 +262,9 @@ class DraftPolicy:
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
         best = (None, 0)
         if self.lookup and lookup_len:
-            long_match = lookup_n >= LONG_MATCH
+            long_match = _long_class(lookup_cls)
             cap = self.config.lookup_max if long_match else self.config.draft_max
-            acc = self.lookup_acc[_bucket(lookup_n)].expected(min(cap, room, MAX_DEPTH, lookup_len))
+            acc = self.lookup_acc[lookup_cls].expected(min(cap, room, MAX_DEPTH, lookup_len))
             bar = best_rate if long_match else max(best_rate, short_bar)
             # every cycle on most text (short matches that never pay): first an upper bound of
             # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
@@ -348,18 +377,18 @@ class DraftPolicy:
         policy, a first draft that would not have been accepted (it cost a catch-up)."""
         self.eagle_acc.observe(1, 0)
 
-    def lookup_hits(self, bucket: int, lo: int, hi: int) -> None:
-        """Positions lo..hi-1 of a lookup proposal matched the committed tokens (ShadowScore's
-        ``hits``; :meth:`lookup_settled` then records only the miss)."""
-        self.lookup_acc[_bucket(bucket)].observe_hits(lo, hi)
+    def lookup_hits(self, cls: int, lo: int, hi: int) -> None:
+        """Positions lo..hi-1 of a lookup proposal of class ``cls`` (:func:`lookup_class`) matched
+        the committed tokens (ShadowScore's ``hits``; :meth:`lookup_settled` then records only the miss)."""
+        self.lookup_acc[cls].observe_hits(lo, hi)
 
-    def lookup_settled(self, bucket: int, proposed: int, accepted: int) -> None:
+    def lookup_settled(self, cls: int, proposed: int, accepted: int) -> None:
         if accepted < proposed:
-            self.lookup_acc[_bucket(bucket)].observe_miss(accepted)
+            self.lookup_acc[cls].observe_miss(accepted)
 
-    def observe_lookup(self, bucket: int, proposed: int, accepted: int) -> None:
-        """A lookup proposal scored against the committed tokens (see ShadowScore)."""
-        self.lookup_acc[_bucket(bucket)].observe(proposed, accepted)
+    def observe_lookup(self, cls: int, proposed: int, accepted: int) -> None:
+        """A lookup proposal of class ``cls`` scored against the committed tokens (see ShadowScore)."""
+        self.lookup_acc[cls].observe(proposed, accepted)
 
     def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
                 drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0,
