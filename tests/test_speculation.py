@@ -66,12 +66,15 @@ def test_lookup_extends_a_repeating_continuation_periodically():
 def test_lookup_reports_how_far_back_the_continued_occurrence_lies():
     period = [11, 12, 13, 14, 15, 16, 17]
     lk = NgramLookup([1, 2, 3] + period * 3 + period[:2])
-    assert lk.propose(4) == ([13, 14, 15, 16], 16) and lk.period == 7     # a loop: match >= period
+    start, match = lk.find()
+    assert (len(lk) - start, match) == (7, 16)      # a loop: the match spans its period
+    assert lk.continuation(start, 4) == [13, 14, 15, 16] == lk.propose(4)[0]
     passage = list(range(100, 130))
     copy = NgramLookup(passage + [1, 2] + passage[:20])
-    assert copy.propose(4) == ([120, 121, 122, 123], 20) and copy.period == 32   # copying from far back
-    none = NgramLookup([1, 2, 3])
-    assert none.propose(4) == ([], 0) and none.period == 0                # nothing matched
+    start, match = copy.find()
+    assert (len(copy) - start, match) == (32, 20)   # copying from far back
+    assert copy.continuation(start, 4) == [120, 121, 122, 123]
+    assert NgramLookup([1, 2, 3]).find() == (0, 0) and NgramLookup().find() == (0, 0)   # nothing matched
 
 
 def test_loops_have_their_own_statistics_and_draft_deeper_than_other_matches():

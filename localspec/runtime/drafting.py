@@ -46,9 +46,7 @@ class DraftStep:
     def draft(self, room: int, n_past: int) -> Draft:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
         policy, drafter = self.policy, self.drafter
-        lookup = self.lookup
-        proposal, match = lookup.propose(policy.lookup_depth(room)) if lookup is not None else ([], 0)
-        cls = lookup_class(match, lookup.period) if proposal else 0
+        proposal, cls = self._proposal(room)
         source, k = policy.plan(room, len(proposal), cls, drafter.pending if drafter is not None else 0)
         if self.shadow is not None:
             self.shadow.add(proposal, cls)
@@ -57,6 +55,18 @@ class DraftStep:
         if source == EAGLE:
             return self._eagle(k, room, n_past)
         return Draft(source=source)
+
+    def _proposal(self, room: int) -> tuple[list[int], int]:
+        """The lookup source's proposal and its statistics class (policy.lookup_class), only as
+        long as the policy may draft for that class."""
+        lookup = self.lookup
+        if lookup is None:
+            return [], 0
+        start, match = lookup.find()
+        if not match:
+            return [], 0
+        cls = lookup_class(match, len(lookup) - start)
+        return lookup.continuation(start, self.policy.lookup_depth(room, cls)), cls
 
     def _eagle(self, k: int, room: int, n_past: int) -> Draft:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain."""
@@ -85,12 +95,17 @@ class DraftStep:
 
     def record(self, draft: Draft, verified: Verified) -> None:
         """After verification: the committed tokens go to every source."""
-        committed = verified.tokens
         if draft.tree is not None:
             self.calibration.learn(draft.tree, verified.path)
+        self.commit(verified.tokens, verified.pos, verified.rows)
+
+    def commit(self, committed: list[int], pos: int, rows: list[int]) -> None:
+        """Committed tokens (the first at ``pos + 1``) whose target rows were ``rows`` of the last
+        batch (the first that of ``pos``): the drafter records their features (or skips them
+        while it will not draft soon), the lookup index and its shadow score grow."""
         if self.drafter is not None:
             if self.policy.wants_features:
-                self.drafter.observe(committed, verified.accepted + 1, verified.pos, verified.rows)
+                self.drafter.observe(committed, len(rows), pos, rows)
             else:  # the drafter will not draft soon: skip the copy (it restarts from later rows)
                 self.drafter.drop_pending()
         if self.lookup is not None:

@@ -47,6 +47,9 @@ class _Cycle:
     source: str | None
 
 
+_PLAIN = _Cycle(0, 0, None)
+
+
 class GenerationLoop:
     """One generation; :meth:`run` yields its events."""
 
@@ -126,6 +129,8 @@ class GenerationLoop:
         t_cycle = time.perf_counter()
         verifier, policy = self.verifier, self.policy
         draft = self.drafting.draft(min(verifier.room(), self.output.remaining - 1), verifier.n_past)
+        if draft.source is None and not self.observers and not verifier.uncached:
+            return self._plain_step(t_cycle)
         if draft.tree is not None:
             v = verifier.verify_tree(draft.tree, self.sampler)
         else:
@@ -144,6 +149,20 @@ class GenerationLoop:
                        cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth,
                        batch=v.batch)
         return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)
+
+    def _plain_step(self, t_cycle: float) -> tuple[list[tuple[int, bool]], _Cycle]:
+        """A cycle that drafts nothing, kept lean (most cycles of most text): the same outcome
+        and bookkeeping as verifying no drafts, without building a verification record."""
+        verifier = self.verifier
+        pos = verifier.n_past
+        tok, seconds = verifier.step(self.sampler)
+        self.stats.record_verify(1, seconds)
+        self.drafting.commit([tok], pos, [0])
+        self.sampler.commit((tok,))
+        self.stats.record_cycle(0, 0)
+        self.policy.observe(None, 0, 0, verify_seconds=seconds, drafter_seconds=0.0,
+                            cycle_seconds=time.perf_counter() - t_cycle, batch=1)
+        return [(tok, False)], _PLAIN
 
     def _observe(self, verified: Verified) -> float:
         """Run the observers; their seconds, which do not count as generation time."""

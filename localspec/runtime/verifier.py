@@ -140,6 +140,22 @@ class TargetVerifier:
         self._advance(result, kept=accepted)
         return result
 
+    def step(self, sampler: Sampler) -> tuple[int, float]:
+        """A plain decoding step, ``verify([])`` with nothing uncached, without the bookkeeping of
+        drafts (the hot path where nothing is drafted): decode ``last`` and choose the token after
+        it; (that token, seconds)."""
+        ctx = self.ctx
+        t0 = time.perf_counter()
+        ctx.decode((self.last,), self.n_past, all_logits=False)
+        tok = sampler.choose(ctx.logits(-1))
+        seconds = time.perf_counter() - t0
+        self.kv_tokens.append(self.last)
+        self.n_past += 1
+        self.last = tok
+        if self._drafter is not None:
+            self.drafter_pairs = self.n_past
+        return tok, seconds
+
     def verify_tree(self, draft_tree: tree.DraftTree, sampler: Sampler) -> Verified:
         """Verify ``uncached + [last]`` and the tree (depth-first, most probable chain first) in
         one target decode and follow the target's choices down it.

@@ -223,7 +223,8 @@ class CostModel:
         if b == 1:
             self._plain.append((self._cycles, x))
             del self._plain[:-PLAIN_KEEP]
-            self._learn_pending()
+            if self._pending:
+                self._learn_pending()
         elif b < len(self._shape):
             self._pending.append((self._cycles, b, x))
 

@@ -38,7 +38,6 @@ class NgramLookup:
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
         self._long: dict[tuple[int, ...], int] = {}   # LONG_N-grams -> the position after
-        self.period = 0   # the last proposal's: how far back the occurrence it continues lies
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -56,43 +55,52 @@ class NgramLookup:
 
     def propose(self, k: int) -> tuple[list[int], int]:
         """Up to ``k`` draft tokens after the history, and the length of the matched suffix (0: no
-        match, no drafts): found through the index for up to ``max_n`` tokens, then followed
-        backwards up to ``MATCH_CAP`` tokens, since a long match (copying a passage) predicts
-        its continuation far better than a short one. A ``LONG_N``-token suffix seen before is
-        looked up first: its latest occurrence is the one the text is copying. :attr:`period` is then
-        the distance back to that occurrence: a match at least that long is a loop (the text
-        repeats its last ``period`` tokens verbatim), whose continuation is itself."""
+        match, no drafts): :meth:`find`, then :meth:`continuation`."""
+        start, n = self.find()
+        return (self.continuation(start, k), n) if n and k > 0 else ([], 0)
+
+    def find(self) -> tuple[int, int]:
+        """(start, match): where the text after the latest earlier occurrence of the longest
+        matching suffix begins, and the match's length (0, 0: none). The suffix is found through
+        the index for up to ``max_n`` tokens, then followed backwards up to ``MATCH_CAP`` tokens,
+        since a long match (copying a passage) predicts its continuation far better than a short
+        one. A ``LONG_N``-token suffix seen before is looked up first: its latest occurrence is the
+        one the text is copying. ``len(self) - start`` is the distance back to that occurrence:
+        a match at least that long is a loop (the text repeats its last tokens verbatim)."""
         toks = self.tokens
         size = len(toks)
-        self.period = 0
-        if k <= 0 or size == 0:
-            return [], 0
+        if size == 0:
+            return 0, 0
         start = self._long.get(tuple(toks[size - LONG_N:])) if size > LONG_N else None
         if start is not None:
-            return self._follow(start, LONG_N, k)
+            return start, self._extend_match(start, LONG_N)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             start = self._index.get(tuple(toks[size - n:]))
             if start is not None:
-                return self._follow(start, n, k)
-        return [], 0
+                return start, self._extend_match(start, n)
+        return 0, 0
 
-    def _follow(self, start: int, n: int, k: int) -> tuple[list[int], int]:
-        """``k`` tokens from ``start`` (the text after an earlier occurrence of the last ``n``
-        tokens) and the match length, followed backwards from ``n`` up to ``MATCH_CAP``."""
+    def _extend_match(self, start: int, n: int) -> int:
+        """The match of ``n`` tokens before ``start`` followed backwards, up to ``MATCH_CAP``."""
+        if n < self.max_n:
+            return n
         toks = self.tokens
-        size = len(toks)
-        if n >= self.max_n:
-            a, b = start - n - 1, size - n - 1
-            while a >= 0 and n < MATCH_CAP and toks[a] == toks[b]:
-                a -= 1
-                b -= 1
-                n += 1
-        avail = self.period = size - start
+        a, b = start - n - 1, len(toks) - n - 1
+        while a >= 0 and n < MATCH_CAP and toks[a] == toks[b]:
+            a -= 1
+            b -= 1
+            n += 1
+        return n
+
+    def continuation(self, start: int, k: int) -> list[int]:
+        """``k`` tokens of the text from ``start`` on (:meth:`find`)."""
+        toks = self.tokens
+        avail = len(toks) - start
         if avail >= k:
-            return toks[start:start + k], n
-        # the continuation runs into the present: it repeats with period size - start
+            return toks[start:start + k]
+        # the continuation runs into the present: it repeats with period len - start
         period = toks[start:]
-        return (period * (k // avail + 1))[:k], n
+        return (period * (k // avail + 1))[:k]
 
 
 class ShadowScore:

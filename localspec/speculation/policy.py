@@ -46,7 +46,7 @@ LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
 LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.9, 0.97),
                  (0.97, 0.995), (0.98, 0.998))
 # Loops: a match at least as long as the distance back to the occurrence it continues (the text
-# repeats its last ``period`` tokens verbatim, lookup.NgramLookup.period) of 4-7, 8-15, 16-31
+# repeats its last ``period`` tokens verbatim, lookup.NgramLookup.find) of 4-7, 8-15, 16-31
 # tokens. Greedy decoding that has gone once round a loop mostly goes round again: on the plain
 # greedy output of the four sets (128 tokens each), 16 drafts were all accepted after 72% of
 # 4-7-token loop matches against 17% of other matches that long, after 80% of 8-15-token loop
@@ -314,12 +314,14 @@ class DraftPolicy:
         padded = self.cost.rows_for(rows)
         return padded if padded <= 1 + max(self.config.draft_max, self.config.lookup_max) else rows
 
-    def lookup_depth(self, room: int) -> int:
+    def lookup_depth(self, room: int, cls: int | None = None) -> int:
         """Most tokens a lookup proposal may hold this cycle: ``draft_max`` for fixed; for auto
-        also ``lookup_max``, since a match of ``LONG_MATCH`` tokens or more (copying a passage,
-        text that repeats itself) may be drafted that far ahead (:meth:`plan` cuts the rest)."""
+        also ``lookup_max`` where the proposal's class (:func:`lookup_class`; None: any) is a match
+        of ``LONG_MATCH`` tokens or more (copying a passage, text that repeats itself), which may be
+        drafted that far ahead (:meth:`plan` cuts the rest)."""
         cfg = self.config
-        cap = cfg.draft_max if self.fixed else max(cfg.draft_max, cfg.lookup_max)
+        long = not self.fixed and (cls is None or _long_class(cls))
+        cap = max(cfg.draft_max, cfg.lookup_max) if long else cfg.draft_max
         return max(0, min(cap, room, MAX_DEPTH))
 
     def _probe_pays(self, k_max: int, d: float, o: float) -> bool:
