@@ -87,6 +87,34 @@ def test_auto_policy_is_lossless_and_stops_drafting_when_it_does_not_pay(models)
     assert auto.stats.drafted < 4 * auto.stats.cycles
 
 
+def test_plain_steps_take_a_lean_path_with_the_same_outcome(models, monkeypatch):
+    """A cycle that drafts nothing runs TargetVerifier.step, not verify([]) (an observer, such as
+    bench's logit margins, takes the general path): same tokens, statistics and cache state."""
+    from localspec.runtime.verifier import TargetVerifier
+
+    calls = {"step": 0, "verify": 0}
+    for name in calls:
+        original = getattr(TargetVerifier, name)
+        monkeypatch.setattr(TargetVerifier, name, lambda self, *a, _f=original, _n=name, **k:
+                            calls.__setitem__(_n, calls[_n] + 1) or _f(self, *a, **k))
+    with Engine(models["noisy"], models["d_repeat"], n_ctx=512) as engine:
+        outcomes, dones = [], []
+        for margins in (False, True):
+            engine.clear_cache()
+            done = run(engine, PROMPTS[1], max_tokens=40, spec=False, record_margins=margins)
+            s = done.stats
+            dones.append(done)
+            outcomes.append((done.tokens, done.text, done.finish_reason, s.cycles, s.drafted,
+                             {b: n for b, (n, _) in s.verify_by_batch.items()}, engine.verifier.kv_tokens[:],
+                             engine.verifier.n_past, engine.verifier.last))
+            assert calls == ({"step": 39, "verify": 0} if not margins else {"step": 39, "verify": 39})
+        assert outcomes[0] == outcomes[1]
+        assert outcomes[0][3] == 39 and outcomes[0][5] == {1: 39}
+        # auto on the same engine: plain cycles between drafts take the lean path too, losslessly
+        engine.clear_cache()
+        assert_lossless(dones[1], run(engine, PROMPTS[1], max_tokens=40))
+
+
 def test_plain_decoding_matches_llama_cpp_python(smollm2):
     """Independent reference: llama-cpp-python's own Llama API, greedy, same prompt tokens."""
     import llama_cpp

@@ -7,8 +7,9 @@ n-gram lookup; tests and benchmarks). ``auto`` (the default) maximises expected 
 
 with ``V`` the cost model's verify seconds by batch size (calibrated, refreshed live), drafting the
 drafter's measured step time times ``k`` (lookup: nothing), and ``E[accepted]`` the sum over
-positions of the product of live conditional acceptance rates, per source (lookup: per length of
-the matched n-gram, scored on every cycle whether verified or not, see ``lookup.ShadowScore``).
+positions of the product of live conditional acceptance rates, per source (lookup: per class of
+the match, its length or a loop, :func:`lookup_class`, scored on every cycle whether verified or
+not, see ``lookup.ShadowScore``).
 It compares the best option with a plain step ``1 / (V(1) + overhead)`` and decodes plain when
 nothing beats it by a margin. ``draft_max`` caps the drafter and lookup drafts on short matches; a
 lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up to ``lookup_max``
