@@ -14,8 +14,9 @@ common/speculative.cpp) is replayed the same way, with every n-gram of the histo
 native one adds them in chunks of 32), for comparison.
 
 A measured run (``bench/peer_llamacpp.py``) less this replay is what the policy's cost model does
-not see: Python per cycle, a slower step after a large batch. For people who measure; CI does not
-run it.
+not see: Python per cycle, a slower step after a large batch. ``hindsight`` is the most any policy
+could make of the same lookup proposals knowing the text ahead (:func:`replay_hindsight`). For
+people who measure; CI does not run it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from localspec.runtime.verifier import Verified
 from localspec.speculation import tree
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.lookup import NgramLookup
-from localspec.speculation.policy import DraftPolicy, Learned, PolicyConfig
+from localspec.speculation.policy import MAX_DEPTH, DraftPolicy, Learned, PolicyConfig
 from localspec.store.models import resolve
 
 SETS = ("chat", "copy", "coding", "repetitive")
@@ -94,6 +95,30 @@ def replay_ngram_mod(texts: list[tuple[list[int], list[int]]], cost: CostModel) 
     return tokens / steps
 
 
+def replay_hindsight(texts: list[tuple[list[int], list[int]]], cost: CostModel) -> float:
+    """The best any policy could do with the lookup source's proposals, knowing the text ahead: at
+    each position either a plain step or a draft of exactly as many of the proposal's tokens as
+    the text goes on with (padded as auto pads), the cheapest sequence of cycles (dynamic
+    programming over positions). An upper bound for ``auto``'s lookup choices, not a policy."""
+    steps = tokens = 0.0
+    v1 = cost.verify(1)
+    for prompt, output in texts:
+        n = len(output)
+        lookup, agree = NgramLookup(prompt + output[:1]), [0] * (n + 1)
+        for pos in range(1, n):
+            proposal, _ = lookup.propose(min(MAX_DEPTH, n - pos))
+            while agree[pos] < len(proposal) and output[pos + agree[pos]] == proposal[agree[pos]]:
+                agree[pos] += 1
+            lookup.extend(output[pos:pos + 1])
+        best = [0.0] * (n + 1)   # best[pos]: cheapest seconds from pos to the end
+        for pos in range(n - 1, 0, -1):
+            best[pos] = min([v1 + best[pos + 1]] + [min(cost.verify(k + 1), cost.verify(cost.rows_for(k + 1)))
+                                                    + best[pos + k + 1] for k in range(1, min(agree[pos], n - pos - 1) + 1)])
+        steps += best[1] / v1
+        tokens += n - 1
+    return tokens / steps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", action="append", type=Path, help="bench JSONL files (default: the four peer sets)")
@@ -116,7 +141,9 @@ def main() -> int:
                     if isinstance(event, DoneEvent):
                         texts.append((engine.prompt_tokens(messages), list(event.tokens)))
             auto, mod = replay_auto(texts, cost), replay_ngram_mod(texts, cost)
-            print(f"{path.stem:12} auto {auto:.3f}x plain   ngram-mod {mod:.3f}x plain   auto / ngram-mod {auto / mod:.3f}x")
+            best = replay_hindsight(texts, CostModel({b: live.verify(b) for b in range(1, 130)}))
+            print(f"{path.stem:12} auto {auto:.3f}x plain   ngram-mod {mod:.3f}x plain   auto / ngram-mod {auto / mod:.3f}x"
+                  f"   hindsight {best:.3f}x plain")
             sys.stdout.flush()
     return 0
 
