@@ -263,17 +263,7 @@ class DraftPolicy:
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
         best = (None, 0)
         if self.lookup and lookup_len:
-            long_match = _long_class(lookup_cls)
-            cap = self.config.lookup_max if long_match else self.config.draft_max
-            acc = self.lookup_acc[lookup_cls].expected(min(cap, room, MAX_DEPTH, lookup_len))
-            bar = best_rate if long_match else max(best_rate, short_bar)
-            # every cycle on most text (short matches that never pay): first an upper bound of
-            # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
-            if (1.0 + acc[-1]) / (cost.cheapest_batch() + o) > bar:
-                for k in _depths(len(acc) - 1):
-                    rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
-                    if rate > best_rate and (long_match or rate > short_bar):
-                        best_rate, best = rate, (LOOKUP, k)
+            best_rate, best = self._plan_lookup(room, lookup_len, lookup_cls, best_rate, short_bar)
         if self.eagle:
             # backlog 0: no rows recorded (features were not wanted): the drafter cannot draft
             # this cycle, but whether to record this cycle's rows is decided as below
@@ -304,6 +294,25 @@ class DraftPolicy:
                 # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
                 self.wants_features = could or best[0] == EAGLE
         return best
+
+    def _plan_lookup(self, room: int, lookup_len: int, cls: int, best_rate: float,
+                     short_bar: float) -> tuple[float, tuple[str | None, int]]:
+        """:meth:`plan`'s best lookup depth, if one beats ``best_rate`` (and ``short_bar`` unless
+        the class may draft deep): (its rate, (LOOKUP, depth)), else (best_rate, (None, 0))."""
+        cost, o = self.cost, self.overhead
+        best = (None, 0)
+        long_match = _long_class(cls)
+        cap = self.config.lookup_max if long_match else self.config.draft_max
+        acc = self.lookup_acc[cls].expected(min(cap, room, MAX_DEPTH, lookup_len))
+        bar = best_rate if long_match else max(best_rate, short_bar)
+        # every cycle on most text (short matches that never pay): first an upper bound of
+        # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
+        if (1.0 + acc[-1]) / (cost.cheapest_batch() + o) > bar:
+            for k in _depths(len(acc) - 1):
+                rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
+                if rate > best_rate and (long_match or rate > short_bar):
+                    best_rate, best = rate, (LOOKUP, k)
+        return best_rate, best
 
     def verify_rows(self, rows: int) -> int:
         """Rows to decode to verify a chain of ``rows`` (its drafts and the last token): auto pads
