@@ -107,21 +107,22 @@ class ShadowScore:
     """Scores proposals against the tokens committed after them: per-depth acceptance of a source
     whose drafts cost nothing to produce, verified or not.
 
-    ``sink(bucket, proposal_length, accepted)`` hears each proposal once it is settled (its first
-    miss, or all of it matched). With ``hits``, matched positions are reported as they come,
-    ``hits(bucket, lo, hi)`` for positions lo..hi-1: a 128-token proposal on a loop is otherwise
+    ``sink(key, proposal_length, accepted)`` hears each proposal (added with its ``key``, the
+    policy's lookup class) once it is settled (its first miss, or all of it matched). With
+    ``hits``, matched positions are reported as they come,
+    ``hits(key, lo, hi)`` for positions lo..hi-1: a 128-token proposal on a loop is otherwise
     settled only 128 tokens later, and deep drafts would wait that long for their evidence."""
 
     __slots__ = ("_open", "sink", "hits")
 
     def __init__(self, sink, hits=None) -> None:
-        self._open: list[list] = []  # [proposal, matched so far, bucket]
+        self._open: list[list] = []  # [proposal, matched so far, key]
         self.sink = sink
         self.hits = hits
 
-    def add(self, proposal: list[int], bucket: int) -> None:
+    def add(self, proposal: list[int], key: int) -> None:
         if proposal:
-            self._open.append([proposal, 0, bucket])
+            self._open.append([proposal, 0, key])
 
     def commit(self, tokens: Sequence[int]) -> None:
         if not self._open:
@@ -129,7 +130,7 @@ class ShadowScore:
         still = []
         hits = self.hits
         for entry in self._open:
-            proposal, done, bucket = entry
+            proposal, done, key = entry
             start, m, settled = done, len(proposal), False
             for tok in tokens:
                 if proposal[done] != tok:
@@ -140,9 +141,9 @@ class ShadowScore:
                     settled = True
                     break
             if hits is not None and done > start:
-                hits(bucket, start, done)
+                hits(key, start, done)
             if settled:
-                self.sink(bucket, m, done)
+                self.sink(key, m, done)
             else:
                 entry[1] = done
                 still.append(entry)

@@ -324,13 +324,13 @@ class DraftPolicy:
         padded = self.cost.rows_for(rows)
         return padded if padded <= 1 + max(self.config.draft_max, self.config.lookup_max) else rows
 
-    def lookup_depth(self, room: int, cls: int | None = None) -> int:
-        """Most tokens a lookup proposal may hold this cycle: ``draft_max`` for fixed; for auto
-        also ``lookup_max`` where the proposal's class (:func:`lookup_class`; None: any) is a match
-        of ``LONG_MATCH`` tokens or more (copying a passage, text that repeats itself), which may be
-        drafted that far ahead (:meth:`plan` cuts the rest)."""
+    def lookup_depth(self, room: int, cls: int) -> int:
+        """Most tokens a lookup proposal of class ``cls`` (:func:`lookup_class`) may hold this
+        cycle: ``draft_max``; for auto ``lookup_max`` where the class is a match of ``LONG_MATCH``
+        tokens or more (copying a passage, text that repeats itself), which may be drafted that
+        far ahead (:meth:`plan` cuts the rest)."""
         cfg = self.config
-        long = not self.fixed and (cls is None or _long_class(cls))
+        long = not self.fixed and _long_class(cls)
         cap = max(cfg.draft_max, cfg.lookup_max) if long else cfg.draft_max
         return max(0, min(cap, room, MAX_DEPTH))
 
