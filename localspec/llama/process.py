@@ -16,7 +16,7 @@ import llama_cpp
 
 from ..core import interrupts
 from ..core.errors import LocalspecError
-from . import ggml_base
+from . import ggml_base, weights_memory
 
 _verbose = False
 _recent_errors: collections.deque[str] = collections.deque(maxlen=4)
@@ -40,7 +40,9 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 @llama_cpp.llama_progress_callback
 @interrupts.callback(on_error=True)
 def load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
-    """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load)."""
+    """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load); the
+    weight buffers exist by its first call (huge-page advice: :mod:`localspec.llama.weights_memory`)."""
+    weights_memory.on_progress()
     interrupts.test_pause("load")
     return not interrupts.pending()
 
