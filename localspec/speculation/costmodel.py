@@ -55,9 +55,10 @@ FIRST_CLIP = 0.5       # ... by at most this
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
-CACHE_VERSION = 6      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
+CACHE_VERSION = 7      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
                        # 5: bands learned against one-token steps (4's live saves could bend the curve);
-                       # 6: sizes above 32 the fastest of 2 runs
+                       # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
+                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved)
 
 
 def _file_key(path: Path | None) -> str:
