@@ -190,6 +190,15 @@ def test_modelfile_parameters_use_the_same_table(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_mmap_environment_is_checked_and_both_loads_work(tiny):
+    d, target, _ = tiny
+    args = ("generate", "--target", str(target), "-p", "hi", "--raw", "-n", "3", "--no-spec")
+    assert_one_error(cli(*args, env={"LOCALSPEC_MMAP": "maybe"}), contains="LOCALSPEC_MMAP must be 1 or 0")
+    for value in ("1", "0"):
+        proc = cli(*args, env={"LOCALSPEC_MMAP": value})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_threads_above_the_core_count_warn():
     assert options.threads_warning(1) is None
     many = options.threads_warning(512)

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from localspec.core.errors import LocalspecError
 from localspec.llama import weights_memory as W
 from localspec.llama.llama_model import Context, Model
 
@@ -52,6 +53,9 @@ def test_weights_are_read_only_for_cpu_models_on_linux_unless_mmap_is_asked(monk
     assert W.read_weights(0) is False
     monkeypatch.setenv("LOCALSPEC_MMAP", "0")
     assert W.read_weights(0) is linux
+    monkeypatch.setenv("LOCALSPEC_MMAP", "maybe")
+    with pytest.raises(LocalspecError, match="LOCALSPEC_MMAP must be 1 or 0"):
+        W.read_weights(0)
 
 
 def test_new_ranges_are_the_addresses_mapped_in_between():

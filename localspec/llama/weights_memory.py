@@ -2,10 +2,11 @@
 
 llama.cpp maps the GGUF file by default (``mmap``): every weight is read through 4 KiB pages of the
 page cache. On this project's CPU (AMD EPYC, Linux 6.18, measured 2026-11-25 on the embedded
-SmolLM2 Q4_0, one-token decodes) reading the weights into the process's own memory instead made a
-decode 8% faster at one thread (6.40 -> 5.90 ms) and 4% at two (4.73 -> 4.54 ms); with that memory
-in 2 MiB huge pages 10% at one and two threads (5.73-5.75 ms, 4.25 ms). A token's decode streams
-every weight once, so fewer TLB misses and page walks count at every step.
+SmolLM2 Q4_0, a bare loop of one-token decodes) reading the weights into the process's own memory
+instead made a decode 8% faster at one thread (6.40 -> 5.90 ms) and 4% at two (4.73 -> 4.54 ms);
+with that memory in 2 MiB huge pages 5.61-5.73 ms and 4.42-4.53 ms (mapped, the same runs:
+6.47 and 4.66-4.83). A token's decode streams every weight once, so fewer TLB misses and page
+walks count at every step.
 
 :class:`HugePageLoad` does it around ``llama_model_load_from_file`` with the load mode "none" (read,
 no mapping): the anonymous memory regions that appear while the model loads are the weight
@@ -27,6 +28,8 @@ import os
 import sys
 import threading
 
+from ..core.errors import LocalspecError
+
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
@@ -39,8 +42,11 @@ _current: "HugePageLoad | None" = None
 
 def read_weights(n_gpu_layers: int) -> bool:
     """Whether a model's weights are read into (huge-page) memory rather than mapped."""
-    if os.environ.get("LOCALSPEC_MMAP", "").strip() not in ("", "0"):
+    value = os.environ.get("LOCALSPEC_MMAP", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
         return False
+    if value not in ("", "0", "false", "no", "off"):
+        raise LocalspecError(f"LOCALSPEC_MMAP must be 1 or 0 (got '{value}')")
     return sys.platform.startswith("linux") and n_gpu_layers == 0
 
 
