@@ -81,9 +81,18 @@ def test_tiny_plan_matches_llama_cpp(tiny_pair):
     _check_against_llama(*tiny_pair, 2048)
 
 
-def test_real_plan_matches_llama_cpp(real_pair):
+@pytest.mark.parametrize("mmap", ["1", "0"])
+def test_real_plan_matches_llama_cpp(real_pair, mmap, monkeypatch):
+    """Mapped (LOCALSPEC_MMAP=1) Q4_0 weights are repacked into a second CPU copy on AVX2 / NEON
+    CPUs; read into memory (the default on Linux) each repacked tensor is held once."""
+    monkeypatch.setenv("LOCALSPEC_MMAP", mmap)
     plan, report = _check_against_llama(*real_pair, 2048)
-    assert plan.target.repack_bytes > 0  # Q4_0 is repacked on AVX2 / NEON CPUs (a second CPU copy)
+    read = mmap == "0" and sys.platform.startswith("linux")
+    assert plan.target.weights_bytes == planner.layout(read_gguf(real_pair[0])).weights_bytes
+    if read:
+        assert plan.target.repack_bytes == 0
+    else:
+        assert plan.target.repack_bytes > 0
     assert report["actual"]["target"]["kv_bytes"] == 30 * 2048 * 2 * 192 * 2  # 30 layers, 3 kv heads x 64, f16
 
 

@@ -11,6 +11,7 @@ from ..core import options
 from ..core.errors import LocalspecError
 from ..core.units import parse_size
 from ..formats.gguf_info import check_pair, check_target, read_gguf
+from ..llama.weights_memory import read_weights
 from .planner import Plan, layout, plan_memory
 from .probe import LlamaCompute, device_budgets
 
@@ -33,8 +34,9 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     else:
         check_target(tinfo)
     cpu = backends.detect().cpu_features
-    tl = layout(tinfo, cpu)
-    dl = layout(dinfo, cpu) if dinfo else None
+    read = read_weights(0)   # how Model holds the weights of a model left on the CPU
+    tl = layout(tinfo, cpu, weights_read=read)
+    dl = layout(dinfo, cpu, weights_read=read) if dinfo else None
     devices = device_budgets(vram, ram)
     compute = LlamaCompute(tinfo.path, dinfo.path if dinfo else None, n_threads=n_threads)
     simulated = any(d.name == "GPU" for d in devices)
