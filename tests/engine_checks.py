@@ -35,3 +35,10 @@ def assert_lossless(plain: DoneEvent, spec: DoneEvent) -> None:
             assert plain.margins[i] < NEAR_TIE, f"diverged at {i} with a clear gap {plain.margins[i]:.4f}"
             return
     assert len(a) == len(b)
+
+
+def propose(lookup, k: int) -> tuple[list[int], int]:
+    """A lookup's proposal of up to ``k`` tokens and its match length ((``[]``, 0): no match), as
+    the engine's draft step builds it: ``find``, then ``continuation``."""
+    start, n = lookup.find()
+    return (lookup.continuation(start, k), n) if n and k > 0 else ([], 0)

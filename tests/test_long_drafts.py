@@ -14,7 +14,7 @@ from localspec.speculation import lookup
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.lookup import NgramLookup
 from localspec.speculation.policy import MAX_DEPTH, DraftPolicy, lookup_class
-from engine_checks import assert_lossless
+from engine_checks import assert_lossless, propose
 from tiny_models import build_target
 
 # verify seconds by batch size shaped as measured on this 2-core CPU (one thread): per token the
@@ -31,19 +31,19 @@ def test_the_long_index_finds_the_passage_being_copied():
     # the passage; other text in which its tokens 16..19 occur again, followed by something else;
     # then the passage copied up to token 20
     history = passage + [1, 2] + passage[16:20] + [3, 4] + passage[:20]
-    got, n = NgramLookup(history).propose(10)
+    got, n = propose(NgramLookup(history), 10)
     # the 4-token suffix alone would follow its most recent occurrence (continued by 3 4); the
     # 16-token index finds the copied passage, and the match is followed back over 20 tokens
     assert got == passage[20:30] and n == 20
     # fewer than LONG_N tokens in common: the short index as before
     short = NgramLookup([5, 6, 7, 8, 9, 1, 6, 7, 8, 9, 2, 6, 7, 8, 9])
-    assert short.propose(2) == ([2, 6], 4)
+    assert propose(short, 2) == ([2, 6], 4)
 
 
 def test_a_loop_is_proposed_far_ahead_with_its_match_capped():
     period = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     lk = NgramLookup([1, 2, 3] + period * 10 + period[:3])
-    got, n = lk.propose(MAX_DEPTH)
+    got, n = propose(lk, MAX_DEPTH)
     assert len(got) == MAX_DEPTH == 128
     assert got == (period[3:] + period * 13)[:128] and n == lookup.MATCH_CAP == 64
 

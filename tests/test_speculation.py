@@ -12,7 +12,7 @@ from localspec.speculation import costmodel
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore
 from localspec.speculation.policy import Acceptance, DraftPolicy, lookup_class
-from engine_checks import PROMPTS, assert_lossless, run
+from engine_checks import PROMPTS, assert_lossless, propose, run
 from tiny_models import build_drafter, build_target
 
 
@@ -21,13 +21,13 @@ from tiny_models import build_drafter, build_target
 def test_lookup_proposes_the_continuation_of_the_longest_recent_match():
     lk = NgramLookup([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7, 1, 2, 3, 4])
     # suffix 1 2 3 4 occurred at 0..3 (continued by 5); 2 3 4 at 7..9 is more recent but shorter
-    assert lk.propose(3) == ([5, 9, 9], 4)
+    assert propose(lk, 3) == ([5, 9, 9], 4)
     long = NgramLookup([8, 1, 2, 3, 4, 5, 6, 0, 8, 1, 2, 3, 4, 5, 6])
-    assert long.propose(2) == ([0, 8], 7)  # the whole 8 1 2 3 4 5 6 matched
+    assert propose(long, 2) == ([0, 8], 7)  # the whole 8 1 2 3 4 5 6 matched
     lk.extend([8])
-    assert lk.propose(2) == ([], 0)  # 8 never seen before
+    assert propose(lk, 2) == ([], 0)  # 8 never seen before
     lk.extend([2, 3])
-    assert lk.propose(2) == ([4, 8], 2)  # the most recent "2 3" (positions 13..14) was followed by 4 8
+    assert propose(lk, 2) == ([4, 8], 2)  # the most recent "2 3" (positions 13..14) was followed by 4 8
 
 
 def test_lookup_is_incremental_and_matches_a_brute_force_search():
@@ -39,7 +39,7 @@ def test_lookup_is_incremental_and_matches_a_brute_force_search():
     for i, tok in enumerate(tokens):
         lk.extend([tok])
         hist = tokens[: i + 1]
-        got, n = lk.propose(4)
+        got, n = propose(lk, 4)
         expect = ([], 0)
         for m in range(min(4, len(hist)), 0, -1):  # index part (match lengths checked below)
             suffix = hist[-m:]
@@ -60,7 +60,7 @@ def test_lookup_is_incremental_and_matches_a_brute_force_search():
 
 def test_lookup_extends_a_repeating_continuation_periodically():
     lk = NgramLookup([7, 1, 2, 1, 2])
-    assert lk.propose(5) == ([1, 2, 1, 2, 1], 2)  # "1 2" at 1..2, continued by 1 2 (period 2)
+    assert propose(lk, 5) == ([1, 2, 1, 2, 1], 2)  # "1 2" at 1..2, continued by 1 2 (period 2)
 
 
 def test_lookup_reports_how_far_back_the_continued_occurrence_lies():
@@ -68,7 +68,7 @@ def test_lookup_reports_how_far_back_the_continued_occurrence_lies():
     lk = NgramLookup([1, 2, 3] + period * 3 + period[:2])
     start, match = lk.find()
     assert (len(lk) - start, match) == (7, 16)      # a loop: the match spans its period
-    assert lk.continuation(start, 4) == [13, 14, 15, 16] == lk.propose(4)[0]
+    assert lk.continuation(start, 4) == [13, 14, 15, 16] == propose(lk, 4)[0]
     passage = list(range(100, 130))
     copy = NgramLookup(passage + [1, 2] + passage[:20])
     start, match = copy.find()

@@ -33,6 +33,21 @@ TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's seque
 RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
 
 
+ENV_TRUE = frozenset({"1", "on", "yes", "true", "y"})    # words an environment switch reads as on
+ENV_FALSE = frozenset({"", "0", "off", "no", "false", "n"})
+
+
+def env_flag(name: str) -> bool:
+    """An environment switch (``LOCALSPEC_MMAP=1``): on, off (unset or empty: off), or a
+    LocalspecError naming the variable."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ENV_TRUE:
+        return True
+    if value in ENV_FALSE:
+        return False
+    raise LocalspecError(f"{name} must be 1 or 0 (got '{value}')")
+
+
 @dataclass(frozen=True)
 class Option:
     """One value: its type, its range (closed unless ``*_open``), extra accepted values and choices."""

@@ -24,11 +24,10 @@ model with layers on a GPU, and any system other than Linux.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import threading
 
-from ..core.errors import LocalspecError
+from ..core import options
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
@@ -42,11 +41,8 @@ _current: "HugePageLoad | None" = None
 
 def read_weights(n_gpu_layers: int) -> bool:
     """Whether a model's weights are read into (huge-page) memory rather than mapped."""
-    value = os.environ.get("LOCALSPEC_MMAP", "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if options.env_flag("LOCALSPEC_MMAP"):
         return False
-    if value not in ("", "0", "false", "no", "off"):
-        raise LocalspecError(f"LOCALSPEC_MMAP must be 1 or 0 (got '{value}')")
     return sys.platform.startswith("linux") and n_gpu_layers == 0
 
 

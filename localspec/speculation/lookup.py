@@ -53,12 +53,6 @@ class NgramLookup:
                 long[tuple(toks[i - LONG_N:i])] = i
             toks.append(tok)
 
-    def propose(self, k: int) -> tuple[list[int], int]:
-        """Up to ``k`` draft tokens after the history, and the length of the matched suffix (0: no
-        match, no drafts): :meth:`find`, then :meth:`continuation`."""
-        start, n = self.find()
-        return (self.continuation(start, k), n) if n and k > 0 else ([], 0)
-
     def find(self) -> tuple[int, int]:
         """(start, match): where the text after the latest earlier occurrence of the longest
         matching suffix begins, and the match's length (0, 0: none). The suffix is found through

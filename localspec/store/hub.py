@@ -29,9 +29,9 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, TypeVar
 
 from ..core.errors import LocalspecError
+from ..core.options import ENV_TRUE
 from . import repo_files
 
-_TRUE = {"1", "on", "yes", "true", "y"}
 CHECKPOINT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TIMEOUT_ENV = "LOCALSPEC_HUB_TIMEOUT"
 DEFAULT_TIMEOUT = 20.0   # seconds a connection or a read may wait
@@ -148,7 +148,7 @@ def parse_hf_ref(value: str) -> HFRef | None:
 
 
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ENV_TRUE
 
 
 def _settings() -> dict:
