@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 # Imported on first use, so that `localspec` (the command) starts its Ctrl-C handling before the
 # heavy imports (llama.cpp, numpy): a Ctrl-C during them is then "Interrupted.", not a traceback.
 _EXPORTS = {
-    "Message": ".formats.chat_format", "Engine": ".runtime.engine", "GenerationConfig": ".runtime.engine", "LocalspecError": ".core.errors",
+    "Message": ".formats.chat_format", "Engine": ".runtime.engine", "GenerationConfig": ".runtime.config", "LocalspecError": ".core.errors",
     "CycleEvent": ".core.events", "DoneEvent": ".core.events", "GenerationStats": ".core.events", "TokenEvent": ".core.events",
     "SamplingParams": ".runtime.sampling", "PolicyConfig": ".speculation.policy",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.chat_format import Message
-    from .runtime.engine import Engine, GenerationConfig
+    from .runtime.config import GenerationConfig
+    from .runtime.engine import Engine
     from .core.errors import LocalspecError
     from .core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
     from .runtime.sampling import SamplingParams

@@ -1,6 +1,6 @@
 """The package's import graph, read from the source with :mod:`ast` (nothing is imported), for
-the tests that check the layers: imports inside functions count, those under ``if TYPE_CHECKING:``
-do not (they never run)."""
+the tests that check the layers: imports inside functions count, and so do those under
+``if TYPE_CHECKING:`` (an annotation that needs a circle to name its type is a circle too)."""
 
 from __future__ import annotations
 
@@ -23,23 +23,12 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return skip
-
-
 def imports(name: str, path: Path, known: dict[str, Path] | set[str]) -> set[str]:
     """The modules of ``known`` that module ``name`` (file ``path``) imports anywhere in its file."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_nodes(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in known)
         elif isinstance(node, ast.ImportFrom):

@@ -30,6 +30,7 @@ DRAFT_MAX = 32            # deepest drafter chain, and fixed's depth (--draft-ma
 LOOKUP_MAX = 128          # deepest n-gram lookup draft of auto (speculation.policy.MAX_DEPTH)
 TREE_MAX_NODES = 32       # draft nodes of one tree (each leaf a llama.cpp sequence)
 TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's sequences)
+TOP_LOGPROBS_MAX = 20     # most probable alternatives reported per token (OpenAI's limit)
 RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
 
 
@@ -155,6 +156,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _float("top_p", 0.0, 1.0, lo_open=True, flag="--top-p"),
     _float("min_p", 0.0, 1.0, flag="--min-p"),
     _int("seed", 0, UINT32_MAX, special=(RANDOM_SEED,), flag="--seed", note="-1: random"),
+    _int("top_logprobs", 0, TOP_LOGPROBS_MAX, flag="--top-logprobs", label="top_logprobs"),
     # penalties (SamplingParams; as llama.cpp: repeat 1 = off, presence/frequency 0 = off)
     _float("repeat_penalty", 0.0, 10.0, lo_open=True, flag="--repeat-penalty", note="1: off"),
     _int("repeat_last_n", -1, flag="--repeat-last-n", note="-1: the whole context, 0: off"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -40,33 +40,13 @@ from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
 from ..speculation import costmodel, tree
 from ..speculation.eagle import EagleDrafter
-from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned, PolicyConfig
+from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
 from .calibration import calibrate
+from .config import GenerationConfig
 from .generation import GenerationLoop
 from .margins import MarginRecorder
-from .sampling import SamplingParams
 from .threads import for_engine as adaptive_threads
 from .verifier import TargetVerifier
-
-
-@dataclass
-class GenerationConfig:
-    max_tokens: int = 256
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: Sequence[str] = ()
-    spec: bool = True                      # speculate: the drafter when loaded and/or n-gram lookup
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    record_margins: bool = False           # keep each token's top-1 minus top-2 logit (bench)
-    parse_special: bool = True             # a raw str prompt: "<|im_start|>" etc. become special tokens
-
-    def __post_init__(self) -> None:
-        # ranges: localspec.core.options; the policy and sampling values check themselves
-        self.max_tokens = options.check("max_tokens", self.max_tokens)
-        self.stop = options.check_stop(self.stop)
-        if not isinstance(self.sampling, SamplingParams):
-            raise LocalspecError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
-        if not isinstance(self.policy, PolicyConfig):
-            raise LocalspecError(f"policy must be PolicyConfig, got {type(self.policy).__name__}")
 
 
 class Engine:

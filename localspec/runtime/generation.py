@@ -18,20 +18,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup
 from ..speculation.policy import EAGLE, DraftPolicy
+from .config import GenerationConfig
 from .drafting import DraftStep
 from .sampling import Sampler
 from .text_stream import TokenOutput
 from .verifier import TargetVerifier, Verified
-
-if TYPE_CHECKING:  # engine imports this module
-    from .engine import GenerationConfig
 
 
 class GenerationObserver(Protocol):
