@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -36,6 +38,15 @@ def bind(host: str, port: int) -> socket.socket:
         raise LocalspecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def is_loopback(sock: socket.socket) -> bool:
+    """Whether ``sock`` listens on a loopback address only (not 0.0.0.0, ::, or an interface's address)."""
+    host = sock.getsockname()[0]
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def url_of(sock: socket.socket) -> str:
@@ -108,7 +119,7 @@ def serve(
     sock = bind(host, port)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                                      verbose=verbose, vram=vram, model_spec=resolved)
-    import uvicorn
+    from ..server.run import run
 
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
     state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
@@ -117,7 +128,12 @@ def serve(
     drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {model_spec.drafter.name}"
     print(f"localspec serve: {model_spec.name} ({drafter}{', speculation off' if no_spec else ''}), "
           f"context {engine.n_ctx}, queue {queue_size}{', API key required' if api_key else ''}", file=sys.stderr)
+    if api_key is None and not is_loopback(sock):
+        print(f"Warning: {url} is reachable from other machines and no API key is set: anyone who can reach it "
+              f"can use this server (set --api-key or ${API_KEY_ENV}).", file=sys.stderr)
     print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
-    config = uvicorn.Config(server_app, log_level="info" if verbose else "warning", access_log=verbose,
-                            timeout_graceful_shutdown=5, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)
+    if stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt   # "Interrupted.", exit 130
+    if stopped_by == signal.SIGTERM:
+        raise typer.Exit(128 + signal.SIGTERM)   # 143, as a shell reports a process ended by SIGTERM

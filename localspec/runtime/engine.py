@@ -23,6 +23,7 @@ learned acceptance) and runs one generation at a time.
 
 from __future__ import annotations
 
+import numbers
 import sys
 import threading
 from dataclasses import replace
@@ -47,6 +48,22 @@ from .generation import GenerationLoop
 from .margins import MarginRecorder
 from .threads import for_engine as adaptive_threads
 from .verifier import TargetVerifier
+
+
+class PromptTooLong(LocalspecError):
+    """A prompt with as many tokens as the context holds, or more (the server answers
+    ``context_length_exceeded``)."""
+
+    def __init__(self, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(f"the prompt has {n_prompt} tokens, more than the context of {n_ctx} (n_ctx) allows; "
+                         "shorten it or use a larger context")
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+
+
+def is_tokens(prompt) -> bool:
+    """Whether ``prompt`` is token ids (a non-empty list or tuple of integers), not text or messages."""
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], numbers.Integral)
+            and not isinstance(prompt[0], bool))
 
 
 class Engine:
@@ -144,24 +161,38 @@ class Engine:
             tokens = tokens[1:]  # the template (or the raw prompt) wrote BOS itself
         return tokens
 
+    def prepare(self, prompt: str | Sequence[Message | dict], *, parse_special: bool = True) -> list[int]:
+        """The prompt's tokens, checked as :meth:`generate` needs them: the template rendered (a
+        chat), the text tokenized, and the result neither empty nor too long for the context. Pass
+        the tokens to :meth:`generate` to skip doing it again (the server prepares before it answers)."""
+        return self._check_tokens(self.prompt_tokens(prompt, parse_special=parse_special))
+
+    def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
+        if not tokens:
+            raise LocalspecError("the prompt is empty")
+        if len(tokens) >= self.n_ctx:
+            raise PromptTooLong(len(tokens), self.n_ctx)
+        n_vocab = self.model.n_vocab
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and 0 <= t < n_vocab
+                   for t in tokens):
+            raise LocalspecError(f"prompt tokens must be token ids from 0 to {n_vocab - 1}")
+        return [int(t) for t in tokens]
+
     # -- generation ------------------------------------------------------------------------------
     def generate(
         self,
-        prompt: str | Sequence[Message | dict],
+        prompt: str | Sequence[Message | dict] | Sequence[int],
         config: GenerationConfig | None = None,
         *,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        """Yield TokenEvents and CycleEvents as tokens are produced, then one DoneEvent."""
+        """Yield TokenEvents and CycleEvents as tokens are produced, then one DoneEvent. ``prompt``:
+        raw text, chat messages, or token ids from :meth:`prepare`."""
         config = config or GenerationConfig()
-        tokens = self.prompt_tokens(prompt, parse_special=config.parse_special)
-        if not tokens:
-            raise LocalspecError("the prompt is empty")
-        if len(tokens) >= self.n_ctx:
-            raise LocalspecError(
-                f"the prompt has {len(tokens)} tokens, more than the context of {self.n_ctx} (n_ctx) allows; "
-                "shorten it or use a larger context"
-            )
+        if is_tokens(prompt):
+            tokens = self._check_tokens(prompt)
+        else:
+            tokens = self.prepare(prompt, parse_special=config.parse_special)
         if not self._lock.acquire(blocking=False):
             raise LocalspecError("the engine is already generating")
         try:

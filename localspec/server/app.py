@@ -14,6 +14,7 @@ from typing import AsyncIterator, Callable, Optional
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
@@ -22,7 +23,7 @@ from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .worker import EngineWorker, Failed, Finished, Job, Started, Text
+from .worker import EngineWorker, Failed, Finished, Job, Started, Text, log
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -41,6 +42,16 @@ class ServerState:
         # the names a request's "model" may give: the model's own, and its target file's
         self.names = [model.name] + [n for n in dict.fromkeys((model.target.name, model.target.stem)) if n != model.name]
         self.fingerprint = f"localspec-{__version__}"
+        self.on_close: Optional[Callable[[], None]] = None
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the worker, then (once its thread has ended) call ``on_close``; once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.worker.stop() and self.on_close is not None:
+            self.on_close()
 
 
 # -- request bodies ------------------------------------------------------------------------------
@@ -71,17 +82,78 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class Disconnected(Exception):
+    """The client closed its connection before its request body arrived: nobody to answer."""
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _invalid_text(data) -> Optional[str]:
+    """The path (``messages.0.content``) of the first string, or key, in ``data`` that is not valid
+    Unicode (a lone surrogate such as ``"\\ud800"``, which JSON can spell but UTF-8 cannot hold)."""
+    todo: list[tuple[tuple, object]] = [((), data)]
+    while todo:                                   # no recursion: any depth the parser took is fine
+        path, value = todo.pop()
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        else:
+            items = []
+        for key, item in reversed(items):
+            for text in (key, item):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return ".".join(str(p) for p in (*path, key))
+            todo.append(((*path, key), item))
+    return None
+
+
+class QuietShutdown:
+    """ASGI middleware: a response that uvicorn cancels at shutdown (it outlived the grace period)
+    ends with one log line, not a traceback."""
+
+    def __init__(self, app, worker: EngineWorker) -> None:
+        self.app = app
+        self.worker = worker
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.worker.closing:
+                raise
+            log(f"shutting down: cut {scope.get('path', 'a request')} off (it outlived the grace period)")
+
+
 async def read_body(request: Request, schema: type[BaseModel]):
-    raw = await request.body()
+    """The request body as ``schema``; anything the JSON parser or the schema cannot take is a 400."""
     try:
-        data = json.loads(raw)
+        raw = await request.body()
+    except ClientDisconnect:
+        raise Disconnected() from None
+    try:
+        data = json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        raise APIError(400, "We could not parse the JSON body of your request: it is nested too deeply.",
+                       code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"We could not parse the JSON body of your request: {exc}.",
                        code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
+    bad_text = _invalid_text(data)
+    if bad_text is not None:
+        raise bad_request(f"Invalid value for '{bad_text}': the text holds a lone surrogate, which is not "
+                          "valid Unicode.", param=bad_text, code="invalid_text")
     try:
         return schema.model_validate(data)
+    except RecursionError:
+        raise bad_request("The request body is nested too deeply.") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
@@ -249,22 +321,29 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
 
 # -- the app ---------------------------------------------------------------------------------------
 def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+    """The app; ``on_shutdown`` (closing the engine) runs once the engine thread has ended."""
+    state.on_close = on_shutdown
+
     @asynccontextmanager
     async def lifespan(_app):
         state.worker.start()
         try:
             yield
         finally:
-            if state.worker.stop() and on_shutdown is not None:
-                on_shutdown()   # only once the engine thread has ended
+            state.close()
 
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.add_middleware(BodyLimit, limit=state.max_body)
+    app.add_middleware(QuietShutdown, worker=state.worker)
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
         return exc.response()
+
+    @app.exception_handler(Disconnected)
+    async def _gone(_request, _exc: Disconnected):
+        return Response(status_code=499)   # goes nowhere (the connection is closed), logs nothing
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request, exc: StarletteHTTPException):
@@ -281,10 +360,10 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         body = await read_body(request, ChatCompletionRequest)
         check_model(state, body.model)
         messages, config = chat_request(body, state.model, state.defaults)
-        job = Job(messages, config, param="messages")
+        reply = Reply(state, True, body.model)
+        job = Job(messages, config, param="messages", id=reply.id)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await answer(state, request, job, Reply(state, True, body.model), streaming=body.stream,
-                            include_usage=include)
+        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -292,8 +371,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         body = await read_body(request, CompletionRequest)
         check_model(state, body.model)
         prompt, config = completion_request(body, state.defaults)
-        job = Job(prompt, config, param="prompt")
         reply = Reply(state, False, body.model)
+        job = Job(prompt, config, param="prompt", id=reply.id)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
                             prefix=prompt if body.echo else "")

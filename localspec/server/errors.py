@@ -1,8 +1,24 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status.
+
+An error may quote what the client sent (a model name, a content part's type, a field's path); a
+value that cannot be encoded as UTF-8 (a lone surrogate, ``"\\ud800"`` in JSON) is written escaped,
+so that the answer itself never fails."""
 
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
+
+
+def encodable(text: str | None) -> str | None:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) written as ``\\udXXX`` escapes."""
+    if text is None:
+        return None
+    text = str(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class APIError(Exception):
@@ -10,6 +26,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None, headers: dict | None = None) -> None:
+        message, param = encodable(message), encodable(param)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -29,10 +46,8 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return APIError(400, message, param=param, code=code)
 
 
-def context_overflow(n_prompt: int, n_ctx: int, param: str) -> APIError:
-    return APIError(400, f"This model's context is {n_ctx} tokens; the prompt has {n_prompt} tokens. "
-                         "Shorten it, or restart the server with a larger --ctx.",
-                    param=param, code="context_length_exceeded")
+def context_overflow(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="context_length_exceeded")
 
 
 def queue_full(size: int) -> APIError:
@@ -54,6 +69,10 @@ def too_large(limit: int) -> APIError:
 def unknown_model(name: str, served: list[str]) -> APIError:
     return APIError(404, f"The model '{name}' does not exist; this server serves {', '.join(served)}.",
                     param="model", code="model_not_found")
+
+
+def shutting_down(what: str = "The server is shutting down.") -> APIError:
+    return APIError(503, what, type="server_error", code="server_shutting_down")
 
 
 def internal(message: str = "The server failed while handling the request.") -> APIError:

@@ -5,6 +5,10 @@ The engine is single-threaded (one llama.cpp context). Handlers :meth:`EngineWor
 job's asyncio queue with ``loop.call_soon_threadsafe``: :class:`Started` (the prompt fits, tokens
 follow), :class:`Text`, then :class:`Finished` or :class:`Failed`. Setting ``job.cancel`` (the
 client went away) makes the engine stop at its next cycle, or skips the job if it is still queued.
+
+On shutdown :meth:`EngineWorker.abort` refuses new jobs and queued ones (503), and stops the
+running one at its next cycle: it ends with a 503 error (a stream: an error event before
+``[DONE]``), and the log gets one line per request cut or refused.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..formats.chat_format import Message
-from ..runtime.engine import Engine, GenerationConfig
+from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
-from .errors import APIError, bad_request, context_overflow, internal, queue_full
+from .errors import APIError, bad_request, context_overflow, internal, queue_full, shutting_down
 from .metrics import ServerMetrics
 
 
@@ -49,13 +53,16 @@ class Failed:
 class Job:
     """One request's generation. Create it on the event loop that will read ``events``."""
 
-    def __init__(self, prompt: str | Sequence[Message], config: GenerationConfig, *, param: str) -> None:
+    def __init__(self, prompt: str | Sequence[Message], config: GenerationConfig, *, param: str,
+                 id: str = "request") -> None:
         self.prompt = prompt
         self.config = config
         self.param = param                      # the request field holding the prompt, for errors
+        self.id = id                            # the answer's id, for the log
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
+        self.shutdown = False                   # cancelled by the server's shutdown, not by the client
 
     def post(self, item) -> None:
         try:
@@ -72,6 +79,7 @@ class EngineWorker:
         self.queue_size = queue_size
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._running: Job | None = None
+        self._closing = False
         self.metrics: ServerMetrics = metrics_factory(running=self.running_count, waiting=self.waiting_count)
         self._thread = threading.Thread(target=self._run, name="localspec-engine", daemon=True)
 
@@ -82,31 +90,45 @@ class EngineWorker:
     def waiting_count(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def closing(self) -> bool:
+        """Shutdown has begun (:meth:`abort`)."""
+        return self._closing
+
     # -- life --
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
+        if self._closing:
+            raise shutting_down()
         try:
             self._queue.put_nowait(job)
         except queue.Full:
             self.metrics.rejected.inc()
             raise queue_full(self.queue_size) from None
 
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Cancel what runs and what waits, then end the thread; False if it has not ended in ``timeout``."""
+    def abort(self) -> None:
+        """Shutdown begins: refuse new and queued jobs (503), stop the running one at its next cycle."""
+        self._closing = True
         running = self._running
         if running is not None:
+            running.shutdown = True
             running.cancel.set()
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if job is not None and not job.cancel.is_set():
+                job.shutdown = True
                 job.cancel.set()
-                job.post(Failed(APIError(503, "The server is shutting down.", type="server_error",
-                                         code="shutting_down")))
+                log(f"shutting down: refused {job.id}, which was waiting")
+                job.post(Failed(shutting_down()))
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """:meth:`abort`, then end the thread; False if it has not ended in ``timeout``."""
+        self.abort()
         if not self._thread.is_alive():
             return True
         try:
@@ -132,23 +154,22 @@ class EngineWorker:
             self.metrics.record(None, 0, "cancelled")
             job.post(Failed(APIError(499, "The client closed the request.", code="client_closed_request")))
             return
-        engine = self.engine
         try:
-            n_prompt = len(engine.prompt_tokens(job.prompt, parse_special=job.config.parse_special))
+            tokens = self.engine.prepare(job.prompt, parse_special=job.config.parse_special)
+        except PromptTooLong as exc:
+            job.post(Failed(context_overflow(str(exc), job.param)))
+            return
         except LocalspecError as exc:
             job.post(Failed(bad_request(str(exc), param=job.param)))
             return
-        if n_prompt == 0:
-            job.post(Failed(bad_request("The prompt is empty.", param=job.param)))
-            return
-        if n_prompt >= engine.n_ctx:
-            job.post(Failed(context_overflow(n_prompt, engine.n_ctx, job.param)))
-            return
-        job.post(Started(n_prompt))
+        job.post(Started(len(tokens)))
+        self._generate(job, tokens)
+
+    def _generate(self, job: Job, tokens: list[int]) -> None:
         drafts = 0
         done: DoneEvent | None = None
         try:
-            for event in engine.generate(job.prompt, job.config, cancel=job.cancel):
+            for event in self.engine.generate(tokens, job.config, cancel=job.cancel):
                 if isinstance(event, TokenEvent):
                     if event.text:
                         job.post(Text(event.text))
@@ -166,4 +187,14 @@ class EngineWorker:
             return
         assert done is not None
         self.metrics.record(done.stats, drafts, done.finish_reason)
+        if job.shutdown and done.finish_reason == "cancelled":
+            n = done.stats.generated_tokens
+            log(f"shutting down: stopped {job.id} after {n} generated tokens")
+            job.post(Failed(shutting_down(f"The server is shutting down: the generation was stopped after {n} "
+                                          "tokens.")))
+            return
         job.post(Finished(done, drafts))
+
+
+def log(line: str) -> None:
+    print(f"localspec serve: {line}", file=sys.stderr, flush=True)
