@@ -199,6 +199,29 @@ def test_context_overflow(models):
         assert done.stats.prompt_tokens + len(done.tokens) <= n_ctx + 1
 
 
+def test_a_prompt_prepared_once_generates_as_the_prompt_itself(models):
+    """prepare() renders, tokenizes and checks once; generate() takes its tokens and skips all that."""
+    from localspec.runtime.engine import PromptTooLong
+
+    with Engine(models["noisy"], models["d_repeat"], n_ctx=256) as engine:
+        chat = [Message("user", "Name three colours.")]
+        tokens = engine.prepare(chat)
+        assert tokens == engine.prompt_tokens(chat)
+        assert run(engine, tokens, max_tokens=20).tokens == run(engine, chat, max_tokens=20).tokens
+        assert run(engine, tuple(np.array(tokens)), max_tokens=5).tokens == run(engine, chat, max_tokens=5).tokens
+        n_vocab = engine.model.n_vocab
+        for bad in ([0, -1], [1, n_vocab], [1, 2.5], [1, True]):
+            with pytest.raises(LocalspecError, match="token ids"):
+                run(engine, bad, max_tokens=2)
+        with pytest.raises(PromptTooLong, match="more than the context") as info:
+            engine.prepare("word " * (engine.n_ctx + 10))
+        assert info.value.n_ctx == engine.n_ctx and info.value.n_prompt > engine.n_ctx
+        with pytest.raises(PromptTooLong):
+            run(engine, [1] * engine.n_ctx, max_tokens=2)
+        with pytest.raises(LocalspecError, match="not valid UTF-8"):
+            engine.prepare("a\udc80")
+
+
 def test_switching_speculation_off_and_on_between_generations(models):
     with Engine(models["noisy"], models["d_repeat"], n_ctx=1024) as engine:
         base = run(engine, PROMPTS[0], max_tokens=30, spec=False, record_margins=True)
