@@ -239,3 +239,50 @@ def test_shutdown_ends_every_request_cleanly(tmp_path, sig, running_streams):
     assert n < LONG["max_tokens"] / 2, log   # the engine stopped, it did not run on through the grace
     if sig == signal.SIGINT:
         assert log.rstrip().endswith("Interrupted."), log
+
+
+def test_a_response_cancelled_at_shutdown_still_ends_properly():
+    """uvicorn cancels what outlives its grace period (or a second Ctrl-C): a stream that had begun
+    ends with an error event and [DONE], a response not begun is a 503, nothing escapes."""
+    import asyncio
+    import types
+
+    from starlette.responses import StreamingResponse
+
+    from localspec.server.app import QuietShutdown
+
+    async def endless():
+        yield b"data: {}\n\n"
+        await asyncio.Event().wait()
+
+    async def streaming_app(scope, receive, send):
+        await StreamingResponse(endless(), media_type="text/event-stream")(scope, receive, send)
+
+    async def stalled_app(scope, receive, send):
+        await asyncio.Event().wait()
+
+    async def serve(app, closing: bool) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            await asyncio.Event().wait()
+
+        scope = {"type": "http", "path": "/v1/completions", "headers": [], "asgi": {"spec_version": "2.4"}}
+        task = asyncio.ensure_future(QuietShutdown(app, types.SimpleNamespace(closing=closing))(scope, receive, send))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            sent.append({"type": "cancelled"})
+        return sent
+
+    sent = asyncio.run(serve(streaming_app, True))
+    assert sent[-1]["type"] == "http.response.body" and sent[-1]["more_body"] is False
+    assert sent[-1]["body"].endswith(b"data: [DONE]\n\n") and b"server_shutting_down" in sent[-1]["body"]
+    sent = asyncio.run(serve(stalled_app, True))
+    assert sent[0]["status"] == 503 and b"server_shutting_down" in sent[-1]["body"]
+    assert asyncio.run(serve(stalled_app, False))[-1] == {"type": "cancelled"}   # not shutting down: not ours

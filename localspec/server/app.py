@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .. import __version__
 from ..core.events import DoneEvent
 from ..store.models import ModelSpec
-from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
+from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized, unknown_model
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text, log
@@ -114,20 +114,42 @@ def _invalid_text(data) -> Optional[str]:
 
 
 class QuietShutdown:
-    """ASGI middleware: a response that uvicorn cancels at shutdown (it outlived the grace period)
-    ends with one log line, not a traceback."""
+    """ASGI middleware: a response that uvicorn cancels at shutdown (it outlived the grace period,
+    or a second Ctrl-C cut the wait short) still ends properly: a stream with an error event and
+    ``[DONE]``, a response not yet begun with a 503; one log line, no traceback."""
 
     def __init__(self, app, worker: EngineWorker) -> None:
         self.app = app
         self.worker = worker
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = {"started": False, "stream": False, "complete": False}
+
+        async def tracking_send(message) -> None:
+            if message["type"] == "http.response.start":
+                sent["started"] = True
+                sent["stream"] = dict(message.get("headers", [])).get(b"content-type", b"").startswith(
+                    b"text/event-stream")
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent["complete"] = True
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, tracking_send)
         except asyncio.CancelledError:
             if not self.worker.closing:
                 raise
-            log(f"shutting down: cut {scope.get('path', 'a request')} off (it outlived the grace period)")
+            if sent["complete"]:
+                return
+            log(f"shutting down: ended a {scope.get('path', '')} response early (the grace period was over)")
+            error = shutting_down()
+            if not sent["started"]:
+                await error.response()(scope, receive, send)
+            else:
+                body = sse(error.body()) + b"data: [DONE]\n\n" if sent["stream"] else b""
+                await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def read_body(request: Request, schema: type[BaseModel]):

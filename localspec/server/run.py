@@ -38,6 +38,8 @@ class Server(uvicorn.Server):
             log(f"shutting down ({signal.Signals(self.signals[0]).name})")
         self.on_shutdown()
         await super().shutdown(sockets)
+        if self.force_exit:   # a second Ctrl-C skipped the wait and the app's shutdown: the engine
+            await self.lifespan.shutdown()   # thread still ends before the process does
 
 
 def run(app, sock: socket.socket, *, verbose: bool, on_shutdown: Callable[[], None],
@@ -48,15 +50,16 @@ def run(app, sock: socket.socket, *, verbose: bool, on_shutdown: Callable[[], No
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
                             timeout_graceful_shutdown=GRACE_S, lifespan="on")
     server = Server(config, on_shutdown)
-    # uvicorn raises a signal it caught once more after its shutdown, under the handler it found:
-    # SIGTERM's default would end the process before the engine is closed and the exit code chosen
-    previous = signal.signal(signal.SIGTERM, server.handle_exit)
+    # After its shutdown uvicorn raises the signal it caught once more, under the handler it found
+    # (inside the event loop, where a KeyboardInterrupt would cut the app's tasks off, and SIGTERM's
+    # default would end the process before the engine is closed): it finds handle_exit instead.
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:   # raised again by uvicorn under localspec's handler, or before uvicorn's
-        if not server.signals:
-            server.signals.append(signal.SIGINT)
+    except KeyboardInterrupt:   # a Ctrl-C before uvicorn took the signal over
+        server.signals.append(signal.SIGINT)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         on_exit()
     return server.signals[0] if server.signals else None
