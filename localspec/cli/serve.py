@@ -54,6 +54,16 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def announce(sock: socket.socket, what: str, *, api_key: Optional[str]) -> None:
+    """The start-up lines: what is served (stderr), a warning when anyone could use it, the URL."""
+    url = url_of(sock)
+    print(f"localspec serve: {what}", file=sys.stderr)
+    if api_key is None and not is_loopback(sock):
+        print(f"Warning: {url} is reachable from other machines and no API key is set: anyone who can reach it "
+              f"can use this server (set --api-key or ${API_KEY_ENV}).", file=sys.stderr)
+    print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
+
+
 @app.command()
 def serve(
     cli: typer.Context,
@@ -124,14 +134,9 @@ def serve(
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
     state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
     server_app = create_app(state, on_shutdown=engine.close)
-    url = url_of(sock)
     drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {model_spec.drafter.name}"
-    print(f"localspec serve: {model_spec.name} ({drafter}{', speculation off' if no_spec else ''}), "
-          f"context {engine.n_ctx}, queue {queue_size}{', API key required' if api_key else ''}", file=sys.stderr)
-    if api_key is None and not is_loopback(sock):
-        print(f"Warning: {url} is reachable from other machines and no API key is set: anyone who can reach it "
-              f"can use this server (set --api-key or ${API_KEY_ENV}).", file=sys.stderr)
-    print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
+    announce(sock, f"{model_spec.name} ({drafter}{', speculation off' if no_spec else ''}), context {engine.n_ctx}, "
+                   f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt   # "Interrupted.", exit 130

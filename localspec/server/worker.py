@@ -189,9 +189,9 @@ class EngineWorker:
         self.metrics.record(done.stats, drafts, done.finish_reason)
         if job.shutdown and done.finish_reason == "cancelled":
             n = done.stats.generated_tokens
-            log(f"shutting down: stopped {job.id} after {n} generated tokens")
-            job.post(Failed(shutting_down(f"The server is shutting down: the generation was stopped after {n} "
-                                          "tokens.")))
+            tokens = f"{n} generated token{'' if n == 1 else 's'}"
+            log(f"shutting down: stopped {job.id} after {tokens}")
+            job.post(Failed(shutting_down(f"The server is shutting down: the generation was stopped after {tokens}.")))
             return
         job.post(Finished(done, drafts))
 
