@@ -154,6 +154,10 @@ class EngineWorker:
             self.metrics.record(None, 0, "cancelled")
             job.post(Failed(APIError(499, "The client closed the request.", code="client_closed_request")))
             return
+        if self._closing:                # taken from the queue just as the shutdown drained it
+            log(f"shutting down: refused {job.id}, which was waiting")
+            job.post(Failed(shutting_down()))
+            return
         try:
             tokens = self.engine.prepare(job.prompt, parse_special=job.config.parse_special)
         except PromptTooLong as exc:
@@ -189,9 +193,9 @@ class EngineWorker:
         self.metrics.record(done.stats, drafts, done.finish_reason)
         if job.shutdown and done.finish_reason == "cancelled":
             n = done.stats.generated_tokens
-            tokens = f"{n} generated token{'' if n == 1 else 's'}"
-            log(f"shutting down: stopped {job.id} after {tokens}")
-            job.post(Failed(shutting_down(f"The server is shutting down: the generation was stopped after {tokens}.")))
+            after = f"after {n} generated token{'' if n == 1 else 's'}"
+            log(f"shutting down: stopped {job.id} {after}")
+            job.post(Failed(shutting_down(f"The server is shutting down: the generation was stopped {after}.")))
             return
         job.post(Finished(done, drafts))
 
