@@ -161,7 +161,9 @@ def test_a_server_beyond_loopback_without_a_key_warns_in_one_line(tiny_server, t
 
 
 # -- shutdown ----------------------------------------------------------------------------------------
-LONG = {"prompt": "1, 2, 3, 4,", "max_tokens": 1800, "temperature": 0}
+# long enough to be running when the signal comes, also on a fast machine (speculation off: it would
+# race through a counting sequence)
+LONG = {"prompt": "1, 2, 3, 4,", "max_tokens": 4000, "temperature": 0}
 
 
 def sse_lines(url: str, body: dict, out: dict) -> None:
@@ -200,7 +202,7 @@ def test_shutdown_ends_every_request_cleanly(tmp_path, sig, running_streams):
     """A signal while one request runs and one waits: the engine stops at its next cycle, the
     running stream ends with an error event and [DONE] (or the running whole answer gets 503),
     the waiting one gets 503, one log line each, exit 128 + the signal, no traceback."""
-    served = Served(tmp_path, "--ctx", "2048", "--queue-size", "4")
+    served = Served(tmp_path, "--ctx", "4096", "--queue-size", "4", "--no-spec")
     try:
         running: dict = {}
         waiting: dict = {}
