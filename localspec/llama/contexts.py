@@ -29,8 +29,12 @@ VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.LOOKUP_MAX, options.TREE
 DRAFTER_BATCH = 64
 
 
-def target_context(with_drafter: bool) -> dict:
+def target_context(with_drafter: bool, slots: int = 1) -> dict:
     """Sequence settings of the target context: with a drafter, draft trees are verified in one batch,
     each leaf a sequence of one unified cache (the tree's rows share the prefix cells; see
-    speculation.tree)."""
+    speculation.tree). With ``slots`` > 1 (parallel requests, :mod:`localspec.runtime.scheduler`)
+    each slot is one sequence of one unified cache: a shared pool of cells (the engine sizes it
+    ``slots`` times the per-request context, so every slot can fill its own context)."""
+    if slots > 1:
+        return dict(n_seq_max=max(slots, 1 + options.TREE_MAX_NODES if with_drafter else 0), kv_unified=True)
     return dict(n_seq_max=1 + options.TREE_MAX_NODES, kv_unified=True) if with_drafter else {}

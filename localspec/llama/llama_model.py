@@ -237,6 +237,35 @@ class Context:
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
 
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
+                     outputs: Sequence[bool]) -> None:
+        """Decode rows of several sequences in one batch, one sequence per row (the scheduler's
+        step: every slot's rows); read a row's logits with :meth:`logits` at its index."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
+        out = np.asarray(outputs, dtype=np.int8)
+        if int(out.sum()) > self.n_outputs_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"internal: {int(out.sum())} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        self._out[:n] = out
+        seq_id = self._batch.seq_id
+        moved = [i for i, s in enumerate(seqs) if s]
+        for i in moved:
+            seq_id[i][0] = seqs[i]
+        self._batch.n_tokens = n
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        finally:
+            for i in moved:  # decode() writes sequence 0 only
+                seq_id[i][0] = 0
+        interrupts.raise_if_pending()
+        if rc != 0:
+            raise llama_failure(f"llama_decode failed (code {rc})")
+
     def decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode rows of several sequences at once: (seq, token, pos, wants_logits) each; read a
         row's logits with :meth:`logits` at its index in ``rows``."""

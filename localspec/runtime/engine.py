@@ -83,6 +83,7 @@ class Engine:
         n_outputs_max: int = 0,
         memory_plan=None,
         chat_template: str | None = None,
+        parallel: int = 1,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -96,6 +97,8 @@ class Engine:
             n_threads = options.check_threads(n_threads)
         n_gpu_layers = options.check("gpu_layers", n_gpu_layers)
         drafter_gpu_layers = options.check("gpu_layers", drafter_gpu_layers)
+        # slots: sequences decoded together (localspec.runtime.scheduler), each with n_ctx positions
+        self.n_slots = options.check("parallel", parallel)
         # from a memory plan (localspec.memory): KV type, verify-sized logit rows, the plan itself (kept
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
@@ -106,7 +109,11 @@ class Engine:
         self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
-        self.verifier = TargetVerifier(self.model, self.ctx)  # what the target KV cache holds
+        # what the target KV cache holds, one verifier per slot (sequence); the first one is the
+        # sequence a generation alone (generate) uses
+        per_slot = self.ctx.n_ctx // self.n_slots
+        self.verifiers = [TargetVerifier(self.model, self.ctx, seq=i, n_ctx=per_slot) for i in range(self.n_slots)]
+        self.verifier = self.verifiers[0]
         self._lock = threading.Lock()
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
@@ -116,9 +123,10 @@ class Engine:
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=n_threads,
+        # several slots share one unified KV pool of n_ctx cells per slot
+        self.ctx = Context(self.model, n_ctx=n_ctx * self.n_slots, n_batch=PROMPT_BATCH, n_threads=n_threads,
                            kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
-                           **target_context(self.drafter_info is not None))
+                           **target_context(self.drafter_info is not None, self.n_slots))
         self.drafter: EagleDrafter | None = None
         try:
             if self.drafter_info is not None:
@@ -143,7 +151,8 @@ class Engine:
     # -- prompts ---------------------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        """Positions one request may fill (a slot's share of the KV pool)."""
+        return self.verifier.n_ctx
 
     def prompt_tokens(self, prompt: str | Sequence[Message | dict], *, parse_special: bool = True) -> list[int]:
         """Tokens for a raw text prompt (str) or a chat (messages, rendered with the model's template).
@@ -201,22 +210,31 @@ class Engine:
             self._lock.release()
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
-        pcfg = config.policy
         self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
-        drafter = self.drafter if config.spec and pcfg.source in ("auto", EAGLE) else None
-        use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
-        cost = (self.cost_model(cancel=cancel) if pcfg.name == "auto" and (drafter is not None or use_lookup)
-                else None)
-        self.learned.new_generation()
-        policy = DraftPolicy(pcfg, cost, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         margins = MarginRecorder() if config.record_margins else None
-        loop = GenerationLoop(self.verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=[margins] if margins is not None else [], tick=self.threads.tick,
-                              cancel=cancel)
+        loop = self.open_slot(self.verifier, prompt, config, cancel, observers=[margins] if margins else [],
+                              tick=self.threads.tick)
         for event in loop.run():
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))
             yield event
+
+    def open_slot(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig,
+                  cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
+        """A generation of ``prompt`` on ``verifier``'s sequence, not started. The drafter serves
+        an engine of one slot only (its KV holds one sequence): slots of a parallel engine draft
+        with n-gram lookup. ``cost=False``: no calibration now (the policy plans plain steps
+        until a cost model exists)."""
+        pcfg = config.policy
+        drafter = (self.drafter if config.spec and pcfg.source in ("auto", EAGLE) and self.n_slots == 1
+                   else None)
+        use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
+        wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
+        model = (self.cost_model(cancel=cancel) if cost else self.cost) if wants_cost else None
+        self.learned.new_generation()
+        policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
+        return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
+                              observers=observers, tick=tick, cancel=cancel)
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:

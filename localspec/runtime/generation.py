@@ -26,10 +26,11 @@ from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup
 from ..speculation.policy import EAGLE, DraftPolicy
 from .config import GenerationConfig
+from .batch import Batch
 from .drafting import DraftStep
 from .sampling import Sampler
 from .text_stream import TokenOutput
-from .verifier import TargetVerifier, Verified
+from .verifier import Decoded, TargetVerifier, Verified
 
 
 class GenerationObserver(Protocol):
@@ -49,7 +50,11 @@ _PLAIN = _Cycle(0, 0, None)
 
 
 class GenerationLoop:
-    """One generation; :meth:`run` yields its events."""
+    """One generation, one slot of the target context: :meth:`plan` adds its rows to a step's
+    :class:`~localspec.runtime.batch.Batch`, :meth:`settle` reads them after the batch's one
+    decode and queues the events, :meth:`check` ends it when it is due. :meth:`run` drives it
+    alone, one batch per step (the CLI, bench, chat); :class:`~localspec.runtime.scheduler.Scheduler`
+    drives several in the same batches."""
 
     def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
@@ -69,39 +74,118 @@ class GenerationLoop:
         self.output = TokenOutput(verifier.model, config.stop, config.max_tokens)
         self.drafting: DraftStep | None = None
         self.finish: str | None = None
+        self.events: list[Event] = []             # queued for the driver (take)
+        self.done = False                         # the DoneEvent is queued
+        self._work: tuple | None = None           # what this step's rows are (plan -> settle)
+        self._shared = False                      # this step's batch holds other slots' rows
+        self._started = False
+        self._t_start = self._t_cycle = 0.0
         self._t_gen = 0.0
         self._drafter_t0 = 0.0
 
     def run(self) -> Iterator[Event]:
-        pending = self._start()
-        cycle: _Cycle | None = None
-        while True:
-            before = len(self.output.tokens)
-            yield from self.output.emit(pending)
-            self._clock()
-            if cycle is not None:
-                yield CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
-                                 self.stats.snapshot(), cycle.source)
-            if self._finished():
-                break
-            if self.tick is not None:
-                self.tick()
-            pending, cycle = self._cycle()
-        yield from self.output.close()
-        self.stats.generation_seconds = time.perf_counter() - self._t_gen
-        self.stats.policy_choices = dict(self.policy.choices)
-        yield DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot())
+        """This generation alone: one decode per step, its events as they come."""
+        ctx = self.verifier.ctx
+        while not self.done:
+            batch = Batch(ctx)
+            self.plan(batch)
+            batch.decode()
+            self.settle(batch)
+            yield from self.take()
+            self.check()
+            yield from self.take()
 
-    def _start(self) -> list[tuple[int, bool]]:
-        """Prefill (reusing the cached prefix); the first token, chosen from the prompt's logits."""
-        t_start = time.perf_counter()
-        first = self.verifier.prefill(self.prompt, self.sampler, self.drafter)
+    def take(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    @property
+    def prefilling(self) -> bool:
+        return not self._started or self.verifier.prefilling
+
+    # -- one step ----------------------------------------------------------------------------------
+    def plan(self, batch: Batch, reserve: int = 0) -> None:
+        """Add this step's rows to ``batch``: the prompt's next chunk (as many rows as the batch
+        has left), or the draft of a cycle with ``last`` (leaving ``reserve`` rows for the slots
+        after this one). A draft tree adds none: it is decoded on its own in :meth:`settle`
+        (only a generation alone drafts trees)."""
+        verifier = self.verifier
+        if not self._started:
+            self._begin()
+        if verifier.prefilling:
+            tokens, pos = verifier.prefill_chunk(batch.rows_left())
+            self._work = ("prefill", batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
+            return
+        if self.tick is not None:
+            self.tick()
+        self._t_cycle = time.perf_counter()
+        alone = batch.rows == 0
+        limit = min(batch.rows_left(), batch.outputs_left()) - reserve - 1 - len(verifier.uncached)
+        draft = self.drafting.draft(max(0, min(verifier.room(), self.output.remaining - 1, limit)), verifier.n_past)
+        if draft.tree is not None:
+            self._work = ("tree", draft)
+        elif draft.source is None and not self.observers and not verifier.uncached:
+            self._work = ("step", batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
+        else:
+            rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and alone else 0
+            tokens, start = verifier.chain_rows(draft.tokens, rows)
+            self._work = ("verify", batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft, rows)
+
+    def settle(self, batch: Batch, *, shared: bool = False) -> None:
+        """After the batch's decode: commit what the rows decided and queue the events.
+        ``shared``: the batch held other slots' rows too (the scheduler tells the cost model
+        about the whole batch once)."""
+        work, self._work = self._work, None
+        self._shared = shared
+        kind = work[0]
+        if kind == "prefill":
+            first = self.verifier.prefill_done(work[2], self.sampler, work[1])
+            if first >= 0:
+                self._advance(self._prefilled(first), None)
+            return
+        if kind == "step":
+            pending, cycle = self._plain_step(self._t_cycle, batch.at(work[1]))
+        elif kind == "tree":
+            pending, cycle = self._verified(work[1], self.verifier.verify_tree(work[1].tree, self.sampler))
+        else:
+            _, offset, draft, rows = work
+            v = self.verifier.verify(draft.tokens, self.sampler, rows=rows, decoded=batch.at(offset))
+            pending, cycle = self._verified(draft, v)
+        self._advance(pending, cycle)
+
+    def check(self) -> bool:
+        """End the generation if it is due (after the driver handed the step's events on: a
+        consumer may cancel on one); whether it is done."""
+        if not self.done and self._finished():
+            self.events.extend(self.output.close())
+            self.stats.generation_seconds = time.perf_counter() - self._t_gen if self._t_gen else 0.0
+            self.stats.policy_choices = dict(self.policy.choices)
+            self.events.append(DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot()))
+            self.done = True
+        return self.done
+
+    def _advance(self, pending: list[tuple[int, bool]], cycle: _Cycle | None) -> None:
+        before = len(self.output.tokens)
+        self.events.extend(self.output.emit(pending))
+        self._clock()
+        if cycle is not None:
+            self.events.append(CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
+                                          self.stats.snapshot(), cycle.source))
+
+    def _begin(self) -> None:
+        """Start the prompt (reusing the cached prefix); its chunks follow in plan/settle."""
+        self._started = True
+        self._t_start = time.perf_counter()
+        self.verifier.begin(self.prompt, self.drafter)
+
+    def _prefilled(self, first: int) -> list[tuple[int, bool]]:
+        """The prompt is in; ``first`` was chosen from its logits."""
         for observer in self.observers:
             observer.after_prefill(self.verifier.ctx, self.sampler)
         self.sampler.commit([first])
         lookup = NgramLookup(self.prompt + [first]) if self.policy.lookup else None
         self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max)
-        self.stats.prompt_seconds = time.perf_counter() - t_start
+        self.stats.prompt_seconds = time.perf_counter() - self._t_start
         self._t_gen = time.perf_counter()
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
         return [(first, False)]
@@ -117,25 +201,16 @@ class GenerationLoop:
         finish = self.output.finish
         if finish is None and self.cancel is not None and self.cancel.is_set():
             finish = "cancelled"
-        if finish is None and self.verifier.n_past >= self.verifier.ctx.n_ctx:
+        if finish is None and not self.prefilling and self.verifier.n_past >= self.verifier.n_ctx:
             finish = "context"
         self.finish = finish
         return finish is not None
 
-    def _cycle(self) -> tuple[list[tuple[int, bool]], _Cycle]:
-        """Draft, verify in one target batch, commit: the committed tokens and the cycle's counts."""
-        t_cycle = time.perf_counter()
-        verifier, policy = self.verifier, self.policy
-        draft = self.drafting.draft(min(verifier.room(), self.output.remaining - 1), verifier.n_past)
-        if draft.source is None and not self.observers and not verifier.uncached:
-            return self._plain_step(t_cycle)
-        if draft.tree is not None:
-            v = verifier.verify_tree(draft.tree, self.sampler)
-        else:
-            rows = policy.verify_rows(len(draft.tokens) + 1) if draft.tokens else 1
-            v = verifier.verify(draft.tokens, self.sampler, rows=rows)
+    def _verified(self, draft, v: Verified) -> tuple[list[tuple[int, bool]], _Cycle]:
+        """After a verification: the committed tokens and the cycle's counts."""
+        policy = self.policy
         self.stats.record_verify(v.batch, v.seconds)
-        t_cycle += self._observe(v)
+        t_cycle = self._t_cycle + self._observe(v)
         self.drafting.record(draft, v)
         self.sampler.commit(v.tokens)
         if draft.source == EAGLE and not draft.tokens:
@@ -145,21 +220,21 @@ class GenerationLoop:
         self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
         policy.observe(source, v.drafted, v.accepted, verify_seconds=v.seconds, drafter_seconds=draft.seconds,
                        cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth,
-                       batch=v.batch)
+                       batch=v.batch, cost_observed=self._shared)
         return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)
 
-    def _plain_step(self, t_cycle: float) -> tuple[list[tuple[int, bool]], _Cycle]:
+    def _plain_step(self, t_cycle: float, decoded: Decoded) -> tuple[list[tuple[int, bool]], _Cycle]:
         """A cycle that drafts nothing, kept lean (most cycles of most text): the same outcome
         and bookkeeping as verifying no drafts, without building a verification record."""
         verifier = self.verifier
         pos = verifier.n_past
-        tok, seconds = verifier.step(self.sampler)
+        tok, seconds = verifier.step(self.sampler, decoded)
         self.stats.record_verify(1, seconds)
         self.drafting.commit([tok], pos, [0])
         self.sampler.commit((tok,))
         self.stats.record_cycle(0, 0)
         self.policy.observe(None, 0, 0, verify_seconds=seconds, drafter_seconds=0.0,
-                            cycle_seconds=time.perf_counter() - t_cycle, batch=1)
+                            cycle_seconds=time.perf_counter() - t_cycle, batch=1, cost_observed=self._shared)
         return [(tok, False)], _PLAIN
 
     def _observe(self, verified: Verified) -> float:

@@ -6,6 +6,12 @@ that could not keep its rows), then ``last`` at position ``n_past`` (the target'
 Each verify decodes ``uncached + [last] + drafts`` in one batch, accepts the longest prefix of
 drafts the target agrees with (greedy: argmax; sampling: the rejection rule of
 :mod:`localspec.runtime.sampling`), trims the cache to what was committed and moves on.
+
+One verifier keeps one sequence of the target context (``seq``; a slot of
+:mod:`localspec.runtime.scheduler`), within its own ``n_ctx`` positions. Its rows may be decoded
+by the verifier itself, or as a part of a batch shared with other sequences: then the caller
+decodes the rows :meth:`TargetVerifier.chain_rows` (or :meth:`~TargetVerifier.prefill_chunk`)
+names and passes where they sat (:class:`Decoded`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..core.errors import LocalspecError
 from ..speculation import tree
 from .sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Where one sequence's rows sat in a batch decoded for several: the first row's index, and
+    the decode's seconds."""
+
+    offset: int
+    seconds: float
 
 
 @dataclass
@@ -52,8 +68,10 @@ class Verified:
 class TargetVerifier:
     """Owns the target context's KV bookkeeping across generations (prompt prefix reuse)."""
 
-    def __init__(self, model, ctx) -> None:
+    def __init__(self, model, ctx, *, seq: int = 0, n_ctx: int | None = None) -> None:
         self.model, self.ctx = model, ctx
+        self.seq = seq                  # this verifier's sequence in the target context
+        self.n_ctx = n_ctx or ctx.n_ctx  # positions this sequence may fill
         self.kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
         self.drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
         # the generation under way
@@ -61,16 +79,33 @@ class TargetVerifier:
         self.last = -1                  # the newest committed token, not yet in the KV cache
         self.uncached: list[int] = []   # committed tokens before ``last``, not in the KV cache either
         self._drafter = None            # the drafter recording this generation's rows, if any
+        self._prompt: list[int] | None = None   # a prompt being prefilled (chunk by chunk)
+        self._fill = 0                  # its next position to decode
 
     def room(self) -> int:
         """Most drafts the next batch can hold: free context, and rows with logits in one batch."""
-        return min(self.ctx.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+        return min(self.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
 
     # -- prompt ----------------------------------------------------------------------------------
     def prefill(self, prompt: list[int], sampler: Sampler, drafter=None) -> int:
         """Bring the target KV cache to the prompt, reusing the cached prefix (``drafter``, when
         this generation drafts with it, records the new rows); return the first generated token."""
-        ctx = self.ctx
+        self.begin(prompt, drafter)
+        first = -1
+        while first < 0:
+            tokens, pos = self.prefill_chunk(self.ctx.n_batch)
+            self._decode(tokens, pos, all_logits=False)
+            first = self.prefill_done(len(tokens), sampler)
+        return first
+
+    @property
+    def prefilling(self) -> bool:
+        """A prompt is under way (:meth:`begin`), its first token not chosen yet."""
+        return self._prompt is not None
+
+    def begin(self, prompt: list[int], drafter=None) -> None:
+        """Start a generation from ``prompt``: keep the cached prefix, drop the rest of the
+        sequence; :meth:`prefill_chunk` and :meth:`prefill_done` then decode the rest."""
         n = len(prompt)
         common = 0
         for a, b in zip(self.kv_tokens, prompt):
@@ -85,69 +120,98 @@ class TargetVerifier:
             # valid below the first differing token; and it may lag (a run with spec off).
             start = max(0, min(start, common - 1, self.drafter_pairs))
             drafter.reset(start)
-        ctx.seq_rm(start)
+        self.ctx.seq_rm(start, seq=self.seq)
         self.kv_tokens = prompt[:start]
-        first = self._decode_prompt(prompt, start, sampler, drafter)
         self._drafter = drafter
-        self.n_past, self.last, self.uncached = n, first, []
+        self._prompt, self._fill = prompt, start
+
+    def prefill_chunk(self, budget: int) -> tuple[list[int], int]:
+        """The prompt's next rows to decode (at most ``budget``) and the first one's position; only
+        the prompt's last row needs logits."""
+        return self._prompt[self._fill: self._fill + budget], self._fill
+
+    def prefill_done(self, n_rows: int, sampler: Sampler, offset: int = 0) -> int:
+        """After the decode of the :meth:`prefill_chunk` rows (the first at batch row ``offset``):
+        the first generated token once the whole prompt is in, else -1."""
+        prompt, pos = self._prompt, self._fill
+        n, end = len(prompt), pos + n_rows
+        self.kv_tokens = prompt[:end]
+        first = sampler.choose(self.ctx.logits(offset + n_rows - 1)) if end == n else -1
+        drafter = self._drafter
+        if drafter is not None:
+            nxt = prompt[pos + 1: end + 1] if end < n else prompt[pos + 1: n] + [first]
+            drafter.observe(nxt, n_rows, pos, list(range(offset, offset + n_rows)) if offset else None)
+            self.drafter_pairs = end
+        self._fill = end
+        if end == n:
+            self._prompt = None
+            self.n_past, self.last, self.uncached = n, first, []
         return first
 
-    def _decode_prompt(self, prompt: list[int], pos: int, sampler: Sampler, drafter) -> int:
-        ctx = self.ctx
-        n = len(prompt)
-        first = -1
-        while pos < n:
-            chunk = prompt[pos: pos + ctx.n_batch]
-            ctx.decode(chunk, pos, all_logits=False)
-            end = pos + len(chunk)
-            self.kv_tokens = prompt[:end]
-            if end == n:
-                first = sampler.choose(ctx.logits(-1))
-            if drafter is not None:
-                nxt = prompt[pos + 1: end + 1] if end < n else prompt[pos + 1: n] + [first]
-                drafter.observe(nxt, len(chunk), pos)
-                self.drafter_pairs = end
-            pos = end
-        return first
+    def _decode(self, tokens: list[int], pos: int, *, all_logits: bool) -> None:
+        """Decode rows of this sequence alone (logits for every row or only the last)."""
+        if self.seq == 0:
+            self.ctx.decode(tokens, pos, all_logits=all_logits)
+            return
+        n = len(tokens)
+        self.ctx.decode_batch(tokens, range(pos, pos + n), [self.seq] * n,
+                              [all_logits] * (n - 1) + [True])
 
     # -- verification ----------------------------------------------------------------------------
-    def verify(self, drafts: list[int], sampler: Sampler, *, rows: int = 0) -> Verified:
+    def chain_rows(self, drafts: list[int], rows: int = 0) -> tuple[list[int], int]:
+        """The rows that verify ``drafts``: ``uncached + [last] + drafts`` and filler rows up to
+        ``rows`` (see :meth:`verify`), and the first one's position. Every row wants logits when
+        there are drafts, else only the last."""
+        base, n_past = len(self.uncached), self.n_past
+        chain = [self.last] + drafts
+        room = min(self.n_ctx - 1 - n_past - len(drafts), self.ctx.n_outputs_max - base - len(chain))
+        pad = max(0, min(rows - len(chain), room)) if drafts else 0
+        return self.uncached + chain + [chain[-1]] * pad, n_past - base
+
+    def verify(self, drafts: list[int], sampler: Sampler, *, rows: int = 0,
+               decoded: Decoded | None = None) -> Verified:
         """Decode ``uncached + [last] + drafts`` in one batch and accept the drafts the target
         agrees with (none: a plain decoding step). ``rows``: pad the chain with filler rows up to
         this many (where the cost model finds that size cheaper), as far as the context and the
-        logit rows allow; their rows are dropped with the rejected ones."""
+        logit rows allow; their rows are dropped with the rejected ones. ``decoded``: the rows
+        (:meth:`chain_rows`) were decoded already, in a batch shared with other sequences."""
         ctx = self.ctx
         base, n_past = len(self.uncached), self.n_past
-        chain = [self.last] + drafts
-        room = min(ctx.n_ctx - 1 - n_past - len(drafts), ctx.n_outputs_max - base - len(chain))
-        pad = max(0, min(rows - len(chain), room)) if drafts else 0
-        t0 = time.perf_counter()
-        ctx.decode(self.uncached + chain + [chain[-1]] * pad, n_past - base, all_logits=bool(drafts))
+        tokens, start = self.chain_rows(drafts, rows)
+        if decoded is None:
+            t0, at = time.perf_counter(), 0
+            self._decode(tokens, start, all_logits=bool(drafts))
+        else:
+            t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
         for i, d in enumerate(drafts):
-            ok, tok = sampler.verify(ctx.logits(base + i), d, drafts[:i])
+            ok, tok = sampler.verify(ctx.logits(at + base + i), d, drafts[:i])
             if not ok:
                 correction = tok
                 break
             accepted += 1
         if correction < 0:
-            correction = sampler.choose(ctx.logits(base + len(drafts) if drafts else -1), drafts)
-        if accepted < len(drafts) or pad:
-            ctx.seq_rm(n_past + accepted + 1)
+            correction = sampler.choose(ctx.logits(at + base + len(drafts) if drafts else at + len(tokens) - 1), drafts)
+        if accepted < len(drafts) or len(tokens) > base + 1 + len(drafts):
+            ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
         seconds = time.perf_counter() - t0
         result = Verified(n_past, drafts[:accepted] + [correction], list(range(base, base + accepted + 1)),
-                          len(drafts), base + len(chain) + pad, seconds)
+                          len(drafts), len(tokens), seconds)
         self._advance(result, kept=accepted)
         return result
 
-    def step(self, sampler: Sampler) -> tuple[int, float]:
+    def step(self, sampler: Sampler, decoded: Decoded | None = None) -> tuple[int, float]:
         """A plain decoding step, ``verify([])`` with nothing uncached, without the bookkeeping of
         drafts (the hot path where nothing is drafted): decode ``last`` and choose the token after
-        it; (that token, seconds)."""
+        it; (that token, seconds). ``decoded``: ``last`` was decoded already, in a shared batch."""
         ctx = self.ctx
-        t0 = time.perf_counter()
-        ctx.decode((self.last,), self.n_past, all_logits=False)
-        tok = sampler.choose(ctx.logits(-1))
+        if decoded is None:
+            t0 = time.perf_counter()
+            self._decode([self.last], self.n_past, all_logits=False)
+            tok = sampler.choose(ctx.logits(-1))
+        else:
+            t0 = time.perf_counter() - decoded.seconds
+            tok = sampler.choose(ctx.logits(decoded.offset))
         seconds = time.perf_counter() - t0
         self.kv_tokens.append(self.last)
         self.n_past += 1
@@ -166,6 +230,8 @@ class TargetVerifier:
         SmolLM2 that alone moves logits by up to ~0.8). The rest of the path goes back into the
         next batch (``uncached``), so the cache always reads as plain decoding wrote it."""
         ctx = self.ctx
+        if self.seq != 0:
+            raise LocalspecError("internal: draft trees are verified on sequence 0 only")
         base, n_past = len(self.uncached), self.n_past
         t0 = time.perf_counter()
         sets = draft_tree.leaf_sets()
@@ -226,6 +292,6 @@ class TargetVerifier:
     # -- cache -----------------------------------------------------------------------------------
     def forget(self) -> None:
         """Empty the target KV cache (the drafter's pairs count as gone too)."""
-        self.ctx.seq_rm(0)
+        self.ctx.seq_rm(0, seq=self.seq)
         self.kv_tokens = []
         self.drafter_pairs = 0

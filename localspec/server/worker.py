@@ -1,13 +1,15 @@
-"""The engine thread: one generation at a time from a bounded queue, events bridged to asyncio.
+"""The engine thread: the engine's slots fed from a bounded queue, events bridged to asyncio.
 
-The engine is single-threaded (one llama.cpp context). Handlers :meth:`EngineWorker.submit` a
-:class:`Job`; a full queue refuses it at once (429). The engine thread posts what happens to the
-job's asyncio queue with ``loop.call_soon_threadsafe``: :class:`Started` (the prompt fits, tokens
-follow), :class:`Text`, then :class:`Finished` or :class:`Failed`. Setting ``job.cancel`` (the
-client went away) makes the engine stop at its next cycle, or skips the job if it is still queued.
+The engine is single-threaded (one llama.cpp context); its :class:`~localspec.runtime.scheduler.Scheduler`
+runs up to ``--parallel`` generations in one batch per step. Handlers :meth:`EngineWorker.submit` a
+:class:`Job`; a full queue refuses it at once (429). Queued jobs take free slots in arrival order.
+The engine thread posts what happens to the job's asyncio queue with ``loop.call_soon_threadsafe``:
+:class:`Started` (the prompt fits, tokens follow), :class:`Text`, then :class:`Finished` or
+:class:`Failed`. Setting ``job.cancel`` (the client went away) makes its slot stop at the next
+step (the other slots go on), or skips the job if it is still queued.
 
 On shutdown :meth:`EngineWorker.abort` refuses new jobs and queued ones (503), and stops the
-running one at its next cycle: it ends with a 503 error (a stream: an error event before
+running ones at their next step: each ends with a 503 error (a stream: an error event before
 ``[DONE]``), and the log gets one line per request cut or refused.
 """
 
@@ -23,6 +25,7 @@ from typing import Sequence
 
 from ..formats.chat_format import Message
 from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
+from ..runtime.scheduler import Scheduler
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full, shutting_down
@@ -71,21 +74,44 @@ class Job:
             pass
 
 
+class _Sink:
+    """Where one job's events go: text to its client, the spec counters, the end."""
+
+    def __init__(self, worker: "EngineWorker", job: Job) -> None:
+        self.worker, self.job = worker, job
+        self.drafts = 0
+
+    def __call__(self, event) -> None:
+        job = self.job
+        if isinstance(event, TokenEvent):
+            if event.text:
+                job.post(Text(event.text))
+        elif isinstance(event, CycleEvent):
+            if event.drafted:
+                self.drafts += 1
+        elif isinstance(event, DoneEvent):
+            self.worker._finished(job, event, self.drafts)
+
+
 class EngineWorker:
+    """The engine thread: admits queued jobs into the scheduler's free slots (FIFO) and steps it."""
+
     def __init__(self, engine: Engine, metrics_factory, *, queue_size: int) -> None:
         if queue_size < 1:
             raise LocalspecError("--queue-size must be at least 1")
         self.engine = engine
         self.queue_size = queue_size
+        self.scheduler = Scheduler(engine)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
-        self._running: Job | None = None
+        self._running: list[Job] = []
         self._closing = False
+        self._ending = False           # stop() queued its sentinel: end once the slots are empty
         self.metrics: ServerMetrics = metrics_factory(running=self.running_count, waiting=self.waiting_count)
         self._thread = threading.Thread(target=self._run, name="localspec-engine", daemon=True)
 
     # -- state, for metrics and /health --
     def running_count(self) -> int:
-        return 1 if self._running is not None else 0
+        return len(self._running)
 
     def waiting_count(self) -> int:
         return self._queue.qsize()
@@ -109,10 +135,9 @@ class EngineWorker:
             raise queue_full(self.queue_size) from None
 
     def abort(self) -> None:
-        """Shutdown begins: refuse new and queued jobs (503), stop the running one at its next cycle."""
+        """Shutdown begins: refuse new and queued jobs (503), stop the running ones at their next cycle."""
         self._closing = True
-        running = self._running
-        if running is not None:
+        for running in list(self._running):
             running.shutdown = True
             running.cancel.set()
         while True:
@@ -139,17 +164,24 @@ class EngineWorker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        scheduler = self.scheduler
         while True:
-            job = self._queue.get()
-            if job is None:
+            # FIFO: queued jobs take the free slots in arrival order; wait only while no slot runs
+            while scheduler.free and not self._ending:
+                try:
+                    job = self._queue.get(block=scheduler.active == 0)
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._ending = True
+                    break
+                self._admit(job)
+            if scheduler.active:
+                self._step()
+            elif self._ending:
                 return
-            self._running = job
-            try:
-                self._serve(job)
-            finally:
-                self._running = None
 
-    def _serve(self, job: Job) -> None:
+    def _admit(self, job: Job) -> None:
         if job.cancel.is_set():          # the client left while its request waited
             self.metrics.record(None, 0, "cancelled")
             job.post(Failed(APIError(499, "The client closed the request.", code="client_closed_request")))
@@ -167,29 +199,33 @@ class EngineWorker:
             job.post(Failed(bad_request(str(exc), param=job.param)))
             return
         job.post(Started(len(tokens)))
-        self._generate(job, tokens)
-
-    def _generate(self, job: Job, tokens: list[int]) -> None:
-        drafts = 0
-        done: DoneEvent | None = None
+        self._running.append(job)
         try:
-            for event in self.engine.generate(tokens, job.config, cancel=job.cancel):
-                if isinstance(event, TokenEvent):
-                    if event.text:
-                        job.post(Text(event.text))
-                elif isinstance(event, CycleEvent):
-                    if event.drafted:
-                        drafts += 1
-                elif isinstance(event, DoneEvent):
-                    done = event
+            self.scheduler.admit(tokens, job.config, job.cancel, _Sink(self, job))
+        except BaseException:
+            self._running.remove(job)
+            raise
+
+    def _step(self) -> None:
+        """One scheduler step; a failure ends every running job with an error (the traceback of
+        a bug to the server's log only)."""
+        try:
+            self.scheduler.step()
         except LocalspecError as exc:
-            job.post(Failed(bad_request(str(exc), param=job.param)))
-            return
-        except Exception:  # a bug: one answer to the client, the traceback to the server's log only
+            self._fail_all(lambda job: bad_request(str(exc), param=job.param))
+        except Exception:
             traceback.print_exc(file=sys.stderr)
-            job.post(Failed(internal()))
-            return
-        assert done is not None
+            self._fail_all(lambda job: internal())
+
+    def _fail_all(self, error) -> None:
+        self.scheduler.cancel_all()
+        for job in self._running:
+            job.post(Failed(error(job)))
+        self._running.clear()
+
+    def _finished(self, job: Job, done: DoneEvent, drafts: int) -> None:
+        if job in self._running:
+            self._running.remove(job)
         self.metrics.record(done.stats, drafts, done.finish_reason)
         if job.shutdown and done.finish_reason == "cancelled":
             n = done.stats.generated_tokens

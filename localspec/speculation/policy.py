@@ -97,6 +97,9 @@ class PolicyConfig:
             setattr(self, name, options.check(name, getattr(self, name)))
 
 
+# the least a row adds to a shared batch, relative to a one-token step (see DraftPolicy._verify)
+MARGINAL_FLOOR = 0.01
+
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
     """The drafter's most likely token and its softmax probability."""
     best = int(np.argmax(logits))
@@ -231,6 +234,9 @@ class DraftPolicy:
         self._since_eagle = 0
         self._could: tuple[int, bool] | None = None   # (_since_eagle when asked, _probe_could_pay's answer)
         self.wants_features = True   # the engine records target features for the drafter
+        # rows other slots decode in the same batch (localspec.runtime.scheduler): k rows of this
+        # slot then cost V(R + k) - V(R), not V(k)
+        self.batch_rows = 0
         self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0}
 
     @property
@@ -259,7 +265,7 @@ class DraftPolicy:
         if cost is None:
             return None, 0
         o = self.overhead
-        plain = 1.0 / (cost.verify(1) + o)
+        plain = 1.0 / (self._verify(1) + o)
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
         best = (None, 0)
         if self.lookup and lookup_len:
@@ -272,9 +278,9 @@ class DraftPolicy:
             if backlog > 0:
                 rows = min(backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
                 acc = self.eagle_acc.expected(k_max)
-                bound = (1.0 + acc[-1]) / (cost.cheapest_batch() + (1 + rows) * d + o)   # as above
+                bound = (1.0 + acc[-1]) / (self._cheapest() + (1 + rows) * d + o)   # as above
                 for k in range(1, len(acc) if bound > max(best_rate, short_bar) else 1):
-                    rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + (k + rows) * d + o)
+                    rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + (k + rows) * d + o)
                     if rate > best_rate and rate > short_bar:
                         best_rate, best, eagle_best = rate, (EAGLE, k), k
             if eagle_best is not None:
@@ -299,7 +305,7 @@ class DraftPolicy:
                      short_bar: float) -> tuple[float, tuple[str | None, int]]:
         """:meth:`plan`'s best lookup depth, if one beats ``best_rate`` (and ``short_bar`` unless
         the class may draft deep): (its rate, (LOOKUP, depth)), else (best_rate, (None, 0))."""
-        cost, o = self.cost, self.overhead
+        o = self.overhead
         best = (None, 0)
         long_match = _long_class(cls)
         cap = self.config.lookup_max if long_match else self.config.draft_max
@@ -307,19 +313,36 @@ class DraftPolicy:
         bar = best_rate if long_match else max(best_rate, short_bar)
         # every cycle on most text (short matches that never pay): first an upper bound of
         # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
-        if (1.0 + acc[-1]) / (cost.cheapest_batch() + o) > bar:
+        if (1.0 + acc[-1]) / (self._cheapest() + o) > bar:
             for k in _depths(len(acc) - 1):
-                rate = (1.0 + acc[k]) / (cost.verify(self.verify_rows(k + 1)) + o)
+                rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + o)
                 if rate > best_rate and (long_match or rate > short_bar):
                     best_rate, best = rate, (LOOKUP, k)
         return best_rate, best
+
+    def _verify(self, b: int) -> float:
+        """Seconds ``b`` more rows add to this step's decode: V(b) alone; on a batch of R other
+        rows the marginal V(R + b) - V(R), at least a hundredth of a one-token step (a curve
+        that is flat, or noisy, never makes rows free). On a GPU rows are nearly free up to
+        dozens, so drafts still pay at several slots; on a compute-bound CPU each row costs about
+        what it costs alone, and depths fall to zero as the batch grows."""
+        cost, r = self.cost, self.batch_rows
+        if not r:
+            return cost.verify(b)
+        return max(cost.verify(r + b) - cost.verify(r), MARGINAL_FLOOR * cost.verify(1))
+
+    def _cheapest(self) -> float:
+        """A lower bound of :meth:`_verify` for 2 rows or more (plan's quick test)."""
+        if not self.batch_rows:
+            return self.cost.cheapest_batch()
+        return MARGINAL_FLOOR * self.cost.verify(1)
 
     def verify_rows(self, rows: int) -> int:
         """Rows to decode to verify a chain of ``rows`` (its drafts and the last token): auto pads
         up to a size the cost model finds clearly cheaper (a CPU's flash attention at 64 rows), no
         more than its deepest draft verifies (``lookup_max=62`` keeps every batch under 64 rows,
         where llama.cpp's CPU logits equal one-token decoding's bit for bit; see docs)."""
-        if self.fixed or self.cost is None:
+        if self.fixed or self.cost is None or self.batch_rows:   # filler rows in a shared batch: never
             return rows
         padded = self.cost.rows_for(rows)
         return padded if padded <= 1 + max(self.config.draft_max, self.config.lookup_max) else rows
@@ -404,12 +427,14 @@ class DraftPolicy:
 
     def observe(self, source: str | None, drafted: int, accepted: int, *, verify_seconds: float,
                 drafter_seconds: float, cycle_seconds: float, drafter_steps: int = 0,
-                depth: int | None = None, batch: int | None = None) -> None:
+                depth: int | None = None, batch: int | None = None, cost_observed: bool = False) -> None:
         """After a cycle; ``depth``: a draft tree's depth (``drafted`` counts its nodes); ``batch``:
-        the rows decoded (default: drafted + 1; more when padded or after a tree's uncached rows)."""
+        the rows decoded (default: drafted + 1; more when padded or after a tree's uncached rows);
+        ``cost_observed``: the decode carried other slots' rows too, and the scheduler told the
+        cost model about the whole batch."""
         self.choices[source or "plain"] += 1
         cost = self.cost
-        if cost is not None:
+        if cost is not None and not cost_observed:
             cost.observe_verify(batch or drafted + 1, verify_seconds)
             if source == EAGLE and drafted:
                 cost.observe_drafter(drafter_steps or drafted, drafter_seconds)

@@ -1,0 +1,144 @@
+"""Several generations at once in one target context: the slots of ``localspec serve --parallel N``.
+
+The engine's context holds N sequences (``n_seq_max = N``) in ONE unified KV cache: a shared
+pool of ``N x n_ctx`` cells, each slot's sequence filling at most its own ``n_ctx`` positions, so
+no slot can run another out of cells. Each slot (:class:`Slot`) keeps its verifier (the sequence's
+committed tokens, which outlive a request: the next request with the same prefix reuses its KV)
+and, while a request runs, a :class:`~localspec.runtime.generation.GenerationLoop` with its own
+sampler and RNG, penalties, stop and UTF-8 holdback, lookup index and policy.
+
+Every :meth:`Scheduler.step` is ONE ``llama_decode`` of every active slot's rows
+(:class:`~localspec.runtime.batch.Batch`): first the slots that generate (one row each, plus a
+draft where it pays against the whole batch: the policy prices k more rows as V(R + k) - V(R)
+on a batch of R rows), then the prompts being prefilled, in order of arrival, in chunks as large
+as the batch has room for (a long prompt never holds the streaming slots back for more than one
+batch). Each slot's events go to its own sink as they come.
+
+A request goes to the free slot whose cached tokens share the longest prefix with its prompt
+(ties: the least recently used). The EAGLE drafter keeps one sequence: an engine of several slots
+drafts with n-gram lookup only (a slot alone, ``generate``, still uses the drafter).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from ..core.errors import LocalspecError
+from ..core.events import Event
+from .batch import Batch
+from .config import GenerationConfig
+from .generation import GenerationLoop
+from .verifier import TargetVerifier
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Slot:
+    """One sequence of the target context, and the request it serves (if any)."""
+
+    def __init__(self, index: int, verifier: TargetVerifier) -> None:
+        self.index = index
+        self.verifier = verifier
+        self.loop: GenerationLoop | None = None
+        self.sink: Callable[[Event], None] | None = None
+        self.admitted = 0            # admission order (FIFO prefill; least recently used first)
+
+    def deliver(self) -> None:
+        for event in self.loop.take():
+            self.sink(event)
+
+
+class Scheduler:
+    """The slots of an engine (``Engine(parallel=N)``), driven one batch per :meth:`step`."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.slots = [Slot(i, v) for i, v in enumerate(engine.verifiers)]
+        self._admissions = 0
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.slots if s.loop is not None)
+
+    @property
+    def free(self) -> int:
+        return len(self.slots) - self.active
+
+    def admit(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None,
+              sink: Callable[[Event], None]) -> int:
+        """Start generating ``prompt`` (checked token ids, see ``Engine.prepare``) in a free slot;
+        its events go to ``sink`` from :meth:`step`. Returns the slot's index."""
+        free = [s for s in self.slots if s.loop is None]
+        if not free:
+            raise LocalspecError("internal: no free slot")
+        slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt), -s.admitted))
+        idle = self.active == 0
+        if idle:
+            self.engine.threads.tick(start=True)
+        # calibration decodes on sequence 0 and empties it: only while no slot runs
+        slot.loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+        slot.sink = sink
+        self._admissions += 1
+        slot.admitted = self._admissions
+        return slot.index
+
+    def step(self) -> None:
+        """One decode of every active slot's rows; then each slot's events to its sink, and the
+        slots whose generation ended are free again."""
+        active = sorted((s for s in self.slots if s.loop is not None), key=lambda s: s.admitted)
+        if not active:
+            return
+        lock = self.engine._lock
+        if not lock.acquire(blocking=False):
+            raise LocalspecError("the engine is already generating")
+        try:
+            self._step(active)
+        finally:
+            lock.release()
+
+    def _step(self, active: list[Slot]) -> None:
+        engine = self.engine
+        if len(active) > 1:
+            engine.threads.tick()
+        batch = Batch(engine.ctx)
+        decoding = [s for s in active if not s.loop.prefilling]
+        planned: list[Slot] = []
+        for i, slot in enumerate(decoding):
+            others = len(decoding) - 1 - i           # rows the slots after this one need at least
+            slot.loop.policy.batch_rows = batch.rows + others
+            slot.loop.plan(batch, reserve=others)
+            planned.append(slot)
+        for slot in active:
+            if slot.loop.prefilling and batch.rows_left() > 0 and batch.outputs_left() > 0:
+                slot.loop.plan(batch)
+                planned.append(slot)
+        batch.decode()
+        shared = len(batch.segments) > 1
+        if shared and engine.cost is not None:   # one observation of the whole batch
+            engine.cost.observe_verify(batch.rows, batch.seconds)
+        for slot in planned:
+            slot.loop.settle(batch, shared=shared)
+            slot.deliver()
+        for slot in active:
+            if slot.loop.check():
+                slot.deliver()
+                slot.loop, slot.sink = None, None
+
+    def cancel_all(self) -> list[int]:
+        """Drop every running generation without events (after a failure of the step): their
+        sequences are emptied. The indices of the slots that were running."""
+        dropped = []
+        for slot in self.slots:
+            if slot.loop is not None:
+                slot.verifier.forget()
+                slot.loop, slot.sink = None, None
+                dropped.append(slot.index)
+        return dropped
