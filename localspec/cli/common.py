@@ -35,7 +35,8 @@ VramOpt = typer.Option(None, "--vram", show_default=False,
 
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
-                vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None) -> tuple[ModelSpec, Engine]:
+                vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None,
+                parallel: Optional[int] = 1) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan."""
     import sys
 
@@ -49,7 +50,8 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     # the memory plan (localspec.memory) chooses offload, KV type and verify-sized buffers by default
     from ..memory.pair import plan_engine
 
-    options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram)
+    options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
+                          parallel=parallel)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)

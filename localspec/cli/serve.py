@@ -64,6 +64,21 @@ def announce(sock: socket.socket, what: str, *, api_key: Optional[str]) -> None:
     print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
 
 
+def drafting(engine, model_spec, no_spec: bool) -> str:
+    if no_spec:
+        return "speculation off"
+    if engine.drafter is None:
+        return "no drafter: n-gram lookup drafts only"
+    if engine.n_slots > 1:
+        return f"drafter {model_spec.drafter.name} unused: parallel slots draft with n-gram lookup"
+    return f"drafter {model_spec.drafter.name}"
+
+
+def slots(engine) -> str:
+    n = engine.n_slots
+    return f"context {engine.n_ctx}" if n == 1 else f"{n} slots of context {engine.n_ctx}"
+
+
 @app.command()
 def serve(
     cli: typer.Context,
@@ -72,7 +87,11 @@ def serve(
     port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", show_default=False,
                                           help=f"Require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})."),
-    queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for the engine; more get 429."),
+    queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for a free slot; more get 429."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-np", show_default=False,
+                                           help="Requests decoded together, each in its own slot of --ctx "
+                                                "(default: 1 with a drafter; else 4 if they fit the memory budget, "
+                                                "else fewer). Parallel slots draft with n-gram lookup."),
     max_body: str = typer.Option("4M", "--max-body", help="Largest request body (e.g. 512K, 4M); larger get 413."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", show_default=False,
                                              help="Default max_tokens of a request (default: up to the context's end)."),
@@ -91,7 +110,8 @@ def serve(
     verbose: bool = VerboseOpt,
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
-    /health and Prometheus /metrics. Requests run one at a time on the engine, in arrival order."""
+    /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
+    the others wait in arrival order."""
     from ..core.units import parse_size
 
     resolved = resolve(model, target=target, draft=draft)
@@ -105,7 +125,7 @@ def serve(
         raise LocalspecError("--queue-size must be at least 1")
     from ..core.options import check_cli
 
-    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min))
+    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min, parallel=parallel))
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
@@ -128,14 +148,13 @@ def serve(
                                        policy=policy_config)
     sock = bind(host, port)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                                     verbose=verbose, vram=vram, model_spec=resolved)
+                                     verbose=verbose, vram=vram, model_spec=resolved, parallel=parallel)
     from ..server.run import run
 
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
     state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
     server_app = create_app(state, on_shutdown=engine.close)
-    drafter = "no drafter: n-gram lookup drafts only" if engine.drafter is None else f"drafter {model_spec.drafter.name}"
-    announce(sock, f"{model_spec.name} ({drafter}{', speculation off' if no_spec else ''}), context {engine.n_ctx}, "
+    announce(sock, f"{model_spec.name} ({drafting(engine, model_spec, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)
     if stopped_by == signal.SIGINT:

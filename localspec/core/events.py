@@ -16,6 +16,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
+    prompt_cached: int = 0    # prompt tokens whose KV rows were reused (not decoded again)
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     cycles: int = 0           # target verification steps (plain decoding: one per token)

@@ -19,13 +19,17 @@ from .probe import LlamaCompute, device_budgets
 def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | None = None, ram: int | None = None,
                n_ctx: int | None = None, n_ctx_max: int | None = None, kv_type: str | None = None,
                draft_max: int | None = None, gpu_layers: int | None = None, drafter_gpu_layers: int | None = None,
-               n_threads: int | None = None) -> Plan:
-    """Plan a real pair: read both GGUFs, ask llama.cpp for compute buffers, budget the real devices."""
+               n_threads: int | None = None, slots: int = 1) -> Plan:
+    """Plan a real pair: read both GGUFs, ask llama.cpp for compute buffers, budget the real devices.
+    ``slots``: sequences served at once (``serve --parallel``), each with ``n_ctx`` positions: the
+    target's KV pool holds ``slots x n_ctx`` cells (the plan's ``n_ctx`` is the pool; the drafter's
+    KV is planned as large, an upper bound: it serves one sequence)."""
     from ..llama import backends
 
     tinfo = read_gguf(target)
+    slots = options.check("parallel", slots)
     if n_ctx is not None:   # before llama.cpp is asked anything about it
-        n_ctx = options.check_n_ctx(n_ctx, tinfo.n_ctx_train, model=tinfo.path.name)
+        n_ctx = options.check_n_ctx(n_ctx, tinfo.n_ctx_train, model=tinfo.path.name) * slots
     if draft_max is not None:
         draft_max = options.check("draft_max", draft_max)
     dinfo = read_gguf(drafter) if drafter else None
@@ -41,7 +45,7 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     compute = LlamaCompute(tinfo.path, dinfo.path if dinfo else None, n_threads=n_threads)
     simulated = any(d.name == "GPU" for d in devices)
     result = plan_memory(tl, dl, devices, compute, n_ctx=n_ctx, kv_type=kv_type, draft_max=draft_max,
-                         n_ctx_max=n_ctx_max or min(tinfo.n_ctx_train or 4096, 4096), gpu_layers=gpu_layers,
+                         n_ctx_max=(n_ctx_max or min(tinfo.n_ctx_train or 4096, 4096)) * slots, gpu_layers=gpu_layers,
                          drafter_gpu_layers=drafter_gpu_layers)
     if simulated:
         result.notes.append("no GPU in this llama.cpp build: --vram simulates one (GPU compute buffers "
@@ -51,20 +55,37 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     return result
 
 
+# ``serve`` without --parallel: this many slots when they fit the memory budget (else 2, else 1);
+# one slot with a drafter, which serves one sequence (parallel slots draft with n-gram lookup only)
+AUTO_PARALLEL = 4
+
+
 def plan_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: int | None = None,
-                vram: str | int | None = None, ram: str | int | None = None, kv_type: str | None = None) -> dict:
+                vram: str | int | None = None, ram: str | int | None = None, kv_type: str | None = None,
+                parallel: int | None = 1) -> dict:
     """Engine keyword arguments from a memory plan for ``spec`` (a models.ModelSpec): n_ctx,
-    n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max, memory_plan. Manual values win:
-    ``gpu_layers`` (the target's; the drafter then goes fully on the GPU if any GPU is used),
+    parallel, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max, memory_plan. Manual values
+    win: ``gpu_layers`` (the target's; the drafter then goes fully on the GPU if any GPU is used),
     ``kv_type``. The requested context is kept if it fits, else the largest that fits is used and
-    ``memory_plan.context_note`` says so. Without a GPU and without ``vram`` nothing is offloaded."""
+    ``memory_plan.context_note`` says so. Without a GPU and without ``vram`` nothing is offloaded.
+    ``parallel``: slots of ``n_ctx`` each (``serve --parallel``); more than one that do not fit is
+    an error; None: up to :data:`AUTO_PARALLEL` that fit (one with a drafter)."""
     vram_b = parse_size(vram) if isinstance(vram, str) else vram
     ram_b = parse_size(ram) if isinstance(ram, str) else ram
     kwargs = dict(vram=vram_b, ram=ram_b, kv_type=kv_type, n_threads=n_threads)
     if gpu_layers is not None:
         kwargs.update(gpu_layers=gpu_layers, drafter_gpu_layers=-1 if gpu_layers else 0)
     drafter = spec.drafter if spec.drafter is not None and Path(spec.drafter).is_file() else None
-    p = plan_files(spec.target, drafter, n_ctx=n_ctx, **kwargs)
+    slots = options.check("parallel", parallel) if parallel is not None else None
+    auto = [AUTO_PARALLEL, 2, 1] if drafter is None else [1]
+    for n in ([slots] if slots is not None else auto):
+        p = plan_files(spec.target, drafter, n_ctx=n_ctx, slots=n, **kwargs)
+        if p.fits or n == 1:
+            break
+        if slots is not None:
+            raise LocalspecError(f"{n} slots of context {n_ctx} do not fit the memory budget: {p.reason} "
+                                 f"(use a smaller --parallel or --ctx; see `localspec fit --parallel {n}`)")
+    slots = n
     if not p.fits:
         flexible = plan_files(spec.target, drafter, n_ctx=None, n_ctx_max=n_ctx, **kwargs)
         if not flexible.fits:   # not even the smallest context fits: nothing is allocated beyond the budget
@@ -77,5 +98,5 @@ def plan_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
     dngl = p.drafter.gpu_layers if (p.drafter and not simulated_gpu) else 0
     if gpu_layers is not None:
         ngl, dngl = gpu_layers, (-1 if gpu_layers else 0)
-    return dict(n_ctx=p.n_ctx, n_gpu_layers=ngl, drafter_gpu_layers=dngl, kv_type=p.kv_type,
-                n_outputs_max=p.n_outputs_max, memory_plan=p)
+    return dict(n_ctx=p.n_ctx // slots, parallel=slots, n_gpu_layers=ngl, drafter_gpu_layers=dngl,
+                kv_type=p.kv_type, n_outputs_max=p.n_outputs_max, memory_plan=p)

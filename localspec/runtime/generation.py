@@ -177,6 +177,7 @@ class GenerationLoop:
         self._started = True
         self._t_start = time.perf_counter()
         self.verifier.begin(self.prompt, self.drafter)
+        self.stats.prompt_cached = self.verifier.prefill_chunk(0)[1]
 
     def _prefilled(self, first: int) -> list[tuple[int, bool]]:
         """The prompt is in; ``first`` was chosen from its logits."""

@@ -205,6 +205,8 @@ def usage(done: DoneEvent, drafts: int) -> dict:
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
+        # the prompt's tokens whose KV the slot still held from an earlier request (not evaluated again)
+        "prompt_tokens_details": {"cached_tokens": s.prompt_cached},
         "speculative": {
             "enabled": s.spec,
             "drafts": drafts,

@@ -97,7 +97,8 @@ class PolicyConfig:
             setattr(self, name, options.check(name, getattr(self, name)))
 
 
-# the least a row adds to a shared batch, relative to a one-token step (see DraftPolicy._verify)
+# the least a draft row adds to a shared batch, relative to a slot's share of it (a flat or noisy
+# curve never makes rows free; see DraftPolicy._verify)
 MARGINAL_FLOOR = 0.01
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
@@ -321,21 +322,24 @@ class DraftPolicy:
         return best_rate, best
 
     def _verify(self, b: int) -> float:
-        """Seconds ``b`` more rows add to this step's decode: V(b) alone; on a batch of R other
-        rows the marginal V(R + b) - V(R), at least a hundredth of a one-token step (a curve
-        that is flat, or noisy, never makes rows free). On a GPU rows are nearly free up to
-        dozens, so drafts still pay at several slots; on a compute-bound CPU each row costs about
-        what it costs alone, and depths fall to zero as the batch grows."""
+        """What a cycle of ``b`` rows of this slot costs: V(b) alone. On a batch of R other rows,
+        the slot's share of the batch without drafts, V(R + 1) / (R + 1), plus the marginal cost
+        of its ``b - 1`` draft rows, V(R + b) - V(R + 1). A draft then pays when its expected
+        tokens per marginal second beat what the batch already makes per second: on a GPU, where
+        rows are nearly free up to dozens, drafts still pay at 4 or 8 slots; on a compute-bound
+        CPU, where each row costs about what it costs alone, depths fall to zero as the batch
+        grows (vLLM's disable-by-batch-size, from the measured curve)."""
         cost, r = self.cost, self.batch_rows
         if not r:
             return cost.verify(b)
-        return max(cost.verify(r + b) - cost.verify(r), MARGINAL_FLOOR * cost.verify(1))
+        share = cost.verify(r + 1) / (r + 1)
+        return share + max(cost.verify(r + b) - cost.verify(r + 1), MARGINAL_FLOOR * share * (b - 1))
 
     def _cheapest(self) -> float:
         """A lower bound of :meth:`_verify` for 2 rows or more (plan's quick test)."""
         if not self.batch_rows:
             return self.cost.cheapest_batch()
-        return MARGINAL_FLOOR * self.cost.verify(1)
+        return self.cost.verify(self.batch_rows + 1) / (self.batch_rows + 1)
 
     def verify_rows(self, rows: int) -> int:
         """Rows to decode to verify a chain of ``rows`` (its drafts and the last token): auto pads

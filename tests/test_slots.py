@@ -1,0 +1,250 @@
+"""Parallel slots in one target context (localspec.runtime.scheduler): every step one decode of
+every active slot's rows; each request's output as if it ran alone; speculation priced against
+the whole batch; the memory plan sized for N slots."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine_checks import PROMPTS, assert_lossless, run
+from localspec import DoneEvent, Engine, GenerationConfig
+from localspec.core.errors import LocalspecError
+from localspec.core.events import TokenEvent
+from localspec.runtime.sampling import SamplingParams
+from localspec.runtime.scheduler import Scheduler
+from localspec.speculation.costmodel import CostModel
+from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
+from tiny_models import build_target
+
+LOOKUP4 = PolicyConfig("fixed", 4)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slots")
+    return {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
+            "repeat": build_target(d / "repeat.gguf", "repeat")}
+
+
+class Collect:
+    """A slot's sink: its events in order."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+
+    @property
+    def done(self) -> DoneEvent | None:
+        return next((e for e in self.events if isinstance(e, DoneEvent)), None)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(1 for e in self.events if isinstance(e, TokenEvent) and e.token >= 0)
+
+
+def solo(path, prompts, n_ctx=512, **kw) -> dict:
+    """Each prompt alone on a fresh cache, greedy, with logit margins (near-ties)."""
+    with Engine(path, n_ctx=n_ctx) as engine:
+        out = {}
+        for p in prompts:
+            engine.clear_cache()
+            out[p] = run(engine, p, spec=False, record_margins=True, **kw)
+        return out
+
+
+def drain(scheduler: Scheduler, queue=(), admit=None) -> int:
+    """Step until every slot is free and ``queue`` (prompt, config, sink) is admitted; steps taken."""
+    queue, steps = list(queue), 0
+    while queue or scheduler.active:
+        while queue and scheduler.free:
+            prompt, config, sink = queue.pop(0)
+            scheduler.admit(scheduler.engine.prepare(prompt), config, None, sink)
+        scheduler.step()
+        steps += 1
+    return steps
+
+
+@pytest.mark.parametrize("kind", ["noisy", "repeat"])
+def test_four_slots_equal_each_request_alone(models, kind):
+    """8 prompts through 4 slots (lookup drafts, fixed depth): each output is the one it gets alone
+    (or differs first at a near-tie), and the steps carried several slots."""
+    alone = solo(models[kind], PROMPTS, max_tokens=48)
+    with Engine(models[kind], n_ctx=512, parallel=4) as engine:
+        scheduler = Scheduler(engine)
+        sinks = {p: Collect() for p in PROMPTS}
+        steps = drain(scheduler, [(p, GenerationConfig(max_tokens=48, policy=LOOKUP4), sinks[p]) for p in PROMPTS])
+    for p in PROMPTS:
+        assert_lossless(alone[p], sinks[p].done)
+    drafted = sum(sinks[p].done.stats.drafted for p in PROMPTS)
+    assert drafted > 0
+    assert steps < sum(alone[p].stats.cycles + 1 for p in PROMPTS) / 2   # batched, not one after another
+
+
+def test_one_slot_cancelled_leaves_the_others_unchanged(models):
+    alone = solo(models["noisy"], PROMPTS[:3], max_tokens=60)
+    with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:
+        scheduler = Scheduler(engine)
+        cancel = threading.Event()
+        sinks = [Collect() for _ in range(3)]
+        for p, sink, c in zip(PROMPTS[:3], sinks, (None, cancel, None)):
+            scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=60), c, sink)
+        while scheduler.active:
+            if sinks[1].n_tokens >= 10:
+                cancel.set()
+            scheduler.step()
+    assert sinks[1].done.finish_reason == "cancelled" and 10 <= len(sinks[1].done.tokens) < 20
+    for i in (0, 2):
+        assert_lossless(alone[PROMPTS[i]], sinks[i].done)
+        assert sinks[i].done.finish_reason == "length"
+
+
+def test_a_long_prompt_prefills_in_chunks_while_the_others_stream(models):
+    """A prompt of ~1500 tokens needs several batches of n_batch rows: the streaming slots get a
+    token at every one of those steps, and the long prompt's answer is what it is alone."""
+    long_prompt = " ".join(f"item {i}," for i in range(250))
+    alone = solo(models["noisy"], [PROMPTS[0], long_prompt], n_ctx=2048, max_tokens=40)
+    with Engine(models["noisy"], n_ctx=2048, parallel=2) as engine:
+        scheduler = Scheduler(engine)
+        streaming, late = Collect(), Collect()
+        scheduler.admit(engine.prepare(PROMPTS[0]), GenerationConfig(max_tokens=40), None, streaming)
+        for _ in range(3):
+            scheduler.step()
+        tokens = engine.prepare(long_prompt)
+        assert len(tokens) > 2 * engine.ctx.n_batch
+        scheduler.admit(tokens, GenerationConfig(max_tokens=40), None, late)
+        gains = []
+        while late.n_tokens == 0:
+            before = streaming.n_tokens
+            scheduler.step()
+            gains.append(streaming.n_tokens - before)
+        drain(scheduler)
+    assert len(gains) >= 3 and all(g >= 1 for g in gains[:-1]), gains
+    assert_lossless(alone[PROMPTS[0]], streaming.done)
+    assert_lossless(alone[long_prompt], late.done)
+
+
+def test_a_follow_up_turn_reuses_its_slots_cache(models):
+    """Two conversations in two slots; each follow-up goes to the slot holding its prefix and
+    decodes only the new tokens."""
+    with Engine(models["noisy"], n_ctx=512, parallel=2) as engine:
+        scheduler = Scheduler(engine)
+        first = {p: Collect() for p in PROMPTS[:2]}
+        drain(scheduler, [(p, GenerationConfig(max_tokens=12), first[p]) for p in PROMPTS[:2]])
+        slot_of = {p: next(s.index for s in scheduler.slots
+                           if s.verifier.kv_tokens[:len(engine.prepare(p))] == engine.prepare(p)) for p in PROMPTS[:2]}
+        assert sorted(slot_of.values()) == [0, 1]
+        for p in reversed(PROMPTS[:2]):   # the other order: the slot is chosen by prefix, not by turn
+            follow = engine.prepare(p) + first[p].done.tokens + engine.prepare(" and then")[1:]
+            sink = Collect()
+            slot = scheduler.admit(follow, GenerationConfig(max_tokens=4), None, sink)
+            assert slot == slot_of[p]
+            drain(scheduler)
+            # the last generated token was never decoded (it is the next batch's ``last``)
+            cached = len(engine.prepare(p)) + len(first[p].done.tokens) - 1
+            assert sink.done.stats.prompt_cached == cached < len(follow)
+
+
+def test_a_seeded_sampled_request_repeats_whatever_the_other_traffic(models):
+    sampled = GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, seed=5), policy=LOOKUP4)
+    with Engine(models["noisy"], n_ctx=512, parallel=4) as engine:
+        scheduler = Scheduler(engine)
+        alone, crowded = Collect(), Collect()
+        drain(scheduler, [(PROMPTS[3], sampled, alone)])
+        others = [(p, GenerationConfig(max_tokens=30, policy=LOOKUP4), Collect()) for p in PROMPTS[4:7]]
+        drain(scheduler, others[:2] + [(PROMPTS[3], sampled, crowded)] + others[2:])
+    assert crowded.done.tokens == alone.done.tokens
+
+
+def test_the_engine_alone_and_a_scheduler_of_one_agree(models):
+    """generate() and a one-slot scheduler run the same loop: same tokens, same cycles."""
+    with Engine(models["repeat"], n_ctx=512) as engine:
+        direct = run(engine, PROMPTS[1], max_tokens=30, policy=LOOKUP4)
+        engine.clear_cache()
+        sink = Collect()
+        drain(Scheduler(engine), [(PROMPTS[1], GenerationConfig(max_tokens=30, policy=LOOKUP4), sink)])
+    assert sink.done.tokens == direct.tokens and sink.done.stats.cycles == direct.stats.cycles
+
+
+def test_a_request_cannot_take_a_slot_when_all_are_busy(models):
+    with Engine(models["noisy"], n_ctx=256, parallel=2) as engine:
+        scheduler = Scheduler(engine)
+        for p in PROMPTS[:2]:
+            scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=4), None, Collect())
+        with pytest.raises(LocalspecError):
+            scheduler.admit(engine.prepare(PROMPTS[2]), GenerationConfig(max_tokens=4), None, Collect())
+        drain(scheduler)
+        assert engine.n_ctx == 256 and engine.ctx.n_ctx >= 512 and engine.ctx.n_seq_max == 2
+
+
+# -- speculation priced against the batch ---------------------------------------------------------
+
+def _plan(costs: dict[int, float], slots: int, match: int) -> int:
+    """Auto's lookup depth for a slot among ``slots`` (the others one row each), on a lookup match
+    of ``match`` tokens (its acceptance prior: a short match is often wrong, a copy rarely)."""
+    policy = DraftPolicy(PolicyConfig(), CostModel(costs), lookup=True)
+    policy.overhead = 0.0002
+    policy.batch_rows = slots - 1
+    source, k = policy.plan(room=64, lookup_len=32, lookup_cls=lookup_class(match))
+    assert source == (LOOKUP if k else None)
+    return k
+
+
+SIZES = list(range(1, 65)) + [96, 128]
+# a GPU: rows nearly free up to 64 (10 ms, +10 us a row)
+GPU = {b: 0.010 + 0.00001 * b for b in SIZES}
+# a compute-bound CPU (this machine's Q4_0 SmolLM2, smoothed): V(4) = 2 V(1), V(16) = 4 V(1), then
+# about a millisecond a row
+CPU = {b: (5 * min(b, 16) ** 0.5 + max(0, b - 16) * 1.0) / 1000 for b in SIZES}
+
+
+@pytest.mark.parametrize("match", [4, 8])
+def test_speculation_stays_on_at_4_and_8_slots_where_rows_are_nearly_free(match):
+    depths = [_plan(GPU, n, match) for n in (1, 4, 8, 16)]
+    assert all(k >= 4 for k in depths), depths
+
+
+def test_speculation_turns_off_as_the_batch_grows_where_rows_cost_what_they_cost_alone():
+    """On the CPU curve a slot alone drafts a short match; among 2, 4 or 8 slots it does not (its
+    rows would cost more than the batch already makes per second); a better match drafts up to
+    8 slots and stops at 16; a copy (near-certain drafts) still pays."""
+    short = [_plan(CPU, n, 4) for n in (1, 2, 4, 8)]
+    assert short[0] > 0 and short[1:] == [0, 0, 0], short
+    medium = [_plan(CPU, n, 8) for n in (1, 2, 4, 8, 16)]
+    assert medium[0] > 0 and medium[-1] == 0 and medium == sorted(medium, reverse=True), medium
+    assert _plan(CPU, 8, 32) > 0
+
+
+def test_alone_the_batch_price_is_the_calibrated_curve():
+    """batch_rows 0 (a generation alone, or a scheduler of one slot) plans exactly as before."""
+    a = DraftPolicy(PolicyConfig(), CostModel(CPU), lookup=True)
+    b = DraftPolicy(PolicyConfig(), CostModel(CPU), lookup=True)
+    b.batch_rows = 0
+    for match in (2, 4, 8, 16, 32):
+        assert a.plan(64, 32, lookup_class(match)) == b.plan(64, 32, lookup_class(match))
+    assert a._verify(5) == CostModel(CPU).verify(5)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+def test_slots_that_do_not_fit_the_memory_budget_are_one_clear_error(smollm2):
+    from localspec.memory.pair import plan_engine
+    from localspec.memory.planner import kv_bytes, layout
+    from localspec.formats.gguf_info import read_gguf
+    from localspec.store.models import ModelSpec
+
+    one = plan_engine(ModelSpec("t", smollm2), n_ctx=2048, n_threads=1, ram=1 << 40)["memory_plan"]
+    per_slot = kv_bytes(layout(read_gguf(smollm2)), 2048, one.kv_type)
+    budget = int((one.total_bytes + 2 * per_slot) / 0.9)
+    two = plan_engine(ModelSpec("t", smollm2), n_ctx=2048, n_threads=1, ram=budget, parallel=2)
+    assert two["parallel"] == 2 and two["n_ctx"] == 2048 and two["memory_plan"].n_ctx == 4096
+    with pytest.raises(LocalspecError) as err:
+        plan_engine(ModelSpec("t", smollm2), n_ctx=2048, n_threads=1, ram=budget, parallel=64)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("64 slots of context 2048 do not fit the memory budget")
+    auto = plan_engine(ModelSpec("t", smollm2), n_ctx=2048, n_threads=1, ram=budget, parallel=None)
+    assert auto["parallel"] in (1, 2, 4) and auto["memory_plan"].fits and auto["n_ctx"] == 2048
+    assert auto["memory_plan"].n_ctx == 2048 * auto["parallel"]
