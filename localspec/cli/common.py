@@ -36,7 +36,7 @@ VramOpt = typer.Option(None, "--vram", show_default=False,
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
                 vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None,
-                parallel: Optional[int] = 1) -> tuple[ModelSpec, Engine]:
+                parallel: Optional[int] = 1, ram: Optional[str] = None) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan."""
     import sys
 
@@ -51,7 +51,7 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     from ..memory.pair import plan_engine
 
     options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
-                          parallel=parallel)
+                          parallel=parallel, ram=ram)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)

@@ -40,12 +40,13 @@ def fit(
     gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers on the GPU (default: chosen).",
                                              show_default=False),
     threads: Optional[int] = ThreadsOpt,
+    parallel: int = typer.Option(1, "--parallel", help="Slots served at once (`serve --parallel`), each of --ctx."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Plan memory for the target and drafter together, on the GPU and in RAM."""
     vram_b = parse_size(vram) if vram is not None else None
     ram_b = parse_size(ram) if ram is not None else None
-    check_cli(dict(n_ctx=ctx, draft_max=draft_max, gpu_layers=gpu_layers, threads=threads))
+    check_cli(dict(n_ctx=ctx, draft_max=draft_max, gpu_layers=gpu_layers, threads=threads, parallel=parallel))
     if kv_type is not None and kv_type not in KV_TYPES:
         raise LocalspecError(f"unknown KV type '{kv_type}' ({', '.join(KV_TYPES)})")
     model_spec = resolve(model, target=target, draft=draft)
@@ -55,15 +56,18 @@ def fit(
     plan = plan_files(model_spec.target, model_spec.drafter, vram=vram_b, ram=ram_b, n_ctx=ctx, kv_type=kv_type,
                       draft_max=draft_max, gpu_layers=gpu_layers,
                       drafter_gpu_layers=(-1 if gpu_layers else 0) if gpu_layers is not None else None,
-                      n_threads=threads)
+                      n_threads=threads, slots=parallel)
+    per_slot = plan.n_ctx // parallel
     info = backends.detect()
     if as_json:
         out = plan.to_dict()
-        out.update(model=model_spec.name, backends=info.built_with, gpu_offload=info.gpu_offload)
+        out.update(model=model_spec.name, backends=info.built_with, gpu_offload=info.gpu_offload, parallel=parallel,
+                   n_ctx_per_slot=per_slot)
         print(json.dumps(out))
     else:
         console = Console()
-        table = Table(title=f"localspec fit: {model_spec.name} (context {plan.n_ctx}, KV {plan.kv_type}, "
+        slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
+        table = Table(title=f"localspec fit: {model_spec.name} ({slots}, KV {plan.kv_type}, "
                             f"draft-max {plan.draft_max})")
         for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
             table.add_column(col, justify="left" if col == "device" else "right")

@@ -107,6 +107,8 @@ def serve(
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
     vram: Optional[str] = VramOpt,
+    ram: Optional[str] = typer.Option(None, "--ram", show_default=False,
+                                      help="System RAM budget of the memory plan (default: available RAM)."),
     verbose: bool = VerboseOpt,
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
@@ -148,7 +150,8 @@ def serve(
                                        policy=policy_config)
     sock = bind(host, port)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                                     verbose=verbose, vram=vram, model_spec=resolved, parallel=parallel)
+                                     verbose=verbose, vram=vram, model_spec=resolved, parallel=parallel,
+                                     ram=ram)
     from ..server.run import run
 
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
