@@ -246,17 +246,19 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic", parameter="num_thread",
          automatic=(0,), help="CPU threads (default: all available cores, fewer while other processes keep "
                               "cores busy)."),
-    _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all", parameter="num_gpu",
+    _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all",
          help="Target layers to offload to the GPU (-1: all; default: from the memory plan)."),
     # drafter training (localspec train)
-    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel"),
-    _int("max_new", 1, flag="--max-new"),
-    _int("draft_vocab", 16, flag="--draft-vocab"),
-    _int("ttt_steps", 1, 64, flag="--ttt-steps"),
-    _int("batch_tokens", 64, flag="--batch-tokens"),
-    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only"),
-    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr"),
-    _int("train_threads", 1, MAX_THREADS, flag="--train-threads"),
+    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel", default=16,
+         help="Sequences per llama.cpp batch while generating."),
+    _int("max_new", 1, flag="--max-new", default=320, help="Response length limit while generating."),
+    _int("draft_vocab", 16, flag="--draft-vocab", default=8192, help="Draft vocabulary size."),
+    _int("ttt_steps", 1, 64, flag="--ttt-steps", default=4, help="Training-time test unroll depth."),
+    _int("batch_tokens", 64, flag="--batch-tokens", default=2048, help="Tokens per training batch."),
+    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only", default=0,
+         help="Stop training after this many steps (0: time budget only)."),
+    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr", default=1e-3, help="Learning rate."),
+    _int("train_threads", 1, MAX_THREADS, flag="--train-threads", help="torch threads."),
 )}
 
 
