@@ -81,8 +81,7 @@ def serve(
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers = flags.pop("max_tokens"), flags.pop("gpu_layers")
-    values = apply_model_defaults(resolved, flags, is_default(cli))
-    check_flags(values)
+    values = apply_model_defaults(resolved, flags, is_default(cli))   # PARAMETERs are checked when parsed
     ctx, threads = values.pop("ctx"), values.pop("threads")
     from ..runtime.generation_options import GenerationOptions
 

@@ -6,10 +6,10 @@ walks them all): the Typer options (``localspec.cli.flags``), the server's pydan
 (``Option.constraints``), the Modelfile PARAMETER table (``localspec.formats.modelfile.PARAMETERS``),
 the chat's settings and the Python API's dataclass defaults (``SamplingParams``, ``CHAT_SAMPLING``,
 ``PolicyConfig``, ``GenerationConfig``, ``GenerationOptions``, ``ChatSettings``: :func:`default`,
-:func:`chat_default`). CLI flags, Modelfile PARAMETERs, bench files, the chat's settings and the
-Python API all check through :data:`OPTIONS`. A check says what is wrong with a value (``"must be in (0, 1], got 2"``); each
-caller names the value its own way: the API by its field name (``top_p must be ...``), the CLI with
-its flag appended (``top_p must be ..., got 2 (--top-p)``), a Modelfile by its PARAMETER.
+:func:`chat_default`); bench files check through it too. A check says what is wrong with a value
+(``"must be in (0, 1], got 2"``); each caller names the value its own way: the API by its field
+name (``top_p must be ...``), the CLI with its flag appended (``top_p must be ..., got 2
+(--top-p)``), a Modelfile by its PARAMETER, the server by the request field in ``param``.
 
 Integer widths: sizes and counts are llama.cpp ``int32``; the seed is a ``uint32`` (numpy's
 generator takes it as is), ``-1`` (or no seed) meaning a random one. Floats must be finite.
