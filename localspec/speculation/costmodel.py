@@ -1,9 +1,11 @@
 """What a cycle costs on this machine: target verify time by batch size, drafter time per step.
 
-Calibrated at load (one target decode of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
-up to 128, a few repeats, the fastest) and cached in ``user_dir()/calibration.json`` under a key
-naming the machine (platform, CPU count, threads, offloaded layers) and the model files (path,
-size, mtime), so later loads cost nothing. During generation every verify and every drafting step
+Calibrated at load (target decodes of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
+up to 128, each the median of a few runs taken against one-token steps timed beside them, the curve
+fitted monotone: :func:`measure`) and cached in ``user_dir()/calibration.json`` under a key naming
+the machine (platform, CPU count, threads, offloaded layers) and the model files (path, size,
+mtime), so later loads cost nothing; a cached curve that cannot be a measurement (:func:`check_curve`)
+is calibrated again. Processes share the file under a lock (:meth:`CostModel.save`). During generation every verify and every drafting step
 refreshes the figures: a machine level (the median of what the last few cycles say, so a load
 that starts or ends is followed within three cycles and one hiccup is ignored) times a clipped
 correction per band of sizes, learned against one-token steps. A change of thread count re-keys
@@ -18,6 +20,7 @@ ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,7 +28,12 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:   # not POSIX: writes stay atomic, concurrent saves may drop an entry
+    fcntl = None
 
 from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
@@ -36,13 +44,15 @@ CALIBRATE_MAX = 17     # batch sizes measured at load: every one of 1..17 (auto 
 # a tiled kernel at 64 query rows (GGML_FA_TILE_Q), so on this project's CPU V(64) ~ V(32) while
 # V(63) ~ 2 V(64): 56 and 63 pin the step, and a draft may be padded up to a cheaper size (PAD_GAIN)
 EXTRA_SIZES = (24, 32, 48, 56, 63, 64, 72, 96, 128)
-REPEATS = 3            # runs per size up to 9, the fastest counts ...
-REPEATS_MID = 2        # ... per size up to 32 ...
-REPEATS_LARGE = 2      # ... and above (each costs 15-40 plain steps). One run was too few: four
-                       # calibrations in a row here gave V(64)/V(1) 23.2, 18.1, 17.5, 18.0 and V(128)
-                       # 43.8, 34.2, 33.9, 34.0, and a V(64) measured above V(63) hides flash
-                       # attention's 64-row step (no padding; 64-row drafts priced 1.3x too dear)
-BUDGET_SECONDS = 8.0   # calibration stops here (the sizes measured so far; not cached)
+REPEATS = 3            # timed runs per size up to 9 ...
+REPEATS_MID = 3        # ... per size up to 32 ...
+REPEATS_LARGE = 3      # ... and above (each costs 15-40 plain steps); each size's figure is the median
+                       # of its runs, each run taken relative to a one-token step timed just before it
+                       # (a slow spell of the machine slows both): the fastest of 1-3 runs gave two
+                       # calibrations of one file on one idle machine V(4) / V(1) of 3.3 and 8.3
+EXTRA_ROUNDS = 4       # ... and up to 4 more for a size whose runs disagree by more than
+SPREAD = 1.25          # this (a decode slowed by another process between a run and its reference)
+BUDGET_SECONDS = 12.0  # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in its band's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
@@ -55,10 +65,23 @@ FIRST_CLIP = 0.5       # ... by at most this
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
-CACHE_VERSION = 7      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
+CACHE_VERSION = 8      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
                        # 5: bands learned against one-token steps (4's live saves could bend the curve);
                        # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
-                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved)
+                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved); 8: medians of
+                       # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve)
+# the fitted curve: a larger batch is cheaper than the size below only where its median is by this
+# much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, averaged away
+DROP = 0.8
+# a cached curve is corrupt (dropped, calibrated again) when between two measured sizes a < b ...
+FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third of fewer), or ...
+CEIL = 2.0             # ... V(b) / V(a) > CEIL * b / a (a row never costs twice what it costs in a
+                       # smaller batch), or a figure lies outside [MIN_SECONDS, MAX_SECONDS]
+MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
+CHECK_N = 3            # live check: a band whose last 3 verifies (each against the one-token steps
+CHECK_TOL = 0.2        # around it) agree within 2x this (log units) and disagree with its figure by
+                       # more than this (a factor 1.22) takes their median at once instead of creeping
+                       # towards it (a wrong cached curve)
 
 
 def _file_key(path: Path | None) -> str:
@@ -117,6 +140,8 @@ class CostModel:
         self._window: list[tuple[int, float]] = []  # the last cycles: (size's band, log(measured / calibrated))
         self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to one-token steps
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
+        self._recent: dict[int, list[float]] = {}   # per band: its last CHECK_N deviations (see _learn)
+        self.corrected: set[int] = set()            # bands whose figure the live check replaced
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
         self._drafter_residual = 0.0
@@ -249,16 +274,33 @@ class CostModel:
             if abs(lo - hi) > LEVEL_AGREE:
                 continue
             key = _band(s)
-            n = self._learned.get(key, 0)
-            self._learned[key] = n + 1
-            r = res.get(key, 0.0)
-            clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
-            res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(x - (lo + hi) / 2 - r, -clip), clip)
+            r = self._learn(key, x - (lo + hi) / 2)
             shape, cal = self._shape, self._cal
             for b in range(key, min(2 * key, len(shape))):
                 shape[b] = cal[b] * math.exp(r)
             self._pad_rows()
         self._pending = keep
+
+    def _learn(self, key: int, d: float) -> float:
+        """Band ``key``'s correction after a verify ``d`` (log units) dearer than the one-token
+        steps around it: its first measurements averaged, then an EMA, each step clipped; but when
+        its last ``CHECK_N`` verifies agree with each other (within 2 ``CHECK_TOL``) and not with the
+        figure (beyond ``CHECK_TOL``: a cached curve calibrated wrong or corrupted), their median
+        at once."""
+        res, n = self._residual, self._learned.get(key, 0)
+        self._learned[key] = n + 1
+        recent = self._recent.setdefault(key, [])
+        recent.append(d)
+        del recent[:-CHECK_N]
+        r = res.get(key, 0.0)
+        if (len(recent) == CHECK_N and max(recent) - min(recent) <= 2 * CHECK_TOL
+                and abs(_median(recent) - r) > CHECK_TOL):
+            self.corrected.add(key)
+            res[key] = r = _median(recent)
+            return r
+        clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
+        res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(d - r, -clip), clip)
+        return r
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
@@ -316,16 +358,26 @@ class CostModel:
         return max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
+        """Write this key's live figures (fitted monotone) into the cache, keeping every other
+        key's: under a lock beside the file, read again, merged, written atomically, so processes
+        calibrating or closing at once (a chat and a server) lose none of each other's entries."""
         if self.cache is None or not self.key:
             return
-        try:
-            data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
-        except (OSError, ValueError):   # a cache of the wrong shape is replaced
-            data = {"version": CACHE_VERSION, "entries": {}}
         entry = self.live()
+        entry["verify"] = {str(b): sec for b, sec in fit_curve({int(b): sec for b, sec in entry["verify"].items()}).items()}
+        if check_curve({int(b): sec for b, sec in entry["verify"].items()}) is not None:
+            return   # live figures gone implausible (never seen): keep the cached ones
+        for name in ("drafter_step", "drafter_width"):
+            if entry[name] is not None and not MIN_SECONDS <= entry[name] <= MAX_SECONDS:
+                entry[name] = None
         entry["measured_at"] = time.time()
-        data["entries"][self.key] = entry
-        atomic_write(self.cache, json.dumps(data, indent=1))
+        with _locked(self.cache):
+            try:
+                data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
+            except (OSError, ValueError):   # a cache of the wrong shape is replaced
+                data = {"version": CACHE_VERSION, "entries": {}}
+            data["entries"][self.key] = entry
+            atomic_write(self.cache, json.dumps(data, indent=1, allow_nan=False))
 
     def save_if_drifted(self) -> None:
         if self.cacheable and self.drifted():
@@ -342,30 +394,143 @@ class CostModel:
 
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
-    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (fewer above 9 and 32
-    rows; other processes on a shared machine only ever add time; the live refresh brings in what
-    they cost), after one unmeasured warm-up; powers of two first. The repeats run in rounds over
-    all sizes, so a slow spell of the machine inflates no size's every run (one size measured slow
-    against the others bends the curve the policy plans with). ``settle()`` runs before each timed
-    run, untimed: a one-token step there makes every size measured as generation meets it, after a
-    plain step (a step right after a large batch runs up to 2x slow on a CPU: cold caches).
-    ``stop()`` true ends it early (the sizes measured so far)."""
+    """Seconds of ``run(b)`` for each batch size, robust and fitted: :func:`measure_runs`, then
+    :func:`robust_costs` and :func:`fit_curve`."""
+    return fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle)))
+
+
+Run = tuple[float, "float | None", "float | None"]   # seconds, references before and after (see measure_runs)
+
+
+def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
+                 stop: Callable[[], bool] | None = None,
+                 settle: Callable[[], None] | None = None) -> dict[int, list[Run]]:
+    """Timed runs of ``run(b)`` for each batch size: ``{b: [(seconds, reference before, reference
+    after), ...]}``, ``repeats`` of them (fewer above 9 and 32 rows) and up to ``EXTRA_ROUNDS``
+    more for sizes whose runs disagree, after one unmeasured warm-up; powers of two first. The
+    repeats run in rounds over all sizes, so a slow spell of the machine inflates no size's every
+    run. ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right
+    after a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify
+    after a plain step), then timed: the reference after the run before and before this one (None
+    without ``settle``); a load that lasts slows a run and its references alike, one that comes or
+    goes in between shows as references that disagree. ``stop()`` true ends it early (the sizes
+    measured so far)."""
     sizes = _coarse_first(sizes)
     run(sizes[0])
-    out: dict[int, float] = {}
-    for r in range(repeats):
-        for b in sizes:
-            if r >= (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE)):
-                continue
+    out: dict[int, list[list]] = {}
+    last: list = [None, None, None]
+
+    def reference() -> float | None:
+        if settle is None:
+            return None
+        settle()
+        t0 = time.perf_counter()
+        settle()
+        last[2] = seconds = time.perf_counter() - t0   # the reference after the run before
+        return seconds
+
+    rounds = [[b for b in sizes if r < (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE))]
+              for r in range(repeats)]
+    for r in range(repeats + EXTRA_ROUNDS):
+        if r >= repeats:   # sizes whose runs disagree: more runs, so that their median holds
+            rounds.append([b for b in sizes if b in out and _unsettled(out[b])])
+        for b in rounds[r]:
             if stop is not None and out and stop():
-                return out
-            if settle is not None:
-                settle()
+                break
+            ref = reference()
             t0 = time.perf_counter()
             run(b)
-            seconds = time.perf_counter() - t0
-            out[b] = min(out.get(b, seconds), seconds)
+            last = [time.perf_counter() - t0, ref, None]
+            out.setdefault(b, []).append(last)
+        else:
+            continue
+        break
+    if out:
+        reference()
+    return {b: [tuple(x) for x in runs] for b, runs in out.items()}
+
+
+def _ratio(t: float, before: float | None, after: float | None) -> float:
+    """A run's seconds over its references' mean (seconds, without references)."""
+    refs = [x for x in (before, after) if x]
+    return t * len(refs) / sum(refs) if refs else t
+
+
+def _steady(runs: list) -> list:
+    """The runs whose references before and after agree within ``SPREAD`` (no load came or went)."""
+    return [x for x in runs if not (x[1] and x[2]) or max(x[1], x[2]) <= SPREAD * min(x[1], x[2])]
+
+
+def _unsettled(runs: list) -> bool:
+    """Whether a size needs more runs: fewer than 2 steady ones, or steady ones that disagree by
+    more than ``SPREAD`` (each over its references)."""
+    xs = [_ratio(*x) for x in _steady(runs)]
+    return len(xs) < 2 or max(xs) > SPREAD * min(xs)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def robust_costs(runs: dict[int, list[Run]]) -> dict[int, float]:
+    """Each size's seconds from :func:`measure_runs`. With references, a size costs the median of
+    its runs over their references times the median one-token step (every reference and every run
+    of 1), so a slow spell moves neither the shape nor the level; runs whose references before and
+    after disagree by more than ``SPREAD`` (the load changed meanwhile) are left out unless a size
+    has no other. Without references, the median of its runs."""
+    refs = [r for p in runs.values() for _, *rs in p for r in rs if r]
+    one = _median(refs + [t for t, *_ in runs.get(1, [])]) if refs else 1.0
+    out = {}
+    for b, p in runs.items():
+        out[b] = _median([_ratio(*x) * one for x in _steady(p) or p])
     return out
+
+
+def fit_curve(costs: dict[int, float]) -> dict[int, float]:
+    """A monotone curve through ``costs`` (seconds by batch size): non-decreasing total cost in
+    rows (isotonic regression, pool adjacent violators), except where a larger size costs under
+    ``DROP`` times the measured size below it: a kernel switch (a CPU's flash attention at 64
+    rows), which stays, and the policy pads to it (:meth:`CostModel.rows_for`), so what verifying
+    ``b`` rows costs, padded, never falls by more than the padding margin."""
+    sizes = sorted(costs)
+    out: dict[int, float] = {}
+    segment: list[int] = []
+    for a, b in zip([None] + sizes, sizes):
+        if segment and costs[b] <= DROP * costs[a]:
+            out.update(_isotonic(segment, costs))
+            segment = []
+        segment.append(b)
+    out.update(_isotonic(segment, costs))
+    return out
+
+
+def _isotonic(sizes: list[int], costs: dict[int, float]) -> dict[int, float]:
+    """Pool adjacent violators: the non-decreasing sequence nearest ``costs`` over ``sizes`` (least
+    squares in log units, so a dip of 10% weighs alike at 1 row and at 128)."""
+    blocks: list[list[float]] = []   # [mean log cost, count]
+    for b in sizes:
+        blocks.append([math.log(costs[b]), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    values = [math.exp(m) for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sizes, values))
+
+
+def check_curve(verify: dict[int, float]) -> str | None:
+    """Why a cached curve cannot be a measurement (None: it can): a figure outside
+    [MIN_SECONDS, MAX_SECONDS], a larger batch costing under ``FLOOR`` of a smaller one, or a row
+    costing over ``CEIL`` times what it costs in the measured batch below."""
+    sizes = sorted(verify)
+    for a, b in zip([None] + sizes, sizes):
+        v = verify[b]
+        if not MIN_SECONDS <= v <= MAX_SECONDS:
+            return f"V({b}) = {v!r} s is not a plausible verify time"
+        if a is not None and not FLOOR * verify[a] <= v <= CEIL * verify[a] * b / a:
+            return f"V({b}) = {v:.3g} s against V({a}) = {verify[a]:.3g} s is not a plausible curve"
+    return None
 
 
 def _band(b: int) -> int:
@@ -384,6 +549,20 @@ def _coarse_first(sizes) -> list[int]:
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+@contextlib.contextmanager
+def _locked(cache: Path) -> Iterator[None]:
+    """An exclusive lock on ``cache`` for a read-change-write: ``flock`` on ``.NAME.lock`` beside
+    it (kept: removing it would let a third process lock a new file while one holds the old)."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache.with_name(f".{cache.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
 
 
 def read_cache(cache: Path) -> dict:
@@ -412,10 +591,13 @@ def _entry_figures(entry) -> tuple[dict[int, float], float | None, float | None]
         verify[int(b)] = float(sec)
     if 1 not in verify:
         raise ValueError("no one-token verify cost")
+    why = check_curve(verify)
+    if why is not None:
+        raise ValueError(why)
     extra = [entry.get("drafter_step"), entry.get("drafter_width")]
-    if any(x is not None and not _positive(x) for x in extra):
+    if any(x is not None and not (_positive(x) and MIN_SECONDS <= x <= MAX_SECONDS) for x in extra):
         raise ValueError(f"a bad drafter figure {extra!r}")
-    return verify, *(float(x) if x is not None else None for x in extra)
+    return fit_curve(verify), *(float(x) if x is not None else None for x in extra)
 
 
 def load_or_calibrate(key: str, cache: Path,
