@@ -81,7 +81,8 @@ MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
 CHECK_N = 3            # live check: a band whose last 3 verifies (each against the one-token steps
 CHECK_TOL = 0.2        # around it) agree within 2x this (log units) and disagree with its figure by
                        # more than this (a factor 1.22) takes their median at once instead of creeping
-                       # towards it (a wrong cached curve)
+                       # towards it (a wrong cached curve); on a busy machine, the median of its
+CHECK_WIDE = 5         # last 5 verifies against the last one-token steps, off by more than 1.5x
 
 
 def _file_key(path: Path | None) -> str:
@@ -141,6 +142,7 @@ class CostModel:
         self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to one-token steps
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
         self._recent: dict[int, list[float]] = {}   # per band: its last CHECK_N deviations (see _learn)
+        self._wide: dict[int, list[float]] = {}     # per band: its last CHECK_WIDE (see _check_band)
         self.corrected: set[int] = set()            # bands whose figure the live check replaced
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
@@ -253,6 +255,26 @@ class CostModel:
                 self._learn_pending()
         elif b < len(self._shape):
             self._pending.append((self._cycles, b, x))
+            if len(self._plain) >= 3:
+                self._check_band(band, x - _median([x1 for _, x1 in self._plain]))
+
+    def _check_band(self, band: int, d: float) -> None:
+        """The live check on a busy machine, where one-token steps rarely agree well enough for
+        :meth:`_learn_pending`: a band whose last ``CHECK_WIDE`` verifies, each against the median
+        of the last one-token steps, have a median off its figure by more than 2 ``CHECK_TOL``
+        (1.5x) takes that median at once."""
+        recent = self._wide.setdefault(band, [])
+        recent.append(d)
+        del recent[:-CHECK_WIDE]
+        if len(recent) < CHECK_WIDE or abs(_median(recent) - self._residual.get(band, 0.0)) <= 2 * CHECK_TOL:
+            return
+        self._residual[band] = r = _median(recent)
+        self.corrected.add(band)
+        recent.clear()
+        shape, cal = self._shape, self._cal
+        for b in range(band, min(2 * band, len(shape))):
+            shape[b] = cal[b] * math.exp(r)
+        self._pad_rows()
 
     def _learn_pending(self) -> None:
         """Each band's own correction learns from its verifies once two one-token steps followed
@@ -364,9 +386,8 @@ class CostModel:
         if self.cache is None or not self.key:
             return
         entry = self.live()
-        entry["verify"] = {str(b): sec for b, sec in fit_curve({int(b): sec for b, sec in entry["verify"].items()}).items()}
-        if check_curve({int(b): sec for b, sec in entry["verify"].items()}) is not None:
-            return   # live figures gone implausible (never seen): keep the cached ones
+        fitted = plausible(fit_curve({int(b): sec for b, sec in entry["verify"].items()}))
+        entry["verify"] = {str(b): sec for b, sec in fitted.items()}
         for name in ("drafter_step", "drafter_width"):
             if entry[name] is not None and not MIN_SECONDS <= entry[name] <= MAX_SECONDS:
                 entry[name] = None
@@ -395,77 +416,65 @@ class CostModel:
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
     """Seconds of ``run(b)`` for each batch size, robust and fitted: :func:`measure_runs`, then
-    :func:`robust_costs` and :func:`fit_curve`."""
-    return fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle)))
-
-
-Run = tuple[float, "float | None", "float | None"]   # seconds, references before and after (see measure_runs)
+    :func:`robust_costs`, :func:`fit_curve` and :func:`plausible`."""
+    return plausible(fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle))))
 
 
 def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
                  stop: Callable[[], bool] | None = None,
-                 settle: Callable[[], None] | None = None) -> dict[int, list[Run]]:
-    """Timed runs of ``run(b)`` for each batch size: ``{b: [(seconds, reference before, reference
-    after), ...]}``, ``repeats`` of them (fewer above 9 and 32 rows) and up to ``EXTRA_ROUNDS``
-    more for sizes whose runs disagree, after one unmeasured warm-up; powers of two first. The
-    repeats run in rounds over all sizes, so a slow spell of the machine inflates no size's every
-    run. ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right
-    after a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify
-    after a plain step), then timed: the reference after the run before and before this one (None
-    without ``settle``); a load that lasts slows a run and its references alike, one that comes or
-    goes in between shows as references that disagree. ``stop()`` true ends it early (the sizes
-    measured so far)."""
+                 settle: Callable[[], None] | None = None) -> dict[int, list[tuple[float, float | None]]]:
+    """Timed runs of ``run(b)`` for each batch size: ``{b: [(seconds, reference), ...]}``,
+    ``repeats`` of them (fewer above 9 and 32 rows) and up to ``EXTRA_ROUNDS`` more for sizes
+    whose runs disagree, after one unmeasured warm-up; powers of two first. The repeats run in
+    rounds over all sizes, so a slow spell of the machine inflates no size's every run.
+    ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right after
+    a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify after a
+    plain step), then timed. A run's reference is the faster of the timed one-token steps just
+    before and after it (None without ``settle``): what a one-token step cost then, through a slow
+    spell of the machine, but not through one stalled step. ``stop()`` true ends it early (the
+    sizes measured so far)."""
     sizes = _coarse_first(sizes)
     run(sizes[0])
-    out: dict[int, list[list]] = {}
-    last: list = [None, None, None]
+    out: dict[int, list[tuple[float, int]]] = {}
+    refs: list[float] = []   # the timed one-token steps, in order; a run follows refs[j]
 
-    def reference() -> float | None:
-        if settle is None:
-            return None
-        settle()
-        t0 = time.perf_counter()
-        settle()
-        last[2] = seconds = time.perf_counter() - t0   # the reference after the run before
-        return seconds
+    def reference() -> None:
+        if settle is not None:
+            settle()
+            t0 = time.perf_counter()
+            settle()
+            refs.append(time.perf_counter() - t0)
 
     rounds = [[b for b in sizes if r < (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE))]
               for r in range(repeats)]
     for r in range(repeats + EXTRA_ROUNDS):
-        if r >= repeats:   # sizes whose runs disagree: more runs, so that their median holds
-            rounds.append([b for b in sizes if b in out and _unsettled(out[b])])
+        if r >= repeats:   # sizes whose runs disagree: more runs, so that their figure holds
+            rounds.append([b for b in sizes if b in out and _unsettled(_referenced(out[b], refs))])
         for b in rounds[r]:
             if stop is not None and out and stop():
                 break
-            ref = reference()
+            reference()
             t0 = time.perf_counter()
             run(b)
-            last = [time.perf_counter() - t0, ref, None]
-            out.setdefault(b, []).append(last)
+            out.setdefault(b, []).append((time.perf_counter() - t0, len(refs) - 1))
         else:
             continue
         break
-    if out:
+    if out:   # the reference after the last run
         reference()
-    return {b: [tuple(x) for x in runs] for b, runs in out.items()}
+    return {b: _referenced(p, refs) for b, p in out.items()}
 
 
-def _ratio(t: float, before: float | None, after: float | None) -> float:
-    """A run's seconds over its references' mean (seconds, without references)."""
-    refs = [x for x in (before, after) if x]
-    return t * len(refs) / sum(refs) if refs else t
+def _referenced(runs: list[tuple[float, int]], refs: list[float]) -> list[tuple[float, float | None]]:
+    """(seconds, the faster of the one-token steps just before and after) for runs that followed refs[j]."""
+    return [(t, min(refs[j:j + 2]) if refs else None) for t, j in runs]
 
 
-def _steady(runs: list) -> list:
-    """The runs whose references before and after agree within ``SPREAD`` (no load came or went)."""
-    return [x for x in runs if not (x[1] and x[2]) or max(x[1], x[2]) <= SPREAD * min(x[1], x[2])]
-
-
-def _unsettled(runs: list) -> bool:
-    """Whether a size needs more runs: fewer than 2 steady ones, or steady ones that disagree by
-    more than ``SPREAD`` (each over its references)."""
-    xs = [_ratio(*x) for x in _steady(runs)]
-    return len(xs) < 2 or max(xs) > SPREAD * min(xs)
+def _unsettled(runs: list[tuple[float, float | None]]) -> bool:
+    """Whether a size needs more runs: its two fastest (each over its reference) disagree by more
+    than ``SPREAD``."""
+    xs = sorted(t / r if r else t for t, r in runs)
+    return len(xs) < 2 or xs[1] > SPREAD * xs[0]
 
 
 def _median(xs) -> float:
@@ -474,17 +483,18 @@ def _median(xs) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def robust_costs(runs: dict[int, list[Run]]) -> dict[int, float]:
-    """Each size's seconds from :func:`measure_runs`. With references, a size costs the median of
-    its runs over their references times the median one-token step (every reference and every run
-    of 1), so a slow spell moves neither the shape nor the level; runs whose references before and
-    after disagree by more than ``SPREAD`` (the load changed meanwhile) are left out unless a size
-    has no other. Without references, the median of its runs."""
-    refs = [r for p in runs.values() for _, *rs in p for r in rs if r]
-    one = _median(refs + [t for t, *_ in runs.get(1, [])]) if refs else 1.0
+def robust_costs(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int, float]:
+    """Each size's seconds from :func:`measure_runs`: its runs, each over its reference times the
+    median one-token step (a slow spell of the machine moves neither the shape nor the level),
+    the lowest but a third of them (of 3 the fastest, of 5 the second; a stalled decode only ever
+    adds time, a reference a little off moves a run either way). Without references, the same of
+    its seconds."""
+    refs = [r for p in runs.values() for _, r in p if r]
+    one = _median(refs) if refs else 1.0
     out = {}
     for b, p in runs.items():
-        out[b] = _median([_ratio(*x) * one for x in _steady(p) or p])
+        xs = sorted(t / r * one if r else t for t, r in p)
+        out[b] = xs[(len(xs) - 1) // 3]
     return out
 
 
@@ -519,6 +529,21 @@ def _isotonic(sizes: list[int], costs: dict[int, float]) -> dict[int, float]:
     return dict(zip(sizes, values))
 
 
+def plausible(verify: dict[int, float]) -> dict[int, float]:
+    """``verify`` brought within what :func:`check_curve` accepts, from one row up: each figure
+    within [MIN_SECONDS, MAX_SECONDS] and within ``FLOOR`` and ``CEIL`` of the size below (a
+    calibration on an oversubscribed machine, where decodes stall at random; the live check
+    then corrects the sizes drafted)."""
+    out: dict[int, float] = {}
+    a = None
+    for b in sorted(verify):
+        v = min(max(verify[b], MIN_SECONDS), MAX_SECONDS) if math.isfinite(verify[b]) else MAX_SECONDS
+        if a is not None:
+            v = min(max(v, FLOOR * out[a]), CEIL * out[a] * b / a)
+        out[b], a = v, b
+    return out
+
+
 def check_curve(verify: dict[int, float]) -> str | None:
     """Why a cached curve cannot be a measurement (None: it can): a figure outside
     [MIN_SECONDS, MAX_SECONDS], a larger batch costing under ``FLOOR`` of a smaller one, or a row
@@ -528,7 +553,7 @@ def check_curve(verify: dict[int, float]) -> str | None:
         v = verify[b]
         if not MIN_SECONDS <= v <= MAX_SECONDS:
             return f"V({b}) = {v!r} s is not a plausible verify time"
-        if a is not None and not FLOOR * verify[a] <= v <= CEIL * verify[a] * b / a:
+        if a is not None and not FLOOR * verify[a] * (1 - 1e-9) <= v <= CEIL * verify[a] * b / a * (1 + 1e-9):
             return f"V({b}) = {v:.3g} s against V({a}) = {verify[a]:.3g} s is not a plausible curve"
     return None
 
