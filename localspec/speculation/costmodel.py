@@ -1,14 +1,16 @@
 """What a cycle costs on this machine: target verify time by batch size, drafter time per step.
 
 Calibrated at load (target decodes of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
-up to 128, each the median of a few runs taken against one-token steps timed beside them, the curve
-fitted monotone: :func:`measure`) and cached in ``user_dir()/calibration.json`` under a key naming
+up to 128, a few runs of each taken against one-token steps timed around them, the curve fitted
+monotone: :func:`measure`) and cached in ``user_dir()/calibration.json`` under a key naming
 the machine (platform, CPU count, threads, offloaded layers) and the model files (path, size,
-mtime), so later loads cost nothing; a cached curve that cannot be a measurement (:func:`check_curve`)
-is calibrated again. Processes share the file under a lock (:meth:`CostModel.save`). During generation every verify and every drafting step
-refreshes the figures: a machine level (the median of what the last few cycles say, so a load
+mtime), so later loads cost nothing; a cached curve that cannot be a measurement
+(:func:`check_curve`) is calibrated again. Processes share the file under a lock
+(:meth:`CostModel.save`). During generation every verify and every drafting step refreshes the
+figures: a machine level (the median of what the last few cycles say, so a load
 that starts or ends is followed within three cycles and one hiccup is ignored) times a clipped
-correction per band of sizes, learned against one-token steps. A change of thread count re-keys
+correction per band of sizes, learned against one-token steps (and replaced at once where the
+verifies contradict it: a wrong cached curve). A change of thread count re-keys
 the model (:meth:`CostModel.rekey`).
 When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
@@ -46,12 +48,12 @@ CALIBRATE_MAX = 17     # batch sizes measured at load: every one of 1..17 (auto 
 EXTRA_SIZES = (24, 32, 48, 56, 63, 64, 72, 96, 128)
 REPEATS = 3            # timed runs per size up to 9 ...
 REPEATS_MID = 3        # ... per size up to 32 ...
-REPEATS_LARGE = 3      # ... and above (each costs 15-40 plain steps); each size's figure is the median
-                       # of its runs, each run taken relative to a one-token step timed just before it
-                       # (a slow spell of the machine slows both): the fastest of 1-3 runs gave two
+REPEATS_LARGE = 3      # ... and above (each costs 15-40 plain steps); each run taken over the one-token
+                       # steps timed around it (a slow spell of the machine slows both), a size's figure
+                       # the lowest third of its runs (robust_costs): the fastest of 1-3 runs gave two
                        # calibrations of one file on one idle machine V(4) / V(1) of 3.3 and 8.3
-EXTRA_ROUNDS = 4       # ... and up to 4 more for a size whose runs disagree by more than
-SPREAD = 1.25          # this (a decode slowed by another process between a run and its reference)
+EXTRA_ROUNDS = 4       # ... and up to 4 more runs for a size whose two best disagree by more than
+SPREAD = 1.25          # this (a decode slowed by another process, a reference slowed alone)
 BUDGET_SECONDS = 12.0  # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in its band's own correction
@@ -78,11 +80,12 @@ FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third o
 CEIL = 2.0             # ... V(b) / V(a) > CEIL * b / a (a row never costs twice what it costs in a
                        # smaller batch), or a figure lies outside [MIN_SECONDS, MAX_SECONDS]
 MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
-CHECK_N = 3            # live check: a band whose last 3 verifies (each against the one-token steps
-CHECK_TOL = 0.2        # around it) agree within 2x this (log units) and disagree with its figure by
-                       # more than this (a factor 1.22) takes their median at once instead of creeping
-                       # towards it (a wrong cached curve); on a busy machine, the median of its
-CHECK_WIDE = 5         # last 5 verifies against the last one-token steps, off by more than 1.5x
+# the live check of a cached curve (a wrong one is corrected at once instead of crept towards):
+CHECK_N = 3            # a band whose last 3 verifies, each against the one-token steps around it,
+CHECK_TOL = 0.2        # agree within 2x this (log units) and are off its figure by more than this
+                       # (1.22x) takes their median (CostModel._learn); on a busy machine, a band ...
+CHECK_WIDE = 5         # ... whose last 5, each against the last one-token steps, are off by more than
+                       # 2 CHECK_TOL (1.5x) in their median takes that (CostModel._check_band)
 
 
 def _file_key(path: Path | None) -> str:
@@ -380,7 +383,7 @@ class CostModel:
         return max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
-        """Write this key's live figures (fitted monotone) into the cache, keeping every other
+        """Write this key's live figures (fitted, made plausible) into the cache, keeping every other
         key's: under a lock beside the file, read again, merged, written atomically, so processes
         calibrating or closing at once (a chat and a server) lose none of each other's entries."""
         if self.cache is None or not self.key:
