@@ -275,6 +275,11 @@ def test_the_fit_averages_dips_away_and_keeps_a_kernel_step():
     assert fitted[4] == fitted[5] == pytest.approx(math.sqrt(2.0 * 1.9))
     assert fitted[63] == pytest.approx(30.0) and fitted[64] == pytest.approx(14.0)   # under DROP: a step
     assert fitted[72] == fitted[96] == pytest.approx(math.sqrt(15.0 * 14.5))
+    # one size far below the size before it, but not the size after it: noise (a loaded machine)
+    dip = costmodel.fit_curve({1: 1.0, 4: 3.4, 5: 1.9, 6: 3.6, 8: 4.0})
+    assert dip[4] == dip[5] <= dip[6] <= dip[8]
+    last = costmodel.fit_curve({1: 1.0, 63: 30.0, 64: 14.0})   # nothing after it confirms the step
+    assert last[63] == last[64]
     gpu = {b: 0.01 * (1 + b / 2000) for b in (1, 2, 4, 8, 16, 32, 64, 128)}
     assert costmodel.fit_curve(gpu) == pytest.approx(gpu)
 

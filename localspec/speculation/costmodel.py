@@ -72,8 +72,8 @@ CACHE_VERSION = 8      # 2: the drafter's cost of a step of tree branches; 3: si
                        # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
                        # (one-token steps 5-13% faster, so every V(k) / V(1) moved); 8: medians of
                        # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve)
-# the fitted curve: a larger batch is cheaper than the size below only where its median is by this
-# much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, averaged away
+# the fitted curve: a larger batch is cheaper than the size below only where it and the next size are
+# by this much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, pooled
 DROP = 0.8
 # a cached curve is corrupt (dropped, calibrated again) when between two measured sizes a < b ...
 FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third of fewer), or ...
@@ -504,14 +504,16 @@ def robust_costs(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int,
 def fit_curve(costs: dict[int, float]) -> dict[int, float]:
     """A monotone curve through ``costs`` (seconds by batch size): non-decreasing total cost in
     rows (isotonic regression, pool adjacent violators), except where a larger size costs under
-    ``DROP`` times the measured size below it: a kernel switch (a CPU's flash attention at 64
-    rows), which stays, and the policy pads to it (:meth:`CostModel.rows_for`), so what verifying
-    ``b`` rows costs, padded, never falls by more than the padding margin."""
+    ``DROP`` times the measured size below it, and so does the size above it: a kernel switch (a
+    CPU's flash attention at 64 rows: 72 rows cost less than 63 too), which stays, and the policy
+    pads to it (:meth:`CostModel.rows_for`), so what verifying ``b`` rows costs, padded, never
+    falls by more than the padding margin. One size alone below is noise, pooled."""
     sizes = sorted(costs)
     out: dict[int, float] = {}
     segment: list[int] = []
-    for a, b in zip([None] + sizes, sizes):
-        if segment and costs[b] <= DROP * costs[a]:
+    for i, (a, b) in enumerate(zip([None] + sizes, sizes)):
+        after = sizes[i + 1] if i + 1 < len(sizes) else None
+        if segment and after is not None and max(costs[b], costs[after]) <= DROP * costs[a]:
             out.update(_isotonic(segment, costs))
             segment = []
         segment.append(b)
