@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..core import jsonout
 from ..core.errors import LocalspecError
 from ..runtime.bench import load_prompts, parse_modes, run_bench
 from ..runtime.generation_options import GenerationOptions
@@ -65,7 +65,7 @@ def bench(
     summary.update(model=model_spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
                    max_tokens=config.max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
-        print(json.dumps(summary, ensure_ascii=False), flush=True)
+        print(jsonout.dumps(summary, ensure_ascii=False), flush=True)
         if report.interrupted:   # the finished prompts are printed, marked "partial"; then exit 130
             raise KeyboardInterrupt
         return

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..core import jsonout
 from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
 from ..core.events import DoneEvent, TokenEvent
@@ -110,7 +110,7 @@ def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
             **stats.to_dict(),
             "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
         }
-        print(json.dumps(result, ensure_ascii=False))
+        print(jsonout.dumps(result, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         print(format_stats(stats), file=sys.stderr)
