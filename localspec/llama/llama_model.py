@@ -178,8 +178,10 @@ class Context:
             params.flash_attn_type = 0
         if kv_type is not None and not precise_attention:  # a ggml type id for both K and V
             params.type_k = params.type_v = kv_type
-        if n_outputs_max:  # most logit rows one batch may ask for (sizes the compute buffer)
-            params.n_outputs_max = n_outputs_max
+        # most logit rows one batch may ask for (sizes the compute buffer); llama.cpp reserves a
+        # row per sequence and asserts they fit (GGML_ASSERT: a small n_ctx caps its default, n_batch)
+        if n_outputs_max or n_seq_max > min(n_ctx, n_batch):
+            params.n_outputs_max = max(n_outputs_max or min(n_ctx, n_batch), n_seq_max)
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
         with capture_log() as self.load_log:
@@ -193,8 +195,10 @@ class Context:
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
         # llama.cpp may lower n_batch (never above n_ctx); a larger batch would abort the process
-        n_batch = self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.n_outputs_max = n_outputs_max or n_batch
+        # (at a small --ctx it keeps the requested n_ctx while the context grows): every batch,
+        # hence every batch of logit rows (a padded verify, a tree), fits in it
+        n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
+        self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self._views: dict[int, np.ndarray] = {}
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
