@@ -161,11 +161,13 @@ _pause_hits: dict[str, int] = {}
 
 def test_pause(stage: str) -> None:
     """Test hook: with ``$LOCALSPEC_TEST_PAUSE`` = ``stage`` (or ``stage#N``: its Nth time), print
-    ``localspec-test-pause: STAGE`` on stderr and wait there (up to 30 s) for a signal, so that a
-    test can interrupt or kill the process at a known point. Does nothing otherwise."""
+    ``localspec-test-pause: STAGE`` on stderr and wait there (up to 30 s, or ``stage@S``: S seconds)
+    for a signal, so that a test can interrupt or kill the process, or act beside it, at a known
+    point. Does nothing otherwise."""
     want = os.environ.get(PAUSE_ENV)
     if not want:
         return
+    want, _, seconds = want.partition("@")
     name, _, nth = want.partition("#")
     if name != stage:
         return
@@ -173,6 +175,6 @@ def test_pause(stage: str) -> None:
     if hits != int(nth or 1):
         return
     print(f"localspec-test-pause: {stage}", file=sys.stderr, flush=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + float(seconds or 30)
     while time.monotonic() < deadline and not _pending.is_set():
         time.sleep(0.01)
