@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             app(args=argv, standalone_mode=True)
         finally:
             sys.stdout.flush()   # what is still buffered fails here, not at interpreter exit
+            stdout_guard.uninstall()
     except stdout_guard.StdoutUnwritable as exc:
         return stdout_guard.report(exc)
     except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)

@@ -59,6 +59,12 @@ def install() -> str | None:
     return None
 
 
+def uninstall() -> None:
+    """Give sys.stdout back as it was (main() called in-process, as tests do)."""
+    if isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = sys.stdout._stream
+
+
 def _silence() -> None:
     """Point descriptor 1 and sys.stdout at /dev/null, so that what is still buffered goes nowhere
     at exit instead of failing again ("Exception ignored ... BrokenPipeError")."""
