@@ -6,6 +6,7 @@ the real CLI; ``LOCALSPEC_TEST_PAUSE`` holds create at a known point while the o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,10 @@ def modelfile(tmp_path_factory) -> Path:
 
 
 def start_create(name: str, mf: Path, pause: str) -> subprocess.Popen:
-    """`create NAME`, held (10 s) at ``pause``; returns once it is there."""
+    """`create NAME`, held at ``pause`` (until SIGUSR1, at most 60 s); returns once it is there."""
     proc = subprocess.Popen([sys.executable, "-m", "localspec", "create", name, "-f", str(mf)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LOCALSPEC_TEST_PAUSE": f"{pause}@10"})
+                            env={**os.environ, "LOCALSPEC_TEST_PAUSE": f"{pause}@60"})
     line = proc.stderr.readline()
     assert line.strip() == f"localspec-test-pause: {pause}", line + proc.stderr.read()
     return proc
@@ -63,6 +64,7 @@ def test_rm_while_create_converts_is_refused_and_create_completes(modelfile, pau
         rm = cli("rm", "race")
         assert_one_error(rm, contains="another localspec is creating or removing it")
     finally:
+        create.send_signal(signal.SIGUSR1)
         out, err = create.communicate(timeout=120)
     assert create.returncode == 0, err[-2000:]
     assert "created race" in out
@@ -78,6 +80,12 @@ def test_a_second_create_of_the_name_waits_for_the_first(modelfile):
     first = start_create("twice", modelfile, "write:twice.json")
     second = subprocess.Popen([sys.executable, "-m", "localspec", "create", "twice", "-f", str(modelfile)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:   # the second waits on the lock while the first is held
+        second.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        pass
+    assert second.returncode is None, "the second create did not wait"
+    first.send_signal(signal.SIGUSR1)
     out1, err1 = first.communicate(timeout=120)
     out2, err2 = second.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, (err1[-1000:], err2[-1000:])
