@@ -5,7 +5,6 @@ real small filesystem (tmpfs; needs the right to mount, else skipped)."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
