@@ -109,11 +109,12 @@ def chat(
     A model's Modelfile PARAMETERs are the defaults; the flags here override them."""
     from ..store.conversations import ConversationStore
 
+    if list_:   # read only: a chat writing meanwhile does not make it wait
+        with ConversationStore(read_only=True) as store:
+            _print_list(store)
+        return
     store = ConversationStore()
     try:
-        if list_:
-            _print_list(store)
-            return
         resume_id = _parse_resume(resume, store) if resume is not None else None
         from ..store.models import resolve
 
