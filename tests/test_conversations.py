@@ -93,3 +93,38 @@ def test_newer_schema_is_refused(tmp_path):
     db.close()
     with pytest.raises(LocalspecError, match="newer localspec"):
         ConversationStore(path)
+
+
+def test_listing_while_another_chat_holds_a_write_transaction(isolated_home):
+    """`chat --list` opened the store for writing (schema, pragmas) and failed with "database is
+    locked" after ~5 s while another chat wrote; read-only it neither waits nor writes (issue 29)."""
+    import subprocess
+    import sys
+    import time
+
+    with ConversationStore() as store:
+        cid = store.create(model="m")
+        store.add_message(cid, "user", "hello there")
+    writer = sqlite3.connect(str(default_path()), isolation_level=None, timeout=0.1)
+    writer.execute("BEGIN IMMEDIATE")       # another chat, in the middle of writing a reply
+    writer.execute("UPDATE conversations SET title='being written' WHERE id=?", (cid,))
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "localspec", "chat", "--list"], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "hello there" in proc.stdout and "being written" not in proc.stdout   # the committed state
+        assert time.monotonic() - t0 < 4.5, "it waited on the writer"
+        with ConversationStore(read_only=True) as reader:
+            assert [c.title for c in reader.list()] == ["hello there"]
+            with pytest.raises(LocalspecError, match="cannot write"):
+                reader.create(model="x")
+    finally:
+        writer.execute("COMMIT")
+        writer.close()
+
+
+def test_read_only_store_of_nothing_saved_is_empty_and_creates_no_file(isolated_home):
+    with ConversationStore(read_only=True) as store:
+        assert store.list() == []
+    assert not default_path().exists()

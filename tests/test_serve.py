@@ -209,6 +209,10 @@ def test_errors_have_openais_shape_and_status(server):
     assert r.status_code == 400 and error_of(r)["param"] == "presence_penalty"
     r = server.http.post(url, json={**good, "repeat_penalty": 50})
     assert r.status_code == 400 and "repeat_penalty" in error_of(r)["message"]
+    assert error_of(r)["param"] == "repeat_penalty"                       # the declared range names its field
+    r = server.http.post(url, json={**good, "seed": 2**32})
+    assert r.status_code == 400 and error_of(r)["param"] == "seed"
+    assert server.http.post(url, json={**good, "min_p": 1.0}).status_code == 200   # as the CLI and Modelfiles
     r = server.http.get("/v1/nothing-here")
     assert r.status_code == 404 and error_of(r)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"   # no key needed

@@ -146,10 +146,11 @@ def build_drafter(path: Path, target: Path, kind: str = "repeat", **kwargs) -> P
     return write_drafter_gguf(drafter_weights(kind, **kwargs), target, path, outtype="f32")
 
 
-def rewrite_gguf(src: Path, dst: Path, changes: dict) -> Path:
+def rewrite_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = None) -> Path:
     """A copy of GGUF ``src`` with metadata changed: ``changes`` maps a key to ``(value, GGUFValueType)``
     (``sub_type`` as a third item for arrays), or to None to drop it. Tensors are copied as they are
-    (plain-typed tensors only, as the tiny models have)."""
+    (plain-typed tensors only, as the tiny models have), except those ``tensors`` maps to new data
+    (numpy: its dtype is the GGUF type) or to None (dropped)."""
     import gguf
 
     header = GGUFHeader(src)
@@ -166,8 +167,11 @@ def rewrite_gguf(src: Path, dst: Path, changes: dict) -> Path:
     for key, change in changes.items():
         if change is not None:
             writer.add_key_value(key, change[0], change[1], sub_type=change[2] if len(change) > 2 else None)
+    tensors = tensors or {}
     for name in header.tensors:
-        writer.add_tensor(name, header.tensor_data(name))
+        data = tensors[name] if name in tensors else header.tensor_data(name)
+        if data is not None:
+            writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -5,31 +5,33 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from localspec.runtime.engine import GenerationConfig
+from localspec.core import options
+from localspec.runtime.config import GenerationConfig
 from localspec.runtime.generation_options import GenerationOptions, default_draft_max
-from localspec.runtime.sampling import CHAT_SAMPLING
-from localspec.speculation.policy import PolicyConfig
+
+
+_C = options.chat_default   # the chat's defaults: localspec.core.options, declared once with each range
 
 
 @dataclass
 class ChatSettings:
     system: str = ""
-    max_tokens: int = 512
-    temperature: float = CHAT_SAMPLING.temperature   # sampling, as llama.cpp and Ollama chat (0: greedy)
-    top_k: int = CHAT_SAMPLING.top_k
-    top_p: float = CHAT_SAMPLING.top_p
-    policy: str = "auto"
-    draft_max: int | None = None   # None: the policy's default (auto chooses the depth up to 16, fixed drafts 4)
+    max_tokens: int = _C("max_tokens")
+    temperature: float = _C("temperature")   # sampling, as llama.cpp and Ollama chat (0: greedy)
+    top_k: int = _C("top_k")
+    top_p: float = _C("top_p")
+    policy: str = _C("policy")
+    draft_max: int | None = _C("draft_max")   # None: the policy's default (auto chooses the depth, fixed a set depth)
     # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
-    min_p: float = CHAT_SAMPLING.min_p
-    repeat_penalty: float = CHAT_SAMPLING.repeat_penalty
-    repeat_last_n: int = CHAT_SAMPLING.repeat_last_n
-    presence_penalty: float = CHAT_SAMPLING.presence_penalty
-    frequency_penalty: float = CHAT_SAMPLING.frequency_penalty
-    seed: int | None = None
+    min_p: float = _C("min_p")
+    repeat_penalty: float = _C("repeat_penalty")
+    repeat_last_n: int = _C("repeat_last_n")
+    presence_penalty: float = _C("presence_penalty")
+    frequency_penalty: float = _C("frequency_penalty")
+    seed: int | None = _C("seed")
     stop: tuple[str, ...] = ()
-    tree: str = PolicyConfig().tree
-    p_min: float = PolicyConfig().p_min
+    tree: str = _C("tree")
+    p_min: float = _C("p_min")
 
     @property
     def effective_draft_max(self) -> int:

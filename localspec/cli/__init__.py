@@ -6,6 +6,7 @@ import sys
 
 from ..core import interrupts
 from ..core.errors import LocalspecError
+from . import stdout_guard
 
 
 def _register() -> None:
@@ -16,13 +17,24 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; usage errors are click's (exit 2), user errors one line (exit 1), Ctrl-C
-    "Interrupted." (exit 130)."""
+    "Interrupted." (exit 130), standard output that cannot be written one line (exit 1), or a quiet
+    exit 141 when its reader went away."""
     interrupts.install()   # a Ctrl-C inside a llama.cpp callback is not lost
+    closed = stdout_guard.install()
+    if closed:
+        print(f"Error: {closed}", file=sys.stderr)
+        return 1
     try:
-        _register()
-        from .app import app
+        try:
+            _register()
+            from .app import app
 
-        app(args=argv, standalone_mode=True)
+            app(args=argv, standalone_mode=True)
+        finally:
+            sys.stdout.flush()   # what is still buffered fails here, not at interpreter exit
+            stdout_guard.uninstall()
+    except stdout_guard.StdoutUnwritable as exc:
+        return stdout_guard.report(exc)
     except SystemExit as exc:  # standalone mode exits with click's code (0, usage error 2)
         if interrupts.is_interrupt(exc):   # typer turns KeyboardInterrupt into a silent exit 130
             return interrupts.report()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -10,25 +9,26 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..core import jsonout
+from ..core.errors import LocalspecError
 from ..runtime.bench import load_prompts, parse_modes, run_bench
 from ..runtime.generation_options import GenerationOptions
 from .app import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, open_engine
-from .spec_options import Policy, Source, Tree, TreeOpt
+from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, open_engine
+from .flags import check_flags, with_options
+
+# the declared options (localspec.core.options) `bench` takes
+BENCH_OPTIONS = ("max_tokens", "policy", "draft_max", "source", "tree", "n_ctx", "threads", "gpu_layers")
 
 
 @app.command()
+@with_options(*BENCH_OPTIONS, max_tokens=dict(default=128, help="Most tokens to generate per prompt."),
+              source=dict(help="Draft source of the compared policy."))
 def bench(
     model: Optional[str] = ModelArg,
     prompts: Path = typer.Option(..., "--prompts", help='JSONL file, one {"prompt": ...} per line.'),
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n"),
-    policy: Policy = typer.Option(Policy.auto, "--policy"),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", show_default=False,
-                                            help="Most tokens drafted per cycle (default: auto 16, fixed 4)."),
-    source: Source = typer.Option(Source.auto, "--source", help="Draft source of the compared policy."),
-    tree: Tree = TreeOpt,
     modes: Optional[str] = typer.Option(
         None, "--modes", show_default=False,
         help="More modes to run on each prompt, comma-separated: auto, eagle, lookup, fixed1..8 (EAGLE chains), "
@@ -41,55 +41,76 @@ def bench(
                                  help="Time split per mode (target, drafter, Python) and the speedup bound."),
     llama_baseline: bool = typer.Option(False, "--llama-baseline",
                                         help="Also time llama-cpp-python's Llama API on the same prompts."),
-    ctx: int = CtxOpt,
-    threads: Optional[int] = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
     verbose: bool = VerboseOpt,
+    **flags,
 ) -> None:
     """Greedy plain and speculative decoding of each prompt, side by side."""
     from ..runtime.bench import DEFAULT_MODES
 
-    from ..core.options import check_cli
-
-    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))
+    check_flags(flags)
+    ctx, threads, gpu_layers = flags.pop("ctx"), flags.pop("threads"), flags.pop("gpu_layers")
+    policy, source, tree = flags["policy"], flags["source"], flags["tree"]
     items = load_prompts(prompts)
-    config = GenerationOptions.from_values(dict(max_tokens=max_tokens, policy=policy, draft_max=draft_max,
-                                                source=source, tree=tree)).to_config()
+    config = GenerationOptions.from_values(flags).to_config()
     draft_max = config.policy.draft_max   # the policy's default when --draft-max was not given
     mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
     if repeats < 1:
-        from ..core.errors import LocalspecError
         raise LocalspecError("--repeats must be at least 1")
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
-    console = Console(stderr=True)
+    report_mode = policy.value if source.value == "auto" else f"{policy.value}-{source.value}"
     with engine:
-        def progress(i: int, result) -> None:
-            if not as_json:
-                r = result.to_dict()
-                more = "  ".join(f"{n} {m['speedup']:.2f}x" for n, m in r["modes"].items()
-                                 if n not in ("plain", report_mode))
-                console.print(f"[{i + 1}/{len(items)}] {r['category']}: {report_mode} {r['speedup']:.2f}x, "
-                              f"{r['tokens_per_cycle']:.2f} tok/cycle  {more}")
-
-        report_mode = policy.value if source.value == "auto" else f"{policy.value}-{source.value}"
-        report = run_bench(engine, items, config, progress, llama_baseline=llama_baseline, modes=mode_list,
-                           repeats=repeats)
+        report = run_bench(engine, items, config, _progress(report_mode, len(items), quiet=as_json),
+                           llama_baseline=llama_baseline, modes=mode_list, repeats=repeats)
     summary = report.to_dict()
     summary.update(model=model_spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
-                   max_tokens=max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
+                   max_tokens=config.max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
-        print(json.dumps(summary, ensure_ascii=False), flush=True)
+        print(jsonout.dumps(summary, ensure_ascii=False), flush=True)
         if report.interrupted:   # the finished prompts are printed, marked "partial"; then exit 130
             raise KeyboardInterrupt
         return
     if report.interrupted and not report.results:
         raise KeyboardInterrupt
+    _print_text(report, summary, f"localspec bench: {model_spec.name} (policy {policy.value}, source {source.value}, "
+                                 f"draft-max {draft_max}, {engine.ctx.n_threads} threads)", profile, len(items))
+
+
+def _progress(report_mode: str, n_prompts: int, *, quiet: bool):
+    """One line on stderr per finished prompt (none with --json)."""
+    console = Console(stderr=True)
+
+    def progress(i: int, result) -> None:
+        if not quiet:
+            r = result.to_dict()
+            more = "  ".join(f"{n} {m['speedup']:.2f}x" for n, m in r["modes"].items()
+                             if n not in ("plain", report_mode))
+            console.print(f"[{i + 1}/{n_prompts}] {r['category']}: {report_mode} {r['speedup']:.2f}x, "
+                          f"{r['tokens_per_cycle']:.2f} tok/cycle  {more}")
+
+    return progress
+
+
+def _print_text(report, summary: dict, title: str, profile: bool, n_prompts: int) -> None:
+    """The report as tables on stdout (exit 130 after a partial one)."""
     out = Console()
     if not out.is_terminal:  # files and pipes get the whole table
         out = Console(width=200)
+    _print_table(out, report, summary, title)
+    if profile:
+        _print_profile(out, report, summary)
+    if "llama_cpp_tokens_per_second" in summary:
+        out.print(f"plain decoding: localspec {summary['plain_decode_tokens_per_second']:.1f} tok/s, "
+                  f"llama-cpp-python Llama {summary['llama_cpp_tokens_per_second']:.1f} tok/s "
+                  f"(ratio {summary['plain_vs_llama_cpp']:.3f})")
+    if report.interrupted:
+        out.print(f"partial: interrupted after {len(report.results)} of {n_prompts} prompts")
+        raise KeyboardInterrupt
+
+
+def _print_table(out: Console, report, summary: dict, title: str) -> None:
+    """Per prompt and overall: each mode's speedup over plain decoding, and whether outputs agree."""
     names = [n for n in report.modes if n != "plain"]
-    table = Table(title=f"localspec bench: {model_spec.name} (policy {policy.value}, source {source.value}, "
-                        f"draft-max {draft_max}, {engine.ctx.n_threads} threads)")
+    table = Table(title=title)
     table.add_column("category", justify="left")
     table.add_column("plain tok/s", justify="right")
     for n in names:
@@ -113,39 +134,35 @@ def bench(
     for note in summary.get("notes", []):
         out.print(f"note: {note}")
     out.print(f"time outside llama.cpp (Python): {summary['python_overhead_share']:.1%} of speculative generation")
-    if profile:
-        prof = Table(title="profile (whole run, per mode)")
-        for col in ("mode", "tok/s", "speedup", "tok/cycle", "accept", "target", "drafter", "python",
-                    "py ms/cycle", "bound", "speedup/bound", "choices (plain/eagle/lookup)"):
-            prof.add_column(col, justify="left" if col == "mode" else "right")
-        for n in report.modes:
-            m = ms.get(n) or {}
-            if "time_split" not in m:
-                prof.add_row(n, f"{m.get('tokens_per_second', 0):.1f}", f"{m.get('speedup', 0):.2f}x",
-                             *["-"] * 9)
-                continue
-            ts, ch = m["time_split"], m.get("policy_choices", {})
-            prof.add_row(n, f"{m['tokens_per_second']:.1f}", f"{m['speedup']:.2f}x", f"{m['tokens_per_cycle']:.2f}",
-                         f"{m['acceptance_rate']:.0%}", f"{ts['target']:.0%}", f"{ts['drafter']:.0%}",
-                         f"{ts['python']:.1%}", f"{m['python_ms_per_cycle']:.3f}", f"{m['bound']:.2f}",
-                         f"{m['speedup_over_bound']:.2f}",
-                         "/".join(str(ch.get(k, 0)) for k in ("plain", "eagle", "lookup")) if ch else "-")
-        out.print(prof)
-        plain_v = ms.get("plain", {}).get("verify_ms_by_batch", {})
-        out.print("V(k) ms, measured in this run (batch: ms): " + ", ".join(
-            f"{b}: {v}" for b, v in sorted(
-                {int(b): v for m in ms.values() for b, v in m.get("verify_ms_by_batch", {}).items()}.items())))
-        if plain_v:
-            out.print(f"V(1) of plain decoding: {plain_v.get('1')} ms; bound = tau * V(1) / (V(k+1) + k d), "
-                      "from each mode's own target and drafter time per cycle")
-        if summary.get("calibration"):
-            cal = summary["calibration"]
-            out.print(f"calibration (cached per machine + model): V(1..9) ms {cal['verify_ms']}, "
-                      f"drafter step ms {cal['drafter_step_ms']}")
-    if "llama_cpp_tokens_per_second" in summary:
-        out.print(f"plain decoding: localspec {summary['plain_decode_tokens_per_second']:.1f} tok/s, "
-                  f"llama-cpp-python Llama {summary['llama_cpp_tokens_per_second']:.1f} tok/s "
-                  f"(ratio {summary['plain_vs_llama_cpp']:.3f})")
-    if report.interrupted:
-        out.print(f"partial: interrupted after {len(report.results)} of {len(items)} prompts")
-        raise KeyboardInterrupt
+
+
+def _print_profile(out: Console, report, summary: dict) -> None:
+    """--profile: each mode's time split, the speedup bound, and the measured verify costs."""
+    ms = summary["modes"]
+    prof = Table(title="profile (whole run, per mode)")
+    for col in ("mode", "tok/s", "speedup", "tok/cycle", "accept", "target", "drafter", "python",
+                "py ms/cycle", "bound", "speedup/bound", "choices (plain/eagle/lookup)"):
+        prof.add_column(col, justify="left" if col == "mode" else "right")
+    for n in report.modes:
+        m = ms.get(n) or {}
+        if "time_split" not in m:
+            prof.add_row(n, f"{m.get('tokens_per_second', 0):.1f}", f"{m.get('speedup', 0):.2f}x", *["-"] * 9)
+            continue
+        ts, ch = m["time_split"], m.get("policy_choices", {})
+        prof.add_row(n, f"{m['tokens_per_second']:.1f}", f"{m['speedup']:.2f}x", f"{m['tokens_per_cycle']:.2f}",
+                     f"{m['acceptance_rate']:.0%}", f"{ts['target']:.0%}", f"{ts['drafter']:.0%}",
+                     f"{ts['python']:.1%}", f"{m['python_ms_per_cycle']:.3f}", f"{m['bound']:.2f}",
+                     f"{m['speedup_over_bound']:.2f}",
+                     "/".join(str(ch.get(k, 0)) for k in ("plain", "eagle", "lookup")) if ch else "-")
+    out.print(prof)
+    plain_v = ms.get("plain", {}).get("verify_ms_by_batch", {})
+    out.print("V(k) ms, measured in this run (batch: ms): " + ", ".join(
+        f"{b}: {v}" for b, v in sorted(
+            {int(b): v for m in ms.values() for b, v in m.get("verify_ms_by_batch", {}).items()}.items())))
+    if plain_v:
+        out.print(f"V(1) of plain decoding: {plain_v.get('1')} ms; bound = tau * V(1) / (V(k+1) + k d), "
+                  "from each mode's own target and drafter time per cycle")
+    if summary.get("calibration"):
+        cal = summary["calibration"]
+        out.print(f"calibration (cached per machine + model): V(1..9) ms {cal['verify_ms']}, "
+                  f"drafter step ms {cal['drafter_step_ms']}")

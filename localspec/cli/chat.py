@@ -10,12 +10,14 @@ from typing import Optional
 import typer
 
 from ..core.errors import LocalspecError
-from ..runtime.sampling import CHAT_SAMPLING
+from ..core.options import DEFAULT_CTX
 from .app import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
-from .generate import penalty_options
+from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
+from .flags import check_flags, is_default, with_options
 
-_PENALTY = penalty_options(chat=True)
+# the declared options (localspec.core.options) `chat` takes, with the chat's defaults
+CHAT_OPTIONS = ("max_tokens", "temperature", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                "frequency_penalty", "n_ctx", "threads", "gpu_layers")
 
 
 def _parse_resume(value: str, store) -> int:
@@ -66,7 +68,7 @@ def chat_settings(model_spec, *, system: Optional[str], given: dict, is_default)
     return settings, ctx, threads
 
 
-def engine_factory(model_spec, *, ctx: int = 4096, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
+def engine_factory(model_spec, *, ctx: int = DEFAULT_CTX, threads: Optional[int] = None, gpu_layers: Optional[int] = None,
                    vram: Optional[str] = None, ram: Optional[str] = None,
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``model_spec`` (a ModelSpec)."""
@@ -84,6 +86,10 @@ def engine_factory(model_spec, *, ctx: int = 4096, threads: Optional[int] = None
 
 
 @app.command()
+@with_options(*CHAT_OPTIONS, chat=True,
+              max_tokens=dict(help="Most tokens per reply."),
+              temperature=dict(help="0: greedy (the other sampling defaults are llama.cpp's and Ollama's)."),
+              threads=dict(help="CPU threads (default: all available cores but one, left to the UI)."))
 def chat(
     cli: typer.Context,
     model: Optional[str] = ModelArg,
@@ -94,38 +100,27 @@ def chat(
     resume: Optional[str] = typer.Option(None, "--resume", help="Resume a saved conversation: its id, or 'last'.",
                                          show_default=False),
     list_: bool = typer.Option(False, "--list", help="List the saved conversations and exit."),
-    max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens per reply."),
-    temperature: float = typer.Option(CHAT_SAMPLING.temperature, "--temperature", "-t",
-                                      help="0: greedy (the other sampling defaults are llama.cpp's and Ollama's)."),
-    repeat_penalty: float = _PENALTY["repeat_penalty"],
-    repeat_last_n: int = _PENALTY["repeat_last_n"],
-    presence_penalty: float = _PENALTY["presence_penalty"],
-    frequency_penalty: float = _PENALTY["frequency_penalty"],
     no_spec: bool = typer.Option(False, "--no-spec", help="Start with speculation off (Ctrl+T toggles it)."),
-    ctx: int = CtxOpt,
-    threads: Optional[int] = typer.Option(None, "--threads", show_default=False,
-                                          help="CPU threads (default: all available cores but one, left to the UI)."),
-    gpu_layers: int = GpuLayersOpt,
     vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
+    **flags,
 ) -> None:
     """Chat in the terminal. Conversations are saved as they happen; --list shows them.
     A model's Modelfile PARAMETERs are the defaults; the flags here override them."""
     from ..store.conversations import ConversationStore
 
+    if list_:   # read only: a chat writing meanwhile does not make it wait
+        with ConversationStore(read_only=True) as store:
+            _print_list(store)
+        return
     store = ConversationStore()
     try:
-        if list_:
-            _print_list(store)
-            return
         resume_id = _parse_resume(resume, store) if resume is not None else None
         from ..store.models import resolve
 
-        from ..core.options import check_cli, check_text, threads_warning
+        from ..core.options import check_text, threads_warning
 
-        check_cli(dict(max_tokens=max_tokens, temperature=temperature, n_ctx=ctx, threads=threads,
-                       gpu_layers=gpu_layers, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty))
+        check_flags(flags)
         if system is not None:
             check_text("the system prompt", system)
         model_spec = resolve(model, target=target, draft=draft)
@@ -137,11 +132,8 @@ def chat(
 
         from ..tui.app import ChatApp
 
-        settings, ctx, threads = chat_settings(
-            model_spec, system=system, given=dict(max_tokens=max_tokens, temperature=temperature, ctx=ctx, threads=threads,
-                                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty),
-            is_default=lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
+        gpu_layers = flags.pop("gpu_layers")   # the engine's, not a chat setting
+        settings, ctx, threads = chat_settings(model_spec, system=system, given=flags, is_default=is_default(cli))
 
         from ..formats.gguf_info import read_gguf
         from ..llama.llama_model import check_threads, default_threads

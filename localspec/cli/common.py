@@ -9,16 +9,18 @@ import typer
 
 from ..runtime.engine import Engine
 from ..store.models import ModelSpec, resolve
+from .flags import option
 
 ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
 # readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
 TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False, readable=False)
 DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False,
                         readable=False)
-CtxOpt = typer.Option(4096, "--ctx", help="Context size in tokens.")
-ThreadsOpt = typer.Option(None, "--threads", help="CPU threads (default: all available cores, fewer while other processes keep cores busy).", show_default=False)
-GpuLayersOpt = typer.Option(None, "--gpu-layers", show_default=False,
-                            help="Target layers to offload to the GPU (-1: all; default: from the memory plan).")
+CtxOpt = option("n_ctx")
+ThreadsOpt = option("threads")
+GpuLayersOpt = option("gpu_layers")
+
+
 def _verbose_now(value: bool) -> bool:
     """Applied while the command line is parsed: llama.cpp / ggml lines printed before the engine
     exists (GGUF header checks, the memory plan) follow --verbose too."""

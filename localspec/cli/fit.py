@@ -17,7 +17,7 @@ from ..core.units import format_size, parse_size
 from ..llama.contexts import KV_TYPES
 from ..memory.pair import plan_files
 from ..store.models import resolve
-from ..core.options import check_cli
+from ..core.options import DEFAULT_CTX, check_cli
 from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
 
@@ -31,7 +31,7 @@ def fit(
                                        "llama.cpp sees; on a CPU-only build it simulates a GPU).", show_default=False),
     ram: Optional[str] = typer.Option(None, "--ram", help="System RAM budget (default: available RAM).",
                                       show_default=False),
-    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context size (default: the largest up to 4096 that fits).",
+    ctx: Optional[int] = typer.Option(None, "--ctx", help=f"Context size (default: the largest up to {DEFAULT_CTX} that fits).",
                                       show_default=False),
     kv_type: Optional[str] = typer.Option(None, "--kv-type", help=f"KV cache type ({', '.join(KV_TYPES)}; "
                                           "default: f16, smaller if needed).", show_default=False),

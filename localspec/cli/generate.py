@@ -2,46 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..core import jsonout
 from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
 from ..core.events import DoneEvent, TokenEvent
 from ..store.models import apply_model_defaults, resolve
-from ..core.options import check_cli, check_text
+from ..core.options import check_text
 from ..runtime.generation_options import GenerationOptions
-from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..memory.live import memory_report
 from .app import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
-from .spec_options import (DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt,  # noqa: F401
-                           default_draft_max)
+from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt, open_engine
+from .flags import check_flags, is_default, with_options
+from .spec_options import NoSpecOpt, Policy, Source, SPEC_OPTIONS, Tree, default_draft_max  # noqa: F401
 
 
-PENALTY_DEFAULTS = SamplingParams()   # generate stays greedy with penalties off unless asked
-
-
-def penalty_options(chat: bool = False) -> dict:
-    """The repetition-penalty options of ``generate`` (and ``chat``, whose defaults are CHAT_SAMPLING's)."""
-    d = CHAT_SAMPLING if chat else PENALTY_DEFAULTS
-    return dict(
-        repeat_penalty=typer.Option(d.repeat_penalty, "--repeat-penalty",
-                                    help="Divide positive, multiply negative logits of recent tokens (1: off)."),
-        repeat_last_n=typer.Option(d.repeat_last_n, "--repeat-last-n",
-                                   help="Recent tokens the penalties count, prompt included (0: off, -1: all)."),
-        presence_penalty=typer.Option(d.presence_penalty, "--presence-penalty",
-                                      help="Subtract from the logit of every recent token (OpenAI's; 0: off)."),
-        frequency_penalty=typer.Option(d.frequency_penalty, "--frequency-penalty",
-                                       help="Subtract times each recent token's count (OpenAI's; 0: off)."),
-    )
-
-
-_PENALTY = penalty_options()
+# the declared options (localspec.core.options) `generate` takes; one more is one more name here
+GENERATE_OPTIONS = (*SPEC_OPTIONS, "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                    "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "n_ctx", "threads", "gpu_layers")
 
 
 def build_config(*, no_spec: bool = False, no_special: bool = False, **values) -> GenerationConfig:
@@ -62,6 +45,7 @@ def format_stats(stats) -> str:
 
 
 @app.command()
+@with_options(*GENERATE_OPTIONS)
 def generate(
     cli: typer.Context,
     model: Optional[str] = ModelArg,
@@ -69,21 +53,6 @@ def generate(
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
     no_spec: bool = NoSpecOpt,
-    policy: Policy = PolicyOpt,
-    draft_max: Optional[int] = DraftMaxOpt,
-    source: Source = SourceOpt,
-    tree: Tree = TreeOpt,
-    p_min: float = PMinOpt,
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Most tokens to generate."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0: greedy."),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    min_p: float = typer.Option(0.05, "--min-p"),
-    repeat_penalty: float = _PENALTY["repeat_penalty"],
-    repeat_last_n: int = _PENALTY["repeat_last_n"],
-    presence_penalty: float = _PENALTY["presence_penalty"],
-    frequency_penalty: float = _PENALTY["frequency_penalty"],
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed (reproducible output)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as raw text, without the chat template; "
@@ -91,32 +60,21 @@ def generate(
     no_special: bool = typer.Option(False, "--no-special",
                                     help="With --raw: special-token text stays plain text."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
-    ctx: int = CtxOpt,
-    threads: Optional[int] = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
     vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
+    **flags,
 ) -> None:
     """Generate a reply to one prompt."""
     resolved = resolve(model, target=target, draft=draft)
     if no_special and not raw:
         raise typer.BadParameter("--no-special applies to --raw prompts only", param_hint="--no-special")
-    values = apply_model_defaults(
-        resolved,
-        dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-             stop=stop, ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min,
-             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-             frequency_penalty=frequency_penalty),
-        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
-    ctx, threads = values.pop("ctx"), values.pop("threads")
-    checked = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "draft_max", "p_min")
-    penalties = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
-    check_cli({**{k: values[k] for k in checked}, "n_ctx": ctx, "threads": threads, "gpu_layers": gpu_layers,
-               **{k: values[k] for k in penalties}})
+    values = apply_model_defaults(resolved, {**flags, "stop": stop}, is_default(cli))
+    check_flags(values)
+    ctx, threads, gpu_layers = values.pop("ctx"), values.pop("threads"), values.pop("gpu_layers")
     check_text("the prompt", prompt)
     if system is not None:
         check_text("the system prompt", system)
-    config = build_config(**values, source=source, no_spec=no_spec, no_special=no_special)
+    config = build_config(**values, no_spec=no_spec, no_special=no_special)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved)
     with engine:
@@ -136,20 +94,25 @@ def generate(
             elif isinstance(event, DoneEvent):
                 done = event
         assert done is not None
-        stats = done.stats
-        if as_json:
-            result = {
-                "text": done.text,
-                "finish_reason": done.finish_reason,
-                "model": model_spec.name,
-                "target": str(model_spec.target),
-                "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
-                **stats.to_dict(),
-                "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
-            }
-            print(json.dumps(result, ensure_ascii=False))
-        else:
-            sys.stdout.write("\n")
-            print(format_stats(stats), file=sys.stderr)
-            if done.finish_reason == "context":
-                print("note: stopped at the end of the context window (raise --ctx)", file=sys.stderr)
+        _report(done, model_spec, engine, as_json)
+
+
+def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
+    """The end of a generation: one JSON object, or the statistics line (and notes) on stderr."""
+    stats = done.stats
+    if as_json:
+        result = {
+            "text": done.text,
+            "finish_reason": done.finish_reason,
+            "model": model_spec.name,
+            "target": str(model_spec.target),
+            "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
+            **stats.to_dict(),
+            "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
+        }
+        print(jsonout.dumps(result, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        print(format_stats(stats), file=sys.stderr)
+        if done.finish_reason == "context":
+            print("note: stopped at the end of the context window (raise --ctx)", file=sys.stderr)

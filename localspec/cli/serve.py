@@ -15,8 +15,9 @@ import typer
 from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
 from .app import app
-from .common import CtxOpt, DraftOpt, GpuLayersOpt, ModelArg, TargetOpt, ThreadsOpt, VerboseOpt, VramOpt, open_engine
-from .spec_options import DraftMaxOpt, NoSpecOpt, PMinOpt, Policy, PolicyOpt, Source, SourceOpt, Tree, TreeOpt
+from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt, open_engine
+from .flags import check_flags, is_default, with_options
+from .spec_options import NoSpecOpt, SPEC_OPTIONS
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
 
@@ -80,6 +81,11 @@ def slots(engine) -> str:
 
 
 @app.command()
+@with_options("max_tokens", *SPEC_OPTIONS, "n_ctx", "threads", "gpu_layers", "parallel",
+              max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
+              parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: 1 "
+                                               "with a drafter; else 4 if they fit the memory budget, else fewer). "
+                                               "Parallel slots draft with n-gram lookup."))
 def serve(
     cli: typer.Context,
     model: Optional[str] = ModelArg,
@@ -88,28 +94,15 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", show_default=False,
                                           help=f"Require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})."),
     queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for a free slot; more get 429."),
-    parallel: Optional[int] = typer.Option(None, "--parallel", "-np", show_default=False,
-                                           help="Requests decoded together, each in its own slot of --ctx "
-                                                "(default: 1 with a drafter; else 4 if they fit the memory budget, "
-                                                "else fewer). Parallel slots draft with n-gram lookup."),
     max_body: str = typer.Option("4M", "--max-body", help="Largest request body (e.g. 512K, 4M); larger get 413."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", "-n", show_default=False,
-                                             help="Default max_tokens of a request (default: up to the context's end)."),
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
     no_spec: bool = NoSpecOpt,
-    policy: Policy = PolicyOpt,
-    draft_max: Optional[int] = DraftMaxOpt,
-    source: Source = SourceOpt,
-    tree: Tree = TreeOpt,
-    p_min: float = PMinOpt,
-    ctx: int = CtxOpt,
-    threads: Optional[int] = ThreadsOpt,
-    gpu_layers: int = GpuLayersOpt,
     vram: Optional[str] = VramOpt,
     ram: Optional[str] = typer.Option(None, "--ram", show_default=False,
                                       help="System RAM budget of the memory plan (default: available RAM)."),
     verbose: bool = VerboseOpt,
+    **flags,
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
     /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
@@ -125,19 +118,16 @@ def serve(
         raise LocalspecError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
         raise LocalspecError("--queue-size must be at least 1")
-    from ..core.options import check_cli
-
-    check_cli(dict(max_tokens=max_tokens, draft_max=draft_max, p_min=p_min, parallel=parallel))
+    check_flags(flags)
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
-    values = apply_model_defaults(
-        resolved, dict(ctx=ctx, threads=threads, policy=policy, draft_max=draft_max, tree=tree, p_min=p_min),
-        lambda name: getattr(cli.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT")
+    max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
+    values = apply_model_defaults(resolved, flags, is_default(cli))   # PARAMETERs are checked when parsed
     ctx, threads = values.pop("ctx"), values.pop("threads")
     from ..runtime.generation_options import GenerationOptions
 
-    policy_config = GenerationOptions.from_values(values, source=source).policy_config()
+    policy_config = GenerationOptions.from_values(values).policy_config()
 
     from ..runtime.engine import GenerationConfig
     from ..server.app import ServerState, create_app

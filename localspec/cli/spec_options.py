@@ -1,18 +1,19 @@
-"""The speculation options that ``generate``, ``bench``, ``serve`` and ``chat`` share."""
+"""The speculation options that ``generate``, ``bench``, ``serve`` and ``chat`` share (declared in
+:mod:`localspec.core.options`, made Typer options by :mod:`.flags`)."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Optional
 
 import typer
 
-from ..speculation.policy import PolicyConfig
+from .flags import Policy, Source, Tree, option
 
+__all__ = ["Policy", "Source", "Tree", "default_draft_max", "TreeOpt", "NoSpecOpt", "PolicyOpt", "DraftMaxOpt",
+           "SourceOpt", "PMinOpt", "SPEC_OPTIONS"]
 
-class Policy(str, Enum):
-    auto = "auto"
-    fixed = "fixed"
+# the declared speculation options a command that runs a model takes (with_options(*SPEC_OPTIONS))
+SPEC_OPTIONS = ("policy", "draft_max", "source", "tree", "p_min")
 
 
 def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:
@@ -23,26 +24,9 @@ def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:
     return rule(policy, draft_max)
 
 
-class Source(str, Enum):
-    auto = "auto"
-    eagle = "eagle"
-    lookup = "lookup"
-
-
-class Tree(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
-
-
-TreeOpt = typer.Option(Tree.auto, "--tree",
-                       help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
-                            "on (always), off (chains only).")
-
-
 NoSpecOpt = typer.Option(False, "--no-spec", help="Plain decoding, no drafter.")
-PolicyOpt = typer.Option(Policy.auto, "--policy", help="auto: adaptive; fixed: always draft --draft-max.")
-DraftMaxOpt = typer.Option(None, "--draft-max", show_default=False,
-                           help="Most tokens drafted per cycle (default: auto 16, fixed 4).")
-SourceOpt = typer.Option(Source.auto, "--source", help="Draft source: auto (drafter and n-gram lookup), eagle, lookup.")
-PMinOpt = typer.Option(PolicyConfig.p_min, "--p-min", help="auto: the drafter stops drafting below this confidence.")
+TreeOpt = option("tree")
+PolicyOpt = option("policy")
+DraftMaxOpt = option("draft_max")
+SourceOpt = option("source")
+PMinOpt = option("p_min")

@@ -9,6 +9,7 @@ import typer
 
 from ..core.errors import LocalspecError
 from .app import app
+from .flags import option
 
 
 @app.command()
@@ -22,17 +23,17 @@ def train(
     device: str = typer.Option("cpu", "--device", help="Training device: cpu, cuda or mps."),
     time_budget: str = typer.Option("30m", "--time-budget", help="Whole run, e.g. 600, 45m, 1.5h."),
     gen_time: Optional[str] = typer.Option(None, "--gen-time", help="Data generation limit (default: 40% of the budget)."),
-    max_steps: int = typer.Option(0, "--max-steps", help="Stop training after this many steps (0: time budget only)."),
+    max_steps: int = option("max_steps"),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in the work directory."),
-    parallel: int = typer.Option(16, "--parallel", help="Sequences per llama.cpp batch while generating."),
-    max_new: int = typer.Option(320, "--max-new", help="Response length limit while generating."),
-    draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Draft vocabulary size."),
-    ttt_steps: int = typer.Option(4, "--ttt-steps", help="Training-time test unroll depth."),
-    lr: float = typer.Option(1e-3, "--lr"),
-    batch_tokens: int = typer.Option(2048, "--batch-tokens", help="Tokens per training batch."),
+    parallel: int = option("parallel"),
+    max_new: int = option("max_new"),
+    draft_vocab: int = option("draft_vocab"),
+    ttt_steps: int = option("ttt_steps"),
+    lr: float = option("lr"),
+    batch_tokens: int = option("batch_tokens"),
     outtype: str = typer.Option("f16", "--outtype", help="Drafter weights: f16, bf16, q8_0 or f32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="llama.cpp threads (generation, features)."),
-    train_threads: Optional[int] = typer.Option(None, "--train-threads", help="torch threads."),
+    train_threads: Optional[int] = option("train_threads"),
     seed: int = typer.Option(0, "--seed"),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),

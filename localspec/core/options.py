@@ -1,11 +1,15 @@
-"""Every value a user can set, with its type and range stated once, checked before llama.cpp,
-numpy or the file system sees it.
+"""Every value a user can set, declared once: its type, range, default, help text, CLI flag,
+Modelfile PARAMETER and request field, checked before llama.cpp, numpy or the file system sees it.
 
-CLI flags, Modelfile PARAMETERs, bench files, the chat's settings and the Python API
-(``SamplingParams``, ``GenerationConfig``, ``PolicyConfig``, ``Engine``) all check through
-:data:`OPTIONS`. A check says what is wrong with a value (``"must be in (0, 1], got 2"``); each
-caller names the value its own way: the API by its field name (``top_p must be ...``), the CLI with
-its flag appended (``top_p must be ..., got 2 (--top-p)``), a Modelfile by its PARAMETER.
+Each surface is generated from :data:`OPTIONS` or checked against it (``tests/test_option_surfaces.py``
+walks them all): the Typer options (``localspec.cli.flags``), the server's pydantic request fields
+(``Option.constraints``), the Modelfile PARAMETER table (``localspec.formats.modelfile.PARAMETERS``),
+the chat's settings and the Python API's dataclass defaults (``SamplingParams``, ``CHAT_SAMPLING``,
+``PolicyConfig``, ``GenerationConfig``, ``GenerationOptions``, ``ChatSettings``: :func:`default`,
+:func:`chat_default`); bench files check through it too. A check says what is wrong with a value
+(``"must be in (0, 1], got 2"``); each caller names the value its own way: the API by its field
+name (``top_p must be ...``), the CLI with its flag appended (``top_p must be ..., got 2
+(--top-p)``), a Modelfile by its PARAMETER, the server by the request field in ``param``.
 
 Integer widths: sizes and counts are llama.cpp ``int32``; the seed is a ``uint32`` (numpy's
 generator takes it as is), ``-1`` (or no seed) meaning a random one. Floats must be finite.
@@ -32,6 +36,9 @@ TREE_MAX_NODES = 32       # draft nodes of one tree (each leaf a llama.cpp seque
 TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's sequences)
 TOP_LOGPROBS_MAX = 20     # most probable alternatives reported per token (OpenAI's limit)
 RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
+DEFAULT_CTX = 4096        # context size when none is asked for (--ctx, Engine, the memory plan's cap)
+AUTO_DRAFT_MAX = 16       # policy auto: the draft depth it chooses up to, unless --draft-max is given
+FIXED_DRAFT_MAX = 4       # policy fixed: the depth it always drafts, unless --draft-max is given
 
 
 ENV_TRUE = frozenset({"1", "on", "yes", "true", "y"})    # words an environment switch reads as on
@@ -49,9 +56,13 @@ def env_flag(name: str) -> bool:
     raise LocalspecError(f"{name} must be 1 or 0 (got '{value}')")
 
 
+_SAME = object()   # Option.chat: the same default as the Python API's
+
+
 @dataclass(frozen=True)
 class Option:
-    """One value: its type, its range (closed unless ``*_open``), extra accepted values and choices."""
+    """One value: its type, its range (closed unless ``*_open``), extra accepted values and choices,
+    its default and where users set it (CLI flag, Modelfile PARAMETER, request field)."""
 
     name: str
     kind: type                         # int, float, str or bool
@@ -64,6 +75,36 @@ class Option:
     flag: str | None = None            # the CLI flag that sets it
     note: str = ""                     # what the special values mean, shown with the rule
     label: str = ""                    # the words errors use for it (default: its name)
+    default: Any = None                # the Python API's and `generate`'s default (None: none, automatic)
+    chat: Any = _SAME                  # the chat's and the server's default, where it differs
+    help: str = ""                     # the CLI's help text
+    short: str | None = None           # the CLI's short flag ("-n")
+    arg: str | None = None             # the CLI commands' parameter name (default: name; n_ctx: ctx)
+    parameter: str | None = None       # the Modelfile PARAMETER that sets it (Ollama's name)
+    automatic: tuple = ()              # PARAMETER values meaning "automatic" (Ollama's num_predict -1)
+    field: str | None = None           # the OpenAI request field that sets it
+
+    @property
+    def chat_default(self) -> Any:
+        return self.default if self.chat is _SAME else self.chat
+
+    @property
+    def cli_name(self) -> str:
+        return self.arg or self.name
+
+    def constraints(self) -> dict[str, float]:
+        """The range as pydantic/JSON-schema bounds (``ge``/``gt``/``le``/``lt``), widened over
+        special values next to it (seed -1, threads 0) so that the table's own check decides them."""
+        lo, hi, lo_open = self.lo, self.hi, self.lo_open
+        if self.kind is int and lo is not None and self.special:
+            while lo - 1 in self.special:
+                lo -= 1
+        out: dict[str, float] = {}
+        if lo is not None:
+            out["gt" if lo_open else "ge"] = self.kind(lo)
+        if hi is not None:
+            out["lt" if self.hi_open else "le"] = self.kind(hi)
+        return out
 
     @property
     def rule(self) -> str:
@@ -147,45 +188,88 @@ def _float(name, lo=None, hi=None, **kw) -> Option:
     return Option(name, float, lo, hi, **kw)
 
 
-# The table: every user value, once.
+# The table: every user value, once. Chat defaults (``localspec chat``, the server): llama.cpp's
+# sampler (common/common.h: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05) plus Ollama's repeat
+# penalty (1.1 over the last 64 tokens): llama.cpp leaves it off, but small chat models such as
+# SmolLM2-135M loop without it (asked "Name three colours of the rainbow." greedily, it repeats one
+# heading until the 512-token limit). top-p stays llama.cpp's 0.95 rather than Ollama's 0.9, since
+# min-p 0.05 (Ollama: 0) already cuts the tail; presence and frequency penalties stay off (0), as in both.
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # sampling (SamplingParams)
-    _int("max_tokens", 1, flag="--max-tokens", label="max tokens"),
-    _float("temperature", 0.0, flag="--temperature", note="0: greedy"),
-    _int("top_k", 0, flag="--top-k", note="0: off"),
-    _float("top_p", 0.0, 1.0, lo_open=True, flag="--top-p"),
-    _float("min_p", 0.0, 1.0, flag="--min-p"),
-    _int("seed", 0, UINT32_MAX, special=(RANDOM_SEED,), flag="--seed", note="-1: random"),
-    _int("top_logprobs", 0, TOP_LOGPROBS_MAX, flag="--top-logprobs", label="top_logprobs"),
+    _int("max_tokens", 1, flag="--max-tokens", short="-n", label="max tokens", default=256, chat=512,
+         help="Most tokens to generate.", parameter="num_predict", automatic=(-1, -2), field="max_tokens"),
+    _float("temperature", 0.0, flag="--temperature", short="-t", note="0: greedy", default=0.0, chat=0.8,
+           help="0: greedy.", parameter="temperature", field="temperature"),
+    _int("top_k", 0, flag="--top-k", note="0: off", default=40, help="Keep the k most probable tokens (0: off).",
+         parameter="top_k", field="top_k"),
+    _float("top_p", 0.0, 1.0, lo_open=True, flag="--top-p", default=0.95,
+           help="Keep the most probable tokens up to this probability mass (1: off).", parameter="top_p",
+           field="top_p"),
+    _float("min_p", 0.0, 1.0, flag="--min-p", default=0.05,
+           help="Drop tokens less probable than this times the most probable one (0: off).", parameter="min_p",
+           field="min_p"),
+    _int("seed", 0, UINT32_MAX, special=(RANDOM_SEED,), flag="--seed", note="-1: random",
+         help="Sampling seed (reproducible output).", parameter="seed", field="seed"),
+    _int("top_logprobs", 0, TOP_LOGPROBS_MAX, flag="--top-logprobs", label="top_logprobs", field="top_logprobs"),
     # penalties (SamplingParams; as llama.cpp: repeat 1 = off, presence/frequency 0 = off)
-    _float("repeat_penalty", 0.0, 10.0, lo_open=True, flag="--repeat-penalty", note="1: off"),
-    _int("repeat_last_n", -1, flag="--repeat-last-n", note="-1: the whole context, 0: off"),
-    _float("presence_penalty", -2.0, 2.0, flag="--presence-penalty", note="0: off"),
-    _float("frequency_penalty", -2.0, 2.0, flag="--frequency-penalty", note="0: off"),
+    _float("repeat_penalty", 0.0, 10.0, lo_open=True, flag="--repeat-penalty", note="1: off", default=1.0,
+           chat=1.1, help="Divide positive, multiply negative logits of recent tokens (1: off).",
+           parameter="repeat_penalty", field="repeat_penalty"),
+    _int("repeat_last_n", -1, flag="--repeat-last-n", note="-1: the whole context, 0: off", default=64,
+         help="Recent tokens the penalties count, prompt included (0: off, -1: all).", parameter="repeat_last_n",
+         field="repeat_last_n"),
+    _float("presence_penalty", -2.0, 2.0, flag="--presence-penalty", note="0: off", default=0.0,
+           help="Subtract from the logit of every recent token (OpenAI's; 0: off).", parameter="presence_penalty",
+           field="presence_penalty"),
+    _float("frequency_penalty", -2.0, 2.0, flag="--frequency-penalty", note="0: off", default=0.0,
+           help="Subtract times each recent token's count (OpenAI's; 0: off).", parameter="frequency_penalty",
+           field="frequency_penalty"),
     # speculation (PolicyConfig)
-    Option("policy", str, choices=("auto", "fixed"), flag="--policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source"),
-    Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting"),
-    _int("draft_max", 1, DRAFT_MAX, flag="--draft-max"),
-    _int("lookup_max", 1, LOOKUP_MAX),
-    _float("p_min", 0.0, 1.0, flag="--p-min"),
-    _int("probe_every", 1),
-    _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width"),
-    _int("tree_nodes", 1, TREE_MAX_NODES, label="tree nodes"),
+    Option("policy", str, choices=("auto", "fixed"), flag="--policy", default="auto",
+           help="auto: adaptive; fixed: always draft --draft-max.", parameter="draft_policy"),
+    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source", default="auto",
+           help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting", default="auto",
+           help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
+                "on (always), off (chains only).", parameter="draft_tree"),
+    _int("draft_max", 1, DRAFT_MAX, flag="--draft-max", parameter="draft_max",
+         help=f"Most tokens drafted per cycle (default: auto {AUTO_DRAFT_MAX}, fixed {FIXED_DRAFT_MAX})."),
+    _int("lookup_max", 1, LOOKUP_MAX, default=LOOKUP_MAX),
+    _float("p_min", 0.0, 1.0, flag="--p-min", default=0.3, parameter="draft_p_min",
+           help="auto: the drafter stops drafting below this confidence."),
+    _int("probe_every", 1, default=16),
+    _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width", default=4),
+    _int("tree_nodes", 1, TREE_MAX_NODES, label="tree nodes", default=24),
     # model and context (Engine, the memory plan)
-    _int("n_ctx", N_CTX_MIN, flag="--ctx"),
-    _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic"),
-    _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all"),
+    _int("n_ctx", N_CTX_MIN, flag="--ctx", arg="ctx", default=DEFAULT_CTX, help="Context size in tokens.",
+         parameter="num_ctx"),
+    _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic", parameter="num_thread",
+         automatic=(0,), help="CPU threads (default: all available cores, fewer while other processes keep "
+                              "cores busy)."),
+    _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all",
+         help="Target layers to offload to the GPU (-1: all; default: from the memory plan)."),
     # drafter training (localspec train)
-    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel"),
-    _int("max_new", 1, flag="--max-new"),
-    _int("draft_vocab", 16, flag="--draft-vocab"),
-    _int("ttt_steps", 1, 64, flag="--ttt-steps"),
-    _int("batch_tokens", 64, flag="--batch-tokens"),
-    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only"),
-    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr"),
-    _int("train_threads", 1, MAX_THREADS, flag="--train-threads"),
+    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel", default=16,
+         help="Sequences per llama.cpp batch while generating."),
+    _int("max_new", 1, flag="--max-new", default=320, help="Response length limit while generating."),
+    _int("draft_vocab", 16, flag="--draft-vocab", default=8192, help="Draft vocabulary size."),
+    _int("ttt_steps", 1, 64, flag="--ttt-steps", default=4, help="Training-time test unroll depth."),
+    _int("batch_tokens", 64, flag="--batch-tokens", default=2048, help="Tokens per training batch."),
+    _int("max_steps", 0, flag="--max-steps", note="0: the time budget only", default=0,
+         help="Stop training after this many steps (0: time budget only)."),
+    _float("lr", 0.0, 1.0, lo_open=True, flag="--lr", default=1e-3, help="Learning rate."),
+    _int("train_threads", 1, MAX_THREADS, flag="--train-threads", help="torch threads."),
 )}
+
+
+def default(name: str) -> Any:
+    """The declared default of option ``name`` (the Python API's, ``generate``'s)."""
+    return OPTIONS[name].default
+
+
+def chat_default(name: str) -> Any:
+    """The chat's (and the server's) default of option ``name``."""
+    return OPTIONS[name].chat_default
 
 
 def check(name: str, value: Any, *, where: str | None = None) -> Any:

@@ -33,6 +33,12 @@ KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"
 KEY_SSM_PREFIX = "{arch}.ssm."            # recurrent-state models (no KV cache to plan)
 KEY_RWKV_PREFIX = "{arch}.rwkv"
 KEY_VOCAB_SIZE = "{arch}.vocab_size"
+KEY_NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
+KEY_EXPERT_COUNT = "{arch}.expert_count"
+KEY_EXPERT_USED_COUNT = "{arch}.expert_used_count"
+KEY_EXPERT_GROUP_COUNT = "{arch}.expert_group_count"
+KEY_EXPERT_GROUP_USED_COUNT = "{arch}.expert_group_used_count"
+KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
 KEY_TOKENIZER_MODEL = "tokenizer.ggml.model"
 KEY_TOKENIZER_TOKENS = "tokenizer.ggml.tokens"
@@ -70,6 +76,20 @@ T_FFN_GATE = "blk.0.ffn_gate.weight"
 T_FFN_UP = "blk.0.ffn_up.weight"
 T_FFN_DOWN = "blk.0.ffn_down.weight"
 T_ROPE_FREQS = "rope_freqs.weight"
+
+# What llama.cpp asserts (GGML_ASSERT: the process aborts) rather than reports:
+MAX_LAYERS = 512        # LLAMA_MAX_LAYERS (llama-hparams.h)
+MAX_EXPERTS = 1024      # LLAMA_MAX_EXPERTS
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+# the graph asserts n_embd_head_v == n_embd_head_k (src/models/<arch>.cpp; lfm2: the KV widths) ...
+SAME_KV_HEAD_ARCHS = frozenset({
+    "eagle3", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01",
+    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "hunyuan-vl", "lfm2",
+})
+# ... and these also that RoPE spans the whole head (n_embd_head == n_rot)
+ROT_IS_HEAD_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "hunyuan-vl"})
+NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})   # no matrix product on the CPU
+D2T_TYPE = "I64"        # eagle3.cpp: GGML_ASSERT(model.d2t->type == GGML_TYPE_I64)
 
 # Target architectures whose llama.cpp graph records every layer's input (``t_layer_inp``), which
 # the EAGLE-3 feature extraction reads. Taken from src/models/*.cpp of the vendored llama.cpp: a

@@ -211,15 +211,7 @@ def check_attention(info: GGUFInfo) -> None:
         if h and (hkv == 0 or h % hkv):
             raise LocalspecError(f"{name}: {h} attention heads cannot be shared by {hkv} KV heads "
                                  "(head_count_kv must divide head_count)")
-    head = max(n_head)
-    key_len = info.metadata.get(K.key(K.KEY_KEY_LENGTH, info.arch))
-    val_len = info.metadata.get(K.key(K.KEY_VALUE_LENGTH, info.arch))
-    for what, v in (("key_length", key_len), ("value_length", val_len)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0):
-            raise LocalspecError(f"{name}: attention.{what} must be a positive integer, got {_short(v)}")
-    if key_len is None and info.n_embd % head:
-        raise LocalspecError(f"{name}: embedding size {info.n_embd} is not a multiple of its {head} attention heads")
-    head_dim = int(key_len) if key_len is not None else info.n_embd // head
+    head_dim, head_v = _head_sizes(info, max(n_head))
     n_rot = info.metadata.get(K.key(K.KEY_ROPE_DIMENSION_COUNT, info.arch))
     if n_rot is not None:
         if isinstance(n_rot, bool) or not isinstance(n_rot, (int, np.integer)) or n_rot < 0:
@@ -231,6 +223,82 @@ def check_attention(info: GGUFInfo) -> None:
     ff = info.metadata.get(K.key(K.KEY_FEED_FORWARD_LENGTH, info.arch))
     if isinstance(ff, (int, np.integer)) and not isinstance(ff, bool) and ff <= 0 and info.is_drafter:
         raise LocalspecError(f"{name}: feed_forward_length must be positive, got {ff}")
+    # the graphs of these architectures assert one head size for keys and values, some also that
+    # RoPE covers the whole head (GGML_ASSERT: the process aborts, even with no drafter)
+    if info.arch in K.SAME_KV_HEAD_ARCHS and head_v != head_dim:
+        raise LocalspecError(f"{name}: value head size {head_v} differs from key head size {head_dim}; "
+                             f"llama.cpp's {info.arch} needs them equal (attention.key_length / value_length)")
+    rot = head_dim if n_rot is None else int(n_rot)
+    if info.arch in K.ROT_IS_HEAD_ARCHS and rot != head_dim:
+        raise LocalspecError(f"{name}: rope.dimension_count {rot} must equal the head size {head_dim} "
+                             f"for llama.cpp's {info.arch}")
+
+
+def _head_sizes(info: GGUFInfo, n_head: int) -> tuple[int, int]:
+    """(key head size, value head size) as llama.cpp reads them: attention.key_length /
+    value_length, each n_embd / n_head when absent."""
+    name = info.path.name
+    sizes = []
+    for template in (K.KEY_KEY_LENGTH, K.KEY_VALUE_LENGTH):
+        v = info.metadata.get(K.key(template, info.arch))
+        what = template.rsplit(".", 1)[-1]
+        if v is None:
+            if info.n_embd % n_head:
+                raise LocalspecError(f"{name}: embedding size {info.n_embd} is not a multiple of its "
+                                     f"{n_head} attention heads (and attention.{what} is not given)")
+            v = info.n_embd // n_head
+        elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise LocalspecError(f"{name}: attention.{what} must be a positive integer, got {_short(v)}")
+        sizes.append(int(v))
+    return sizes[0], sizes[1]
+
+
+def check_hparams(info: GGUFInfo) -> None:
+    """What llama.cpp's loader asserts for every architecture (llama_model::load_hparams)."""
+    name = info.path.name
+    if not 0 < info.n_layer <= K.MAX_LAYERS:
+        raise LocalspecError(f"{name}: block_count must be between 1 and {K.MAX_LAYERS}, got {info.n_layer}")
+    nextn = _int_meta(info, K.KEY_NEXTN_PREDICT_LAYERS)
+    if nextn > info.n_layer:
+        raise LocalspecError(f"{name}: nextn_predict_layers {nextn} exceeds its {info.n_layer} layers")
+    n_expert = _int_meta(info, K.KEY_EXPERT_COUNT)
+    used = max(_per_layer(info, K.KEY_EXPERT_USED_COUNT) or [0])
+    groups = _int_meta(info, K.KEY_EXPERT_GROUP_COUNT)
+    group_used = _int_meta(info, K.KEY_EXPERT_GROUP_USED_COUNT)
+    if n_expert > K.MAX_EXPERTS or used > n_expert or (n_expert and not used) or (not n_expert and groups) or (
+            n_expert and (groups >= n_expert or groups > 1 and (n_expert % groups or not 0 < group_used < groups))):
+        raise LocalspecError(f"{name}: inconsistent expert counts (expert_count {n_expert}, expert_used_count "
+                             f"{used}, expert_group_count {groups}, expert_group_used_count {group_used})")
+    scaling = info.metadata.get(K.key(K.KEY_ROPE_SCALING_TYPE, info.arch))
+    if scaling is not None and scaling not in K.ROPE_SCALING_TYPES:
+        raise LocalspecError(f"{name}: rope.scaling.type {_short(scaling)} is not one of "
+                             f"{', '.join(K.ROPE_SCALING_TYPES)}")
+
+
+def check_tensor_types(info: GGUFInfo) -> None:
+    """Tensor types llama.cpp's CPU kernels take (it aborts on the others at the first decode): a
+    vector (norm weight, bias) is added or multiplied in as F32 only; a matrix is a float or
+    quantised type, never integers; d2t (checked with the pair) is I64."""
+    for t in info.tensors.values():
+        if t.name == K.T_D2T:
+            continue
+        if len(t.shape) == 1 and t.type_name != "F32":
+            raise LocalspecError(f"{info.path.name}: tensor {t.name} is {t.type_name}; llama.cpp needs "
+                                 "one-dimensional tensors (norms, biases) in F32")
+        if t.type_name in K.NON_WEIGHT_TYPES:
+            raise LocalspecError(f"{info.path.name}: tensor {t.name} is {t.type_name}, not a weight type "
+                                 "llama.cpp can multiply with")
+
+
+def _int_meta(info: GGUFInfo, template: str) -> int:
+    """A single non-negative integer from the header (0 when absent)."""
+    value = info.metadata.get(K.key(template, info.arch))
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise LocalspecError(f"{info.path.name}: {K.key(template, info.arch)} must be a non-negative integer, "
+                             f"got {_short(value)}")
+    return int(value)
 
 
 def check_target(target: GGUFInfo) -> None:
@@ -238,6 +306,8 @@ def check_target(target: GGUFInfo) -> None:
         raise LocalspecError(f"{target.path.name} is an EAGLE-3 drafter, not a target model")
     if target.n_vocab <= 0 or target.n_embd <= 0:
         raise LocalspecError(f"{target.path.name}: missing vocabulary or embedding size")
+    check_hparams(target)
+    check_tensor_types(target)
     if target.arch in K.FEATURE_ARCHS or target.arch == "llama":
         check_attention(target)   # the architectures localspec runs as targets: llama-style attention
 
@@ -246,6 +316,8 @@ def check_drafter(drafter: GGUFInfo) -> None:
     """A drafter's own sizes (the pair checks come on top, in :func:`check_pair`)."""
     if not drafter.is_drafter:
         raise LocalspecError(f"{drafter.path.name} is not an EAGLE-3 drafter (architecture '{drafter.arch}')")
+    check_hparams(drafter)
+    check_tensor_types(drafter)
     check_attention(drafter)
     if drafter.n_layer != 1:
         raise LocalspecError(f"{drafter.path.name}: an EAGLE-3 drafter has one layer, this one says {drafter.n_layer}")
@@ -291,6 +363,10 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
         raise LocalspecError(f"{d}: its token embeddings cover {embd.shape[-1]} tokens, {t} has {target.n_vocab}")
     head = drafter.tensors.get(K.T_OUTPUT)
     if drafter.draft_vocab is not None:
+        d2t_info = drafter.tensors[K.T_D2T]
+        if d2t_info.type_name != K.D2T_TYPE or len(d2t_info.shape) != 1:
+            raise LocalspecError(f"{d}: d2t must be a one-dimensional {K.D2T_TYPE} tensor, "
+                                 f"this one is {d2t_info.type_name} of shape {list(d2t_info.shape)}")
         if head is None or head.shape[-1] != drafter.draft_vocab:
             raise LocalspecError(f"{d}: d2t maps {drafter.draft_vocab} draft tokens but the drafter has no lm_head of that size")
         d2t = read_tensor(drafter, K.T_D2T).astype(np.int64).ravel()

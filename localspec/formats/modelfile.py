@@ -45,14 +45,6 @@ ROLES = ("system", "user", "assistant")
 TRUE_WORDS = {"true": True, "false": False}
 
 
-def _int(v: str) -> int:
-    return int(v, 10)
-
-
-def _float(v: str) -> float:
-    return float(v)
-
-
 def _bool(v: str) -> bool:
     try:
         return TRUE_WORDS[v.lower()]
@@ -60,83 +52,57 @@ def _bool(v: str) -> bool:
         raise ValueError(v) from None
 
 
-def _str(v: str) -> str:
-    return v
+_PARSE: dict[type, Callable[[str], Any]] = {int: lambda v: int(v, 10), float: float, bool: _bool, str: str}
+_EXPECT = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
-
-# name -> (parse, what is expected, check or None). Ollama's documented parameters are accepted
-# (and kept) even where localspec's engine does not use them yet.
-_TYPES: dict[Callable[[str], Any], str] = {_int: "an integer", _float: "a number", _bool: "true or false", _str: "a string"}
 
 @dataclass(frozen=True)
-class ParameterOption:
-    """What a Modelfile PARAMETER sets: the :mod:`localspec.core.options` entry that checks its
-    value (None: its type alone), the ``generate``/``serve``/``chat`` option it is a default for
-    (None: none yet), and the Ollama values that mean "automatic" or "no limit" (accepted, and
-    leaving localspec's own default in place)."""
+class Parameter:
+    """A Modelfile PARAMETER: its type in the file, the :mod:`localspec.core.options` entry whose
+    range checks it (None: its type and ``check`` alone), the ``generate``/``serve``/``chat``
+    option it is a default for (None: none, kept as Ollama documents it), the Ollama values that
+    mean "automatic" or "no limit" (accepted, leaving localspec's own default in place). localspec's own
+    parameters are named ``draft_*`` (:data:`SPEC_PARAMETERS`)."""
 
-    option: str | None
-    cli: str | None
+    kind: type
+    option: str | None = None
+    cli: str | None = None
     automatic: tuple = ()
+    check: Callable[[Any], bool] | None = None
+    rule: str = ""
+    repeated: bool = False
 
 
-# The one table from PARAMETERs to localspec's options (range checks: localspec.core.options).
-PARAMETER_OPTIONS: dict[str, ParameterOption] = {
-    "num_ctx": ParameterOption("n_ctx", "ctx"),
-    "num_predict": ParameterOption("max_tokens", "max_tokens", (-1, -2)),
-    "temperature": ParameterOption("temperature", "temperature"),
-    "top_k": ParameterOption("top_k", "top_k"),
-    "top_p": ParameterOption("top_p", "top_p"),
-    "min_p": ParameterOption("min_p", "min_p"),
-    "seed": ParameterOption("seed", "seed"),
-    "stop": ParameterOption(None, "stop"),
-    "repeat_last_n": ParameterOption("repeat_last_n", "repeat_last_n"),
-    "repeat_penalty": ParameterOption("repeat_penalty", "repeat_penalty"),
-    "presence_penalty": ParameterOption("presence_penalty", "presence_penalty"),
-    "frequency_penalty": ParameterOption("frequency_penalty", "frequency_penalty"),
-    "num_thread": ParameterOption("threads", "threads", (0,)),
-    "num_gpu": ParameterOption("gpu_layers", None),
-    "draft_max": ParameterOption("draft_max", "draft_max"),
-    "draft_policy": ParameterOption("policy", "policy"),
-    "draft_tree": ParameterOption(None, "tree"),
-    "draft_p_min": ParameterOption("p_min", "p_min"),
+def _declared() -> dict[str, Parameter]:
+    """The PARAMETERs of the options that declare one (localspec.core.options: name, range,
+    automatic values). ``draft_tree`` is true or false in a Modelfile (trees always, or chains only)
+    where ``--tree`` takes auto, on or off."""
+    out = {}
+    for opt in options.OPTIONS.values():
+        if opt.parameter == "draft_tree":
+            out[opt.parameter] = Parameter(bool, None, opt.cli_name)
+        elif opt.parameter:
+            out[opt.parameter] = Parameter(opt.kind, opt.name, opt.cli_name, opt.automatic)
+    return out
+
+
+# The one table of PARAMETERs: localspec's options (generated from their declarations), then
+# Ollama's documented parameters that localspec accepts and keeps but does not use (yet).
+PARAMETERS: dict[str, Parameter] = {
+    **_declared(),
+    "stop": Parameter(str, None, "stop", check=lambda x: x != "", rule="not empty", repeated=True),
+    "num_gpu": Parameter(int, "gpu_layers"),        # the memory plan decides offload; its range only
+    "typical_p": Parameter(float, check=lambda x: 0 < x <= 1, rule="in (0, 1]"),
+    "mirostat": Parameter(int, check=lambda x: x in (0, 1, 2), rule="0, 1 or 2"),
+    "mirostat_eta": Parameter(float),
+    "mirostat_tau": Parameter(float),
+    "num_keep": Parameter(int, check=lambda x: -1 <= x <= options.INT32_MAX, rule=f"between -1 and {options.INT32_MAX}"),
+    "num_batch": Parameter(int, check=lambda x: 1 <= x <= options.INT32_MAX, rule=f"between 1 and {options.INT32_MAX}"),
+    "penalize_newline": Parameter(bool),
+    "use_mmap": Parameter(bool),
 }
-
-OLLAMA_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
-    "num_ctx": (_int, None, ""),
-    "num_predict": (_int, None, ""),
-    "temperature": (_float, None, ""),
-    "top_k": (_int, None, ""),
-    "top_p": (_float, None, ""),
-    "min_p": (_float, None, ""),
-    "typical_p": (_float, lambda x: 0 < x <= 1, "in (0, 1]"),
-    "seed": (_int, None, ""),
-    "stop": (_str, lambda x: x != "", "not empty"),
-    "repeat_last_n": (_int, None, ""),
-    "repeat_penalty": (_float, None, ""),
-    "presence_penalty": (_float, None, ""),
-    "frequency_penalty": (_float, None, ""),
-    "mirostat": (_int, lambda x: x in (0, 1, 2), "0, 1 or 2"),
-    "mirostat_eta": (_float, None, ""),
-    "mirostat_tau": (_float, None, ""),
-    "num_keep": (_int, lambda x: -1 <= x <= options.INT32_MAX, f"between -1 and {options.INT32_MAX}"),
-    "num_batch": (_int, lambda x: 1 <= x <= options.INT32_MAX, f"between 1 and {options.INT32_MAX}"),
-    "num_gpu": (_int, None, ""),
-    "num_thread": (_int, None, ""),
-    "penalize_newline": (_bool, None, ""),
-    "use_mmap": (_bool, None, ""),
-}
-
-# localspec's speculative parameters.
-SPEC_PARAMETERS: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool] | None, str]] = {
-    "draft_max": (_int, None, ""),                # draft depth
-    "draft_policy": (_str, None, ""),             # auto or fixed
-    "draft_tree": (_bool, None, ""),              # tree drafting on/off
-    "draft_p_min": (_float, None, ""),            # confidence cut-off
-}
-
-PARAMETERS = {**OLLAMA_PARAMETERS, **SPEC_PARAMETERS}
-LIST_PARAMETERS = frozenset({"stop"})
+SPEC_PARAMETERS = frozenset(name for name in PARAMETERS if name.startswith("draft_"))   # localspec's own
+LIST_PARAMETERS = frozenset(name for name, p in PARAMETERS.items() if p.repeated)
 
 
 def check_parameter(name: str, raw: Any) -> Any:
@@ -144,35 +110,33 @@ def check_parameter(name: str, raw: Any) -> Any:
     key = name.lower()
     if key not in PARAMETERS:
         raise ValueError(f"unknown parameter '{name}' (expected one of: {', '.join(sorted(PARAMETERS))})")
-    parse, check, rule = PARAMETERS[key]
+    entry = PARAMETERS[key]
     if isinstance(raw, str):
         try:
-            value = parse(raw.strip() if parse is not _str else raw)
+            value = _PARSE[entry.kind](raw.strip() if entry.kind is not str else raw)
         except ValueError:
-            raise ValueError(f"PARAMETER {key} expects {_TYPES[parse]}, got '{raw}'") from None
+            raise ValueError(f"PARAMETER {key} expects {_EXPECT[entry.kind]}, got '{raw}'") from None
     else:  # already typed (models.toml / stored models)
-        if parse is _float and isinstance(raw, int) and not isinstance(raw, bool):
+        if entry.kind is float and isinstance(raw, int) and not isinstance(raw, bool):
             raw = float(raw)
-        expected = {_int: int, _float: float, _bool: bool, _str: str}[parse]
-        if type(raw) is not expected:
-            raise ValueError(f"PARAMETER {key} expects {_TYPES[parse]}, got {raw!r}")
+        if type(raw) is not entry.kind:
+            raise ValueError(f"PARAMETER {key} expects {_EXPECT[entry.kind]}, got {raw!r}")
         value = raw
     shown = raw.strip() if isinstance(raw, str) else repr(value)
-    entry = PARAMETER_OPTIONS.get(key)
-    if entry is not None and entry.option is not None:
+    if entry.option is not None:
         if value not in entry.automatic or isinstance(value, bool):
             value, bad = options.OPTIONS[entry.option].problem(value)
             if bad:
                 raise ValueError(f"PARAMETER {key} {bad.rsplit(', got ', 1)[0]}, got {shown}")
-    elif parse is _float and not math.isfinite(value):
+    elif entry.kind is float and not math.isfinite(value):
         raise ValueError(f"PARAMETER {key} must be a finite number, got {shown}")
-    elif parse is _str:
+    elif entry.kind is str:
         try:
             options.check_text(f"PARAMETER {key}", value)
         except LocalspecError as exc:
             raise ValueError(str(exc)) from None
-    if check is not None and not check(value):
-        raise ValueError(f"PARAMETER {key} must be {rule}, got {shown}")
+    if entry.check is not None and not entry.check(value):
+        raise ValueError(f"PARAMETER {key} must be {entry.rule}, got {shown}")
     return value
 
 

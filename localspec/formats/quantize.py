@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import llama_cpp
@@ -10,6 +11,7 @@ import llama_cpp
 from ..core import interrupts
 from ..core.atomic import atomic_path
 from ..core.errors import LocalspecError
+from ..core.units import format_size
 from ..llama.process import init_backend
 from ..llama.llama_model import default_threads
 
@@ -30,5 +32,22 @@ def requantize(src: str | Path, dst: str | Path, ftype: str) -> Path:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         interrupts.raise_if_pending()
         if rc != 0:
-            raise LocalspecError(f"llama.cpp could not quantize {Path(src).name} to {ftype}")
+            raise _failure(Path(src), tmp, ftype)
     return dst
+
+
+def _failure(src: Path, tmp: Path, ftype: str) -> LocalspecError:
+    """Why llama.cpp's quantizer failed, as far as we can tell: it reports no cause, and the usual
+    one is a full disk (ENOSPC), seen while the partial output still holds its space: less room is
+    left than the rest of an output no larger than its source."""
+    try:
+        st = os.statvfs(tmp.parent)
+        free = st.f_bavail * st.f_frsize
+        written = tmp.stat().st_size if tmp.exists() else 0
+        need = src.stat().st_size
+    except OSError:
+        return LocalspecError(f"llama.cpp could not quantize {src.name} to {ftype}")
+    if free < max(need - written, 1 << 20):
+        return LocalspecError(f"cannot quantize {src.name} to {ftype}: the disk is full (no space left on device "
+                              f"in {tmp.parent}; {format_size(free)} free, about {format_size(need)} needed)")
+    return LocalspecError(f"llama.cpp could not quantize {src.name} to {ftype}")

@@ -144,6 +144,15 @@ class Model:
             pass
 
 
+def _outputs_param(n_outputs_max: int, n_ctx: int, n_batch: int, n_seq_max: int) -> int:
+    """llama.cpp's n_outputs_max (0: its default, n_batch capped by n_ctx): the most logit rows one
+    batch may ask for (it sizes the compute buffer). llama.cpp also reserves a row per sequence and
+    asserts they fit (GGML_ASSERT, at a small n_ctx with many sequences)."""
+    if n_outputs_max or n_seq_max > min(n_ctx, n_batch):
+        return max(n_outputs_max or min(n_ctx, n_batch), n_seq_max)
+    return 0
+
+
 class Context:
     """A llama.cpp context (KV cache + compute buffers) over one model, decoding sequence 0."""
 
@@ -178,8 +187,7 @@ class Context:
             params.flash_attn_type = 0
         if kv_type is not None and not precise_attention:  # a ggml type id for both K and V
             params.type_k = params.type_v = kv_type
-        if n_outputs_max:  # most logit rows one batch may ask for (sizes the compute buffer)
-            params.n_outputs_max = n_outputs_max
+        params.n_outputs_max = _outputs_param(n_outputs_max, n_ctx, n_batch, n_seq_max)
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
         with capture_log() as self.load_log:
@@ -192,9 +200,10 @@ class Context:
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
-        # llama.cpp may lower n_batch (never above n_ctx); a larger batch would abort the process
-        n_batch = self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.n_outputs_max = n_outputs_max or n_batch
+        # llama.cpp may lower n_batch to the requested n_ctx (while it grows the context): every
+        # batch, hence every batch of logit rows (a padded verify, a tree), must fit in it
+        n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
+        self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self._views: dict[int, np.ndarray] = {}
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)

@@ -45,7 +45,8 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     compute = LlamaCompute(tinfo.path, dinfo.path if dinfo else None, n_threads=n_threads)
     simulated = any(d.name == "GPU" for d in devices)
     result = plan_memory(tl, dl, devices, compute, n_ctx=n_ctx, kv_type=kv_type, draft_max=draft_max,
-                         n_ctx_max=(n_ctx_max or min(tinfo.n_ctx_train or 4096, 4096)) * slots, gpu_layers=gpu_layers,
+                         n_ctx_max=(n_ctx_max or min(tinfo.n_ctx_train or options.DEFAULT_CTX, options.DEFAULT_CTX)) * slots,
+                         gpu_layers=gpu_layers,
                          drafter_gpu_layers=drafter_gpu_layers)
     if simulated:
         result.notes.append("no GPU in this llama.cpp build: --vram simulates one (GPU compute buffers "

@@ -339,7 +339,7 @@ def plan_memory(target: Layout, drafter: Layout | None, devices: list[DeviceBudg
     margins = dict(margins or {})
     for d in devices:
         margins.setdefault(d.name, default_margin(d.budget_bytes, d.is_gpu))
-    want_ctx = n_ctx or n_ctx_max or 4096
+    want_ctx = n_ctx or n_ctx_max or options.DEFAULT_CTX
     if n_ctx is not None:
         n_ctx = options.check_n_ctx(n_ctx)
         ctx_choices = [n_ctx]

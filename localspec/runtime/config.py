@@ -16,7 +16,7 @@ from .sampling import SamplingParams
 
 @dataclass
 class GenerationConfig:
-    max_tokens: int = 256
+    max_tokens: int = options.default("max_tokens")
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()
     spec: bool = True                      # speculate: the drafter when loaded and/or n-gram lookup

@@ -74,7 +74,7 @@ class Engine:
         target: str | Path,
         drafter: str | Path | None = None,
         *,
-        n_ctx: int = 4096,
+        n_ctx: int = options.DEFAULT_CTX,
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
         drafter_gpu_layers: int = 0,

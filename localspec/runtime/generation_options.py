@@ -3,9 +3,9 @@
 
 ``localspec generate``, ``bench``, ``serve`` (each request), the chat's settings and the Python API
 all build their configuration here, so a rule such as "policy fixed drafts 4 tokens unless told
-otherwise" holds everywhere. The defaults are the engine's own (``SamplingParams``, ``PolicyConfig``,
-``GenerationConfig``); the value ranges are :mod:`localspec.core.options`', checked when the
-configuration is built.
+otherwise" holds everywhere. The defaults and the value ranges are :mod:`localspec.core.options`'
+(declared once, as the engine's ``SamplingParams``, ``PolicyConfig`` and ``GenerationConfig`` take
+them); the ranges are checked when the configuration is built.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any, Optional
 
-from .engine import GenerationConfig
+from ..core import options
+from ..core.options import AUTO_DRAFT_MAX, FIXED_DRAFT_MAX  # noqa: F401 (FIXED_DRAFT_MAX: re-exported)
+from .config import GenerationConfig
 from .sampling import SamplingParams
 from ..speculation.policy import PolicyConfig
 
-_SAMPLING = SamplingParams()
-_POLICY = PolicyConfig()
-FIXED_DRAFT_MAX = 4   # policy fixed drafts this many tokens each cycle unless draft_max is given
+_D = options.default
 
 
 def default_draft_max(policy: Any, draft_max: Optional[int]) -> int:
     """auto chooses the depth each cycle up to a generous cap; fixed always drafts the cap."""
     if draft_max is not None:
         return draft_max
-    return _POLICY.draft_max if _plain(policy) == "auto" else FIXED_DRAFT_MAX
+    return AUTO_DRAFT_MAX if _plain(policy) == "auto" else FIXED_DRAFT_MAX
 
 
 def _plain(value: Any) -> Any:
@@ -39,26 +39,26 @@ def _plain(value: Any) -> Any:
 class GenerationOptions:
     """The user-facing values of one generation. ``draft_max=None``: the policy's default."""
 
-    max_tokens: int = GenerationConfig.max_tokens
-    temperature: float = _SAMPLING.temperature
-    top_k: int = _SAMPLING.top_k
-    top_p: float = _SAMPLING.top_p
-    min_p: float = _SAMPLING.min_p
-    seed: Optional[int] = _SAMPLING.seed
-    repeat_penalty: float = _SAMPLING.repeat_penalty
-    repeat_last_n: int = _SAMPLING.repeat_last_n
-    presence_penalty: float = _SAMPLING.presence_penalty
-    frequency_penalty: float = _SAMPLING.frequency_penalty
+    max_tokens: int = _D("max_tokens")
+    temperature: float = _D("temperature")
+    top_k: int = _D("top_k")
+    top_p: float = _D("top_p")
+    min_p: float = _D("min_p")
+    seed: Optional[int] = _D("seed")
+    repeat_penalty: float = _D("repeat_penalty")
+    repeat_last_n: int = _D("repeat_last_n")
+    presence_penalty: float = _D("presence_penalty")
+    frequency_penalty: float = _D("frequency_penalty")
     stop: tuple[str, ...] = ()
     spec: bool = True
-    policy: str = _POLICY.name
-    draft_max: Optional[int] = None
-    source: str = _POLICY.source
-    tree: str = _POLICY.tree
-    p_min: float = _POLICY.p_min
-    probe_every: int = _POLICY.probe_every
-    tree_width: int = _POLICY.tree_width
-    tree_nodes: int = _POLICY.tree_nodes
+    policy: str = _D("policy")
+    draft_max: Optional[int] = _D("draft_max")
+    source: str = _D("source")
+    tree: str = _D("tree")
+    p_min: float = _D("p_min")
+    probe_every: int = _D("probe_every")
+    tree_width: int = _D("tree_width")
+    tree_nodes: int = _D("tree_nodes")
     parse_special: bool = True
 
     @classmethod

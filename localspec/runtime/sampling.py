@@ -13,7 +13,7 @@ would follow (earlier drafts of the same cycle), so every position gets plain de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -22,20 +22,23 @@ from ..core import options
 from .penalties import PenaltyWindow
 
 
+_D = options.default   # defaults: localspec.core.options, declared once with each range
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
+    temperature: float = _D("temperature")
+    top_k: int = _D("top_k")
+    top_p: float = _D("top_p")
+    min_p: float = _D("min_p")
+    seed: int | None = _D("seed")
     # llama.cpp/Ollama: positive logits divided, negative multiplied (1.0: off)
-    repeat_penalty: float = 1.0
+    repeat_penalty: float = _D("repeat_penalty")
     # the window of recent tokens the penalties count (0: off, -1: the whole context)
-    repeat_last_n: int = 64
+    repeat_last_n: int = _D("repeat_last_n")
     # OpenAI's, as llama.cpp applies them: logit -= presence * [count > 0] + frequency * count
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = _D("presence_penalty")
+    frequency_penalty: float = _D("frequency_penalty")
 
     def __post_init__(self) -> None:
         # ranges, types and finiteness: localspec.core.options (one table for every entry point)
@@ -140,13 +143,6 @@ class Sampler:
         return False, int(ids[self.rng.choice(len(ids), p=probs)])
 
 
-# The chat's defaults (``localspec chat``; the server's too). llama.cpp's sampler defaults
-# (common/common.h: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, the same filters
-# SamplingParams defaults to) plus Ollama's repeat penalty (repeat_penalty 1.1 over the last 64
-# tokens): llama.cpp leaves the penalty off, but small chat models such as SmolLM2-135M loop
-# without it (asked "Name three colours of the rainbow." greedily, it repeats one heading until the
-# 512-token limit).
-# top-p stays llama.cpp's 0.95 rather than Ollama's 0.9, since min-p 0.05 (Ollama: 0) already cuts
-# the tail; presence and frequency penalties stay off (0), as in both.
-CHAT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-                               repeat_penalty=1.1, repeat_last_n=64)
+# The chat's defaults (``localspec chat``; the server's too): llama.cpp's sampler defaults plus
+# Ollama's repeat penalty, declared (and explained) in localspec.core.options.
+CHAT_SAMPLING = SamplingParams(**{f.name: options.chat_default(f.name) for f in fields(SamplingParams)})

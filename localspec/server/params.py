@@ -11,15 +11,16 @@ from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
 from ..runtime.generation_options import GenerationOptions
 from ..core.errors import LocalspecError
+from ..core.options import OPTIONS
 from ..store.models import ModelSpec
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
-# request field -> SamplingParams field of the same name
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                   "repeat_penalty", "repeat_last_n")
+# request field -> the SamplingParams field (and localspec.core.options entry) it sets, from the declarations
+SAMPLING_FIELDS = {opt.field: opt.name for opt in OPTIONS.values()
+                   if opt.field and opt.name in {f.name for f in fields(SamplingParams)}}
 MAX_STOP = 16
 
 
@@ -71,15 +72,24 @@ def _stop(req: SamplingRequest, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
+def checked(field: str, value):
+    """A request value in the range declared for it (localspec.core.options), or a 400 naming the
+    field in ``param``."""
+    try:
+        return OPTIONS[SAMPLING_FIELDS.get(field, field)].check(value)
+    except LocalspecError as exc:
+        raise bad_request(str(exc), param=field) from None
+
+
 def sampling_params(req: SamplingRequest, defaults: ServeDefaults) -> SamplingParams:
     values = dict(defaults.sampling)
-    for name in SAMPLING_FIELDS:
-        value = getattr(req, name)
+    for field_name, name in SAMPLING_FIELDS.items():
+        value = getattr(req, field_name)
         if value is None:
             continue
         if name not in values:
-            raise bad_request(f"{name} is not supported by this server.", param=name)
-        values[name] = value
+            raise bad_request(f"{field_name} is not supported by this server.", param=field_name)
+        values[name] = checked(field_name, value)
     try:
         return SamplingParams(**values)
     except LocalspecError as exc:

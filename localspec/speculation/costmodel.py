@@ -1,12 +1,16 @@
 """What a cycle costs on this machine: target verify time by batch size, drafter time per step.
 
-Calibrated at load (one target decode of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
-up to 128, a few repeats, the fastest) and cached in ``user_dir()/calibration.json`` under a key
-naming the machine (platform, CPU count, threads, offloaded layers) and the model files (path,
-size, mtime), so later loads cost nothing. During generation every verify and every drafting step
-refreshes the figures: a machine level (the median of what the last few cycles say, so a load
+Calibrated at load (target decodes of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
+up to 128, a few runs of each taken against one-token steps timed around them, the curve fitted
+monotone: :func:`measure`) and cached in ``user_dir()/calibration.json`` under a key naming
+the machine (platform, CPU count, threads, offloaded layers) and the model files (path, size,
+mtime), so later loads cost nothing; a cached curve that cannot be a measurement
+(:func:`check_curve`) is calibrated again. Processes share the file under a lock
+(:meth:`CostModel.save`). During generation every verify and every drafting step refreshes the
+figures: a machine level (the median of what the last few cycles say, so a load
 that starts or ends is followed within three cycles and one hiccup is ignored) times a clipped
-correction per band of sizes, learned against one-token steps. A change of thread count re-keys
+correction per band of sizes, learned against one-token steps (and replaced at once where the
+verifies contradict it: a wrong cached curve). A change of thread count re-keys
 the model (:meth:`CostModel.rekey`).
 When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
@@ -18,6 +22,7 @@ ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,7 +30,12 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:   # not POSIX: writes stay atomic, concurrent saves may drop an entry
+    fcntl = None
 
 from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
@@ -36,13 +46,15 @@ CALIBRATE_MAX = 17     # batch sizes measured at load: every one of 1..17 (auto 
 # a tiled kernel at 64 query rows (GGML_FA_TILE_Q), so on this project's CPU V(64) ~ V(32) while
 # V(63) ~ 2 V(64): 56 and 63 pin the step, and a draft may be padded up to a cheaper size (PAD_GAIN)
 EXTRA_SIZES = (24, 32, 48, 56, 63, 64, 72, 96, 128)
-REPEATS = 3            # runs per size up to 9, the fastest counts ...
-REPEATS_MID = 2        # ... per size up to 32 ...
-REPEATS_LARGE = 2      # ... and above (each costs 15-40 plain steps). One run was too few: four
-                       # calibrations in a row here gave V(64)/V(1) 23.2, 18.1, 17.5, 18.0 and V(128)
-                       # 43.8, 34.2, 33.9, 34.0, and a V(64) measured above V(63) hides flash
-                       # attention's 64-row step (no padding; 64-row drafts priced 1.3x too dear)
-BUDGET_SECONDS = 8.0   # calibration stops here (the sizes measured so far; not cached)
+REPEATS = 3            # timed runs per size up to 9 ...
+REPEATS_MID = 3        # ... per size up to 32 ...
+REPEATS_LARGE = 3      # ... and above (each costs 15-40 plain steps); each run taken over the one-token
+                       # steps timed around it (a slow spell of the machine slows both), a size's figure
+                       # the lowest third of its runs (robust_costs): the fastest of 1-3 runs gave two
+                       # calibrations of one file on one idle machine V(4) / V(1) of 3.3 and 8.3
+EXTRA_ROUNDS = 4       # ... and up to 4 more runs for a size whose two best disagree by more than
+SPREAD = 1.25          # this (a decode slowed by another process, a reference slowed alone)
+BUDGET_SECONDS = 12.0  # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in its band's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
@@ -55,10 +67,25 @@ FIRST_CLIP = 0.5       # ... by at most this
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
-CACHE_VERSION = 7      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
+CACHE_VERSION = 8      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
                        # 5: bands learned against one-token steps (4's live saves could bend the curve);
                        # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
-                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved)
+                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved); 8: medians of
+                       # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve)
+# the fitted curve: a larger batch is cheaper than the size below only where it and the next size are
+# by this much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, pooled
+DROP = 0.8
+# a cached curve is corrupt (dropped, calibrated again) when between two measured sizes a < b ...
+FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third of fewer), or ...
+CEIL = 2.0             # ... V(b) / V(a) > CEIL * b / a (a row never costs twice what it costs in a
+                       # smaller batch), or a figure lies outside [MIN_SECONDS, MAX_SECONDS]
+MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
+# the live check of a cached curve (a wrong one is corrected at once instead of crept towards):
+CHECK_N = 3            # a band whose last 3 verifies, each against the one-token steps around it,
+CHECK_TOL = 0.2        # agree within 2x this (log units) and are off its figure by more than this
+                       # (1.22x) takes their median (CostModel._learn); on a busy machine, a band ...
+CHECK_WIDE = 5         # ... whose last 5, each against the last one-token steps, are off by more than
+                       # 2 CHECK_TOL (1.5x) in their median takes that (CostModel._check_band)
 
 
 def _file_key(path: Path | None) -> str:
@@ -117,6 +144,9 @@ class CostModel:
         self._window: list[tuple[int, float]] = []  # the last cycles: (size's band, log(measured / calibrated))
         self._residual: dict[int, float] = {}       # per band of sizes (_band), relative to one-token steps
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
+        self._recent: dict[int, list[float]] = {}   # per band: its last CHECK_N deviations (see _learn)
+        self._wide: dict[int, list[float]] = {}     # per band: its last CHECK_WIDE (see _check_band)
+        self.corrected: set[int] = set()            # bands whose figure the live check replaced
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
         self._drafter_residual = 0.0
@@ -228,6 +258,26 @@ class CostModel:
                 self._learn_pending()
         elif b < len(self._shape):
             self._pending.append((self._cycles, b, x))
+            if len(self._plain) >= 3:
+                self._check_band(band, x - _median([x1 for _, x1 in self._plain]))
+
+    def _check_band(self, band: int, d: float) -> None:
+        """The live check on a busy machine, where one-token steps rarely agree well enough for
+        :meth:`_learn_pending`: a band whose last ``CHECK_WIDE`` verifies, each against the median
+        of the last one-token steps, have a median off its figure by more than 2 ``CHECK_TOL``
+        (1.5x) takes that median at once."""
+        recent = self._wide.setdefault(band, [])
+        recent.append(d)
+        del recent[:-CHECK_WIDE]
+        if len(recent) < CHECK_WIDE or abs(_median(recent) - self._residual.get(band, 0.0)) <= 2 * CHECK_TOL:
+            return
+        self._residual[band] = r = _median(recent)
+        self.corrected.add(band)
+        recent.clear()
+        shape, cal = self._shape, self._cal
+        for b in range(band, min(2 * band, len(shape))):
+            shape[b] = cal[b] * math.exp(r)
+        self._pad_rows()
 
     def _learn_pending(self) -> None:
         """Each band's own correction learns from its verifies once two one-token steps followed
@@ -249,16 +299,33 @@ class CostModel:
             if abs(lo - hi) > LEVEL_AGREE:
                 continue
             key = _band(s)
-            n = self._learned.get(key, 0)
-            self._learned[key] = n + 1
-            r = res.get(key, 0.0)
-            clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
-            res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(x - (lo + hi) / 2 - r, -clip), clip)
+            r = self._learn(key, x - (lo + hi) / 2)
             shape, cal = self._shape, self._cal
             for b in range(key, min(2 * key, len(shape))):
                 shape[b] = cal[b] * math.exp(r)
             self._pad_rows()
         self._pending = keep
+
+    def _learn(self, key: int, d: float) -> float:
+        """Band ``key``'s correction after a verify ``d`` (log units) dearer than the one-token
+        steps around it: its first measurements averaged, then an EMA, each step clipped; but when
+        its last ``CHECK_N`` verifies agree with each other (within 2 ``CHECK_TOL``) and not with the
+        figure (beyond ``CHECK_TOL``: a cached curve calibrated wrong or corrupted), their median
+        at once."""
+        res, n = self._residual, self._learned.get(key, 0)
+        self._learned[key] = n + 1
+        recent = self._recent.setdefault(key, [])
+        recent.append(d)
+        del recent[:-CHECK_N]
+        r = res.get(key, 0.0)
+        if (len(recent) == CHECK_N and max(recent) - min(recent) <= 2 * CHECK_TOL
+                and abs(_median(recent) - r) > CHECK_TOL):
+            self.corrected.add(key)
+            res[key] = r = _median(recent)
+            return r
+        clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
+        res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(d - r, -clip), clip)
+        return r
 
     def observe_drafter(self, steps: int, seconds: float) -> None:
         if steps <= 0 or seconds <= 0:
@@ -316,16 +383,25 @@ class CostModel:
         return max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
+        """Write this key's live figures (fitted, made plausible) into the cache, keeping every other
+        key's: under a lock beside the file, read again, merged, written atomically, so processes
+        calibrating or closing at once (a chat and a server) lose none of each other's entries."""
         if self.cache is None or not self.key:
             return
-        try:
-            data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
-        except (OSError, ValueError):   # a cache of the wrong shape is replaced
-            data = {"version": CACHE_VERSION, "entries": {}}
         entry = self.live()
+        fitted = plausible(fit_curve({int(b): sec for b, sec in entry["verify"].items()}))
+        entry["verify"] = {str(b): sec for b, sec in fitted.items()}
+        for name in ("drafter_step", "drafter_width"):
+            if entry[name] is not None and not MIN_SECONDS <= entry[name] <= MAX_SECONDS:
+                entry[name] = None
         entry["measured_at"] = time.time()
-        data["entries"][self.key] = entry
-        atomic_write(self.cache, json.dumps(data, indent=1))
+        with _locked(self.cache):
+            try:
+                data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
+            except (OSError, ValueError):   # a cache of the wrong shape is replaced
+                data = {"version": CACHE_VERSION, "entries": {}}
+            data["entries"][self.key] = entry
+            atomic_write(self.cache, json.dumps(data, indent=1, allow_nan=False))
 
     def save_if_drifted(self) -> None:
         if self.cacheable and self.drifted():
@@ -342,30 +418,149 @@ class CostModel:
 
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
-    """Seconds of ``run(b)`` for each batch size: the fastest of ``repeats`` (fewer above 9 and 32
-    rows; other processes on a shared machine only ever add time; the live refresh brings in what
-    they cost), after one unmeasured warm-up; powers of two first. The repeats run in rounds over
-    all sizes, so a slow spell of the machine inflates no size's every run (one size measured slow
-    against the others bends the curve the policy plans with). ``settle()`` runs before each timed
-    run, untimed: a one-token step there makes every size measured as generation meets it, after a
-    plain step (a step right after a large batch runs up to 2x slow on a CPU: cold caches).
-    ``stop()`` true ends it early (the sizes measured so far)."""
+    """Seconds of ``run(b)`` for each batch size, robust and fitted: :func:`measure_runs`, then
+    :func:`robust_costs`, :func:`fit_curve` and :func:`plausible`."""
+    return plausible(fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle))))
+
+
+def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
+                 stop: Callable[[], bool] | None = None,
+                 settle: Callable[[], None] | None = None) -> dict[int, list[tuple[float, float | None]]]:
+    """Timed runs of ``run(b)`` for each batch size: ``{b: [(seconds, reference), ...]}``,
+    ``repeats`` of them (fewer above 9 and 32 rows) and up to ``EXTRA_ROUNDS`` more for sizes
+    whose runs disagree, after one unmeasured warm-up; powers of two first. The repeats run in
+    rounds over all sizes, so a slow spell of the machine inflates no size's every run.
+    ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right after
+    a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify after a
+    plain step), then timed. A run's reference is the faster of the timed one-token steps just
+    before and after it (None without ``settle``): what a one-token step cost then, through a slow
+    spell of the machine, but not through one stalled step. ``stop()`` true ends it early (the
+    sizes measured so far)."""
     sizes = _coarse_first(sizes)
     run(sizes[0])
-    out: dict[int, float] = {}
-    for r in range(repeats):
-        for b in sizes:
-            if r >= (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE)):
-                continue
+    out: dict[int, list[tuple[float, int]]] = {}
+    refs: list[float] = []   # the timed one-token steps, in order; a run follows refs[j]
+
+    def reference() -> None:
+        if settle is not None:
+            settle()
+            t0 = time.perf_counter()
+            settle()
+            refs.append(time.perf_counter() - t0)
+
+    rounds = [[b for b in sizes if r < (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE))]
+              for r in range(repeats)]
+    for r in range(repeats + EXTRA_ROUNDS):
+        if r >= repeats:   # sizes whose runs disagree: more runs, so that their figure holds
+            rounds.append([b for b in sizes if b in out and _unsettled(_referenced(out[b], refs))])
+        for b in rounds[r]:
             if stop is not None and out and stop():
-                return out
-            if settle is not None:
-                settle()
+                break
+            reference()
             t0 = time.perf_counter()
             run(b)
-            seconds = time.perf_counter() - t0
-            out[b] = min(out.get(b, seconds), seconds)
+            out.setdefault(b, []).append((time.perf_counter() - t0, len(refs) - 1))
+        else:
+            continue
+        break
+    if out:   # the reference after the last run
+        reference()
+    return {b: _referenced(p, refs) for b, p in out.items()}
+
+
+def _referenced(runs: list[tuple[float, int]], refs: list[float]) -> list[tuple[float, float | None]]:
+    """(seconds, the faster of the one-token steps just before and after) for runs that followed refs[j]."""
+    return [(t, min(refs[j:j + 2]) if refs else None) for t, j in runs]
+
+
+def _unsettled(runs: list[tuple[float, float | None]]) -> bool:
+    """Whether a size needs more runs: its two fastest (each over its reference) disagree by more
+    than ``SPREAD``."""
+    xs = sorted(t / r if r else t for t, r in runs)
+    return len(xs) < 2 or xs[1] > SPREAD * xs[0]
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def robust_costs(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int, float]:
+    """Each size's seconds from :func:`measure_runs`: its runs, each over its reference times the
+    median one-token step (a slow spell of the machine moves neither the shape nor the level),
+    the lowest but a third of them (of 3 the fastest, of 5 the second; a stalled decode only ever
+    adds time, a reference a little off moves a run either way). Without references, the same of
+    its seconds."""
+    refs = [r for p in runs.values() for _, r in p if r]
+    one = _median(refs) if refs else 1.0
+    out = {}
+    for b, p in runs.items():
+        xs = sorted(t / r * one if r else t for t, r in p)
+        out[b] = xs[(len(xs) - 1) // 3]
     return out
+
+
+def fit_curve(costs: dict[int, float]) -> dict[int, float]:
+    """A monotone curve through ``costs`` (seconds by batch size): non-decreasing total cost in
+    rows (isotonic regression, pool adjacent violators), except where a larger size costs under
+    ``DROP`` times the measured size below it, and so does the size above it: a kernel switch (a
+    CPU's flash attention at 64 rows: 72 rows cost less than 63 too), which stays, and the policy
+    pads to it (:meth:`CostModel.rows_for`), so what verifying ``b`` rows costs, padded, never
+    falls by more than the padding margin. One size alone below is noise, pooled."""
+    sizes = sorted(costs)
+    out: dict[int, float] = {}
+    segment: list[int] = []
+    for i, (a, b) in enumerate(zip([None] + sizes, sizes)):
+        after = sizes[i + 1] if i + 1 < len(sizes) else None
+        if segment and after is not None and max(costs[b], costs[after]) <= DROP * costs[a]:
+            out.update(_isotonic(segment, costs))
+            segment = []
+        segment.append(b)
+    out.update(_isotonic(segment, costs))
+    return out
+
+
+def _isotonic(sizes: list[int], costs: dict[int, float]) -> dict[int, float]:
+    """Pool adjacent violators: the non-decreasing sequence nearest ``costs`` over ``sizes`` (least
+    squares in log units, so a dip of 10% weighs alike at 1 row and at 128)."""
+    blocks: list[list[float]] = []   # [mean log cost, count]
+    for b in sizes:
+        blocks.append([math.log(costs[b]), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    values = [math.exp(m) for m, n in blocks for _ in range(int(n))]
+    return dict(zip(sizes, values))
+
+
+def plausible(verify: dict[int, float]) -> dict[int, float]:
+    """``verify`` brought within what :func:`check_curve` accepts, from one row up: each figure
+    within [MIN_SECONDS, MAX_SECONDS] and within ``FLOOR`` and ``CEIL`` of the size below (a
+    calibration on an oversubscribed machine, where decodes stall at random; the live check
+    then corrects the sizes drafted)."""
+    out: dict[int, float] = {}
+    a = None
+    for b in sorted(verify):
+        v = min(max(verify[b], MIN_SECONDS), MAX_SECONDS) if math.isfinite(verify[b]) else MAX_SECONDS
+        if a is not None:
+            v = min(max(v, FLOOR * out[a]), CEIL * out[a] * b / a)
+        out[b], a = v, b
+    return out
+
+
+def check_curve(verify: dict[int, float]) -> str | None:
+    """Why a cached curve cannot be a measurement (None: it can): a figure outside
+    [MIN_SECONDS, MAX_SECONDS], a larger batch costing under ``FLOOR`` of a smaller one, or a row
+    costing over ``CEIL`` times what it costs in the measured batch below."""
+    sizes = sorted(verify)
+    for a, b in zip([None] + sizes, sizes):
+        v = verify[b]
+        if not MIN_SECONDS <= v <= MAX_SECONDS:
+            return f"V({b}) = {v!r} s is not a plausible verify time"
+        if a is not None and not FLOOR * verify[a] * (1 - 1e-9) <= v <= CEIL * verify[a] * b / a * (1 + 1e-9):
+            return f"V({b}) = {v:.3g} s against V({a}) = {verify[a]:.3g} s is not a plausible curve"
+    return None
 
 
 def _band(b: int) -> int:
@@ -384,6 +579,20 @@ def _coarse_first(sizes) -> list[int]:
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+
+
+@contextlib.contextmanager
+def _locked(cache: Path) -> Iterator[None]:
+    """An exclusive lock on ``cache`` for a read-change-write: ``flock`` on ``.NAME.lock`` beside
+    it (kept: removing it would let a third process lock a new file while one holds the old)."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache.with_name(f".{cache.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing releases the lock
 
 
 def read_cache(cache: Path) -> dict:
@@ -412,10 +621,13 @@ def _entry_figures(entry) -> tuple[dict[int, float], float | None, float | None]
         verify[int(b)] = float(sec)
     if 1 not in verify:
         raise ValueError("no one-token verify cost")
+    why = check_curve(verify)
+    if why is not None:
+        raise ValueError(why)
     extra = [entry.get("drafter_step"), entry.get("drafter_width")]
-    if any(x is not None and not _positive(x) for x in extra):
+    if any(x is not None and not (_positive(x) and MIN_SECONDS <= x <= MAX_SECONDS) for x in extra):
         raise ValueError(f"a bad drafter figure {extra!r}")
-    return verify, *(float(x) if x is not None else None for x in extra)
+    return fit_curve(verify), *(float(x) if x is not None else None for x in extra)
 
 
 def load_or_calibrate(key: str, cache: Path,

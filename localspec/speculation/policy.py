@@ -77,17 +77,20 @@ TREE_DRAFT_RATIO = 1.5   # auto: trees only where a drafter step of WIDTH branch
 TREE_VERIFY_RATIO = 1.5  # ... and verifying a full tree at most this, times the chain's cost
 
 
+_D = options.default   # defaults: localspec.core.options, declared once with each range
+
+
 @dataclass
 class PolicyConfig:
-    name: str = "auto"
-    draft_max: int = 16         # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
-    p_min: float = 0.3          # drafter: stop drafting below this confidence
-    probe_every: int = 16       # auto: first interval (cycles) between drafter probes
-    source: str = "auto"        # auto (both), eagle (drafter only), lookup (n-gram lookup only)
-    tree: str = "auto"          # drafter trees: auto (where batching is cheap), on (always), off (chains)
-    tree_width: int = 4         # branches expanded per depth, children offered by each
-    tree_nodes: int = 24        # most draft nodes in a tree
-    lookup_max: int = MAX_DEPTH  # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
+    name: str = _D("policy")
+    draft_max: int = options.AUTO_DRAFT_MAX  # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
+    p_min: float = _D("p_min")              # drafter: stop drafting below this confidence
+    probe_every: int = _D("probe_every")    # auto: first interval (cycles) between drafter probes
+    source: str = _D("source")              # auto (both), eagle (drafter only), lookup (n-gram lookup only)
+    tree: str = _D("tree")                  # drafter trees: auto (where batching is cheap), on (always), off (chains)
+    tree_width: int = _D("tree_width")      # branches expanded per depth, children offered by each
+    tree_nodes: int = _D("tree_nodes")      # most draft nodes in a tree
+    lookup_max: int = _D("lookup_max")      # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
 
     def __post_init__(self) -> None:
         # ranges and choices: localspec.core.options

@@ -97,9 +97,14 @@ def make_title(text: str) -> str:
 class ConversationStore:
     """The conversation database. Safe to call from several threads (one connection, one lock)."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
+        """``read_only``: for listing and reading only; it writes nothing, not even the schema, so
+        it never waits on a chat that is writing (a missing database reads as empty)."""
         self.path = Path(path) if path is not None else default_path()
         self._lock = threading.Lock()
+        if read_only:
+            self._db = self._open_read_only()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=5.0,
@@ -114,6 +119,21 @@ class ConversationStore:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise LocalspecError(f"cannot open the conversation database {self.path}: {exc}") from None
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        try:
+            if not self.path.exists():   # nothing saved yet: an empty database in memory
+                db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                db.executescript(_SCHEMA)
+                return db
+            db = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                 timeout=5.0, isolation_level=None)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise LocalspecError(f"cannot open the conversation database {self.path}: {exc}") from None
+        if version > SCHEMA_VERSION:
+            raise LocalspecError(f"{self.path} was written by a newer localspec (schema {version})")
+        return db
 
     # -- helpers ---------------------------------------------------------------------------------
     def _write(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:

@@ -17,6 +17,7 @@ from ..formats.gguf_info import check_pair, check_target, read_gguf
 from ..formats.modelfile import Modelfile
 from . import hub, registry
 from .checkpoint_repair import consistent_head_dim
+from .locks import name_lock
 from .models import ModelSpec, resolve
 from .registry import DamagedRecord, UserModel, check_name, drafters_dir
 
@@ -92,6 +93,13 @@ def create(name: str, mf: Modelfile) -> UserModel:
             check_template(mf.template)
         except LocalspecError as exc:
             raise mf.error("TEMPLATE", str(exc)) from None
+    # the name stays locked from the conversion to the record: `rm NAME` meanwhile is refused, and
+    # `list` does not take the drafter being converted for an orphan
+    with name_lock(name, what="create", wait=True):
+        return _create(name, mf)
+
+
+def _create(name: str, mf: Modelfile) -> UserModel:
     target, base = _resolve_target(mf)
 
     drafter: Path | None = base.drafter if base is not None else None
@@ -178,6 +186,11 @@ def pull(name: str) -> UserModel | None:
         raise LocalspecError(f"'{name}' is not in the catalog (known: {known})")
     if entry.embedded:
         return None   # ships with localspec: nothing to download
+    with name_lock(name, what="pull", wait=True):
+        return _pull(name, entry)
+
+
+def _pull(name: str, entry: registry.CatalogEntry) -> UserModel:
     assert entry.target is not None
     t = entry.target
     target, t_file = hub.fetch_gguf(t.repo, t.file, parts=t.parts, revision=t.revision, sha256=t.sha256,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import LocalspecError
 from ..core.paths import default_target, package_data
-from ..formats.modelfile import PARAMETER_OPTIONS, SPEC_PARAMETERS
+from ..formats.modelfile import PARAMETERS, SPEC_PARAMETERS
 from . import registry
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -88,7 +88,7 @@ def apply_model_defaults(model: ModelSpec, options: dict, is_default) -> dict:
     ``is_default(option_name)`` says the user did not give the option. Keeps the dict's order."""
     out = dict(options)
     for param, value in {**model.parameters, **model.draft_params}.items():
-        entry = PARAMETER_OPTIONS.get(param)
+        entry = PARAMETERS.get(param)
         opt = entry.cli if entry is not None else None
         if opt is None or opt not in out or not is_default(opt):
             continue

@@ -32,6 +32,7 @@ from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
 from ..formats.modelfile import Modelfile, check_parameter
 from ..core.paths import user_dir, writable_dir
+from .locks import is_busy, name_lock
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -366,14 +367,21 @@ def scan() -> tuple[list[UserModel], list[tuple[str, str]], list[Path]]:
     drafters = user_dir() / "drafters"
     damaged_names = {n for n, _ in damaged}
     orphans = [p for p in sorted(drafters.glob("*.gguf")) if not p.name.startswith(".")
-               and str(p.resolve()) not in used and p.stem not in damaged_names] if drafters.is_dir() else []
+               and str(p.resolve()) not in used and p.stem not in damaged_names
+               and not is_busy(p.stem)] if drafters.is_dir() else []   # (busy: a create under way)
     return models, damaged, orphans
 
 
 def remove(name: str) -> UserModel | None:
     """Remove model ``name``: its record (damaged or not) and the drafter localspec converted for it;
-    also an orphaned ``drafters/NAME.gguf`` without a record. The record, when it was readable."""
+    also an orphaned ``drafters/NAME.gguf`` without a record. The record, when it was readable.
+    Refused while another process creates (or removes) the same name."""
     check_name(name)
+    with name_lock(name, what="remove", wait=False):
+        return _remove(name)
+
+
+def _remove(name: str) -> UserModel | None:
     path = models_dir() / f"{name}.json"
     drafters = user_dir() / "drafters"
     own_drafter = drafters / f"{name}.gguf"
