@@ -92,11 +92,12 @@ DRAFTED = re.compile(r"n_drafted\s*=\s*(\d+)")
 ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
 
 
-def build_tool(cache: Path) -> Path:
-    """The native tool for the installed llama-cpp-python's vendored llama.cpp, built once."""
+def build_tool(cache: Path, tool: str = TOOL) -> Path:
+    """A native tool (``llama-speculative-simple``, or ``llama-server`` for bench/serve_load.py)
+    for the installed llama-cpp-python's vendored llama.cpp, built once."""
     version = importlib.metadata.version("llama-cpp-python")
     root = cache / f"llama.cpp-{version}"
-    binary = root / "build" / "bin" / TOOL
+    binary = root / "build" / "bin" / tool
     if binary.is_file():
         return binary
     src = root / "src"
@@ -113,12 +114,13 @@ def build_tool(cache: Path) -> Path:
                 for m in members:
                     m.name = m.name[len(prefix):]
                 tar.extractall(src, members=[m for m in members if m.name], filter="data")
-    print(f"building {TOOL} into {root / 'build'} (10-20 minutes on 2 cores) ...", file=sys.stderr)
+    print(f"building {tool} into {root / 'build'} (10-20 minutes on 2 cores) ...", file=sys.stderr)
     # the same CMAKE_ARGS as llama-cpp-python's own build (README: e.g. AMX off where it faults)
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    f"-DLLAMA_BUILD_SERVER={'ON' if tool == 'llama-server' else 'OFF'}",
                     *shlex.split(os.environ.get("CMAKE_ARGS", ""))], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(root / "build"), "--target", TOOL, "-j"], check=True)
+    subprocess.run(["cmake", "--build", str(root / "build"), "--target", tool, "-j"], check=True)
     return binary
 
 

@@ -86,17 +86,18 @@ def test_four_slots_equal_each_request_alone(models, kind):
 
 def test_one_slot_cancelled_leaves_the_others_unchanged(models):
     alone = solo(models["noisy"], PROMPTS[:3], max_tokens=60)
-    with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:
+    with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:   # plain decoding: one token a step
         scheduler = Scheduler(engine)
         cancel = threading.Event()
         sinks = [Collect() for _ in range(3)]
         for p, sink, c in zip(PROMPTS[:3], sinks, (None, cancel, None)):
-            scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=60), c, sink)
+            scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=60, spec=False), c, sink)
         while scheduler.active:
             if sinks[1].n_tokens >= 10:
                 cancel.set()
             scheduler.step()
-    assert sinks[1].done.finish_reason == "cancelled" and 10 <= len(sinks[1].done.tokens) < 20
+    # the step after the cancel still commits its token; the next check ends the generation
+    assert sinks[1].done.finish_reason == "cancelled" and len(sinks[1].done.tokens) == 11
     for i in (0, 2):
         assert_lossless(alone[PROMPTS[i]], sinks[i].done)
         assert sinks[i].done.finish_reason == "length"
