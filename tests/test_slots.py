@@ -4,7 +4,9 @@ the whole batch; the memory plan sized for N slots."""
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ from localspec.core.errors import LocalspecError
 from localspec.core.events import TokenEvent
 from localspec.runtime.sampling import SamplingParams
 from localspec.runtime.scheduler import Scheduler
-from localspec.speculation.costmodel import CostModel
+from localspec.speculation.costmodel import CostModel, fit_curve
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
 from tiny_models import build_target
 
@@ -227,6 +229,25 @@ def test_alone_the_batch_price_is_the_calibrated_curve():
     for match in (2, 4, 8, 16, 32):
         assert a.plan(64, 32, lookup_class(match)) == b.plan(64, 32, lookup_class(match))
     assert a._verify(5) == CostModel(CPU).verify(5)
+
+
+H200 = Path(__file__).resolve().parent / "data" / "gpu_costs_h200.json"   # bench/gpu_costs.py, docs/gpu.md
+# this machine's measured Q4_0 SmolLM2 curve (2 cores; test_gpu_costs.py's), seconds
+CPU_MEASURED = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
+                12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
+
+
+@pytest.mark.skipif(not H200.is_file(), reason="the H200 curves (tests/data/gpu_costs_h200.json) are not here")
+@pytest.mark.parametrize("label", ["llama3-8b/Q4_0", "llama3-8b/Q4_K_M", "llama3-8b/F16"])
+def test_on_measured_h200_curves_speculation_stays_on_up_to_16_slots(label):
+    """The H200's measured verify curves of an 8B target (fitted as calibration fits them): a lookup
+    match of 8 tokens still drafts at 4, 8 and 16 slots; on this CPU's measured curve it drafts
+    alone and not at 16 or 32 slots."""
+    data = json.loads(H200.read_text())["models"][label]["fa_on"]["verify_ms"]
+    gpu = fit_curve({int(k): ms / 1e3 for k, ms in data.items()})
+    assert all(_plan(gpu, n, 8) > 0 for n in (1, 4, 8, 16))
+    cpu = fit_curve(CPU_MEASURED)
+    assert _plan(cpu, 1, 8) > 0 and _plan(cpu, 16, 8) == _plan(cpu, 32, 8) == 0
 
 
 # -- memory ---------------------------------------------------------------------------------------
