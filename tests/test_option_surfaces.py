@@ -42,7 +42,7 @@ OWN_DEFAULTS = {
     ("serve", "max_tokens"): None,      # a request runs to the context's end unless it asks (OpenAI's)
     ("fit", "n_ctx"): None,             # fit chooses the largest context that fits
     ("train", "seed"): 0,               # training is always seeded
-    ("serve", "parallel"): None,        # serve: slots that fit the memory budget (one with a drafter)
+    ("serve", "parallel"): None,        # serve: as many slots as fit the memory budget, up to 4
     ("fit", "parallel"): 1,             # fit: one slot unless asked
 }
 CHAT_COMMANDS = {"chat"}

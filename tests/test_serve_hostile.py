@@ -202,7 +202,7 @@ def test_shutdown_ends_every_request_cleanly(tmp_path, sig, running_streams):
     """A signal while one request runs and one waits: the engine stops at its next cycle, the
     running stream ends with an error event and [DONE] (or the running whole answer gets 503),
     the waiting one gets 503, one log line each, exit 128 + the signal, no traceback."""
-    served = Served(tmp_path, "--ctx", "4096", "--queue-size", "4", "--no-spec")
+    served = Served(tmp_path, "--ctx", "4096", "--queue-size", "4", "--no-spec", "--parallel", "1")   # one runs, one waits
     try:
         running: dict = {}
         waiting: dict = {}

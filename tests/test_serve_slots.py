@@ -202,3 +202,54 @@ def test_slots_that_do_not_fit_are_refused_with_one_error_line(smollm2, tmp_path
     assert len(lines) == 1 and lines[0].startswith("Error: 64 slots of context 8192 do not fit the memory budget"), \
         r.stderr
     assert "--parallel" in lines[0]
+
+
+def test_shutdown_stops_every_running_slot_and_refuses_the_waiting(tiny, tmp_path):
+    """SIGINT with two slots running and one request waiting: both streams end with the
+    shutting-down error event and [DONE], the waiting one gets 503, one log line each."""
+    import json
+
+    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
+    log = tmp_path / "server.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target", str(tiny), "--port", "0",
+                                 "--parallel", "2", "--ctx", "4096", "--no-spec"], stdout=sink,
+                                stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"Listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        url = m.group(1)
+        body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 4000, "temperature": 0, "stream": True}
+        outs = [{}, {}, {}]
+
+        def read(out: dict) -> None:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+                out["status"], out["lines"] = r.status_code, [line for line in r.iter_lines() if line]
+
+        threads = [threading.Thread(target=read, args=(o,)) for o in outs]
+        for t in threads[:2]:
+            t.start()
+        health = lambda: httpx.get(url + "/health", timeout=10).json()   # noqa: E731
+        while health()["requests_processing"] < 2:
+            time.sleep(0.05)
+        threads[2].start()
+        while health()["requests_deferred"] < 1:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(60)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    for out in outs[:2]:
+        assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]", out
+        assert json.loads(out["lines"][-2][len("data: "):])["error"]["code"] == "server_shutting_down"
+    assert outs[2]["status"] == 503, outs[2]
+    assert len([line for line in text.splitlines() if "shutting down: stopped" in line]) == 2, text
+    assert len([line for line in text.splitlines() if "shutting down: refused" in line]) == 1, text

@@ -18,7 +18,7 @@ from localspec.runtime.sampling import SamplingParams
 from localspec.runtime.scheduler import Scheduler
 from localspec.speculation.costmodel import CostModel, fit_curve
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
-from tiny_models import build_target
+from tiny_models import build_drafter, build_target
 
 LOOKUP4 = PolicyConfig("fixed", 4)
 
@@ -26,8 +26,10 @@ LOOKUP4 = PolicyConfig("fixed", 4)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("slots")
-    return {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
-            "repeat": build_target(d / "repeat.gguf", "repeat")}
+    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
+             "repeat": build_target(d / "repeat.gguf", "repeat")}
+    paths["d_repeat"] = build_drafter(d / "d_repeat.gguf", paths["repeat"], "repeat")
+    return paths
 
 
 class Collect:
@@ -84,6 +86,26 @@ def test_four_slots_equal_each_request_alone(models, kind):
     drafted = sum(sinks[p].done.stats.drafted for p in PROMPTS)
     assert drafted > 0
     assert steps < sum(alone[p].stats.cycles + 1 for p in PROMPTS) / 2   # batched, not one after another
+
+
+def test_each_slot_drafts_with_its_own_drafter_sequence(models):
+    """3 slots drafting with the EAGLE drafter (fixed depth 4): each request's output, drafts and
+    accepted drafts are those it gets alone (the features come from the slot's own rows of the
+    shared batch, the drafter's KV from its own sequence)."""
+    eagle = GenerationConfig(max_tokens=40, policy=PolicyConfig("fixed", 4, source="eagle"))
+    alone = solo(models["noisy"], PROMPTS, max_tokens=40)
+    with Engine(models["noisy"], models["d_repeat"], n_ctx=512) as engine:
+        drafted_alone = {}
+        for p in PROMPTS:
+            engine.clear_cache()
+            drafted_alone[p] = [e for e in engine.generate(p, eagle) if isinstance(e, DoneEvent)][0].stats.sources
+    with Engine(models["noisy"], models["d_repeat"], n_ctx=512, parallel=3) as engine:
+        scheduler = Scheduler(engine)
+        sinks = {p: Collect() for p in PROMPTS}
+        drain(scheduler, [(p, eagle, sinks[p]) for p in PROMPTS])
+    for p in PROMPTS:
+        assert_lossless(alone[p], sinks[p].done)
+        assert sinks[p].done.stats.sources == drafted_alone[p] and drafted_alone[p]["eagle"][2] > 0
 
 
 def test_one_slot_cancelled_leaves_the_others_unchanged(models):

@@ -70,8 +70,6 @@ def drafting(engine, model_spec, no_spec: bool) -> str:
         return "speculation off"
     if engine.drafter is None:
         return "no drafter: n-gram lookup drafts only"
-    if engine.n_slots > 1:
-        return f"drafter {model_spec.drafter.name} unused: parallel slots draft with n-gram lookup"
     return f"drafter {model_spec.drafter.name}"
 
 
@@ -83,9 +81,8 @@ def slots(engine) -> str:
 @app.command()
 @with_options("max_tokens", *SPEC_OPTIONS, "n_ctx", "threads", "gpu_layers", "parallel",
               max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
-              parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: 1 "
-                                               "with a drafter; else 4 if they fit the memory budget, else fewer). "
-                                               "Parallel slots draft with n-gram lookup."))
+              parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: "
+                                               "4 if they fit the memory budget, else fewer)."))
 def serve(
     cli: typer.Context,
     model: Optional[str] = ModelArg,

@@ -22,8 +22,8 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
                n_threads: int | None = None, slots: int = 1) -> Plan:
     """Plan a real pair: read both GGUFs, ask llama.cpp for compute buffers, budget the real devices.
     ``slots``: sequences served at once (``serve --parallel``), each with ``n_ctx`` positions: the
-    target's KV pool holds ``slots x n_ctx`` cells (the plan's ``n_ctx`` is the pool; the drafter's
-    KV is planned as large, an upper bound: it serves one sequence)."""
+    target's and the drafter's KV pools hold ``slots x n_ctx`` cells (the plan's ``n_ctx`` is the
+    pool)."""
     from ..llama import backends
 
     tinfo = read_gguf(target)
@@ -56,8 +56,7 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     return result
 
 
-# ``serve`` without --parallel: this many slots when they fit the memory budget (else 2, else 1);
-# one slot with a drafter, which serves one sequence (parallel slots draft with n-gram lookup only)
+# ``serve`` without --parallel: this many slots when they fit the memory budget (else 2, else 1)
 AUTO_PARALLEL = 4
 
 
@@ -70,7 +69,7 @@ def plan_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
     ``kv_type``. The requested context is kept if it fits, else the largest that fits is used and
     ``memory_plan.context_note`` says so. Without a GPU and without ``vram`` nothing is offloaded.
     ``parallel``: slots of ``n_ctx`` each (``serve --parallel``); more than one that do not fit is
-    an error; None: up to :data:`AUTO_PARALLEL` that fit (one with a drafter)."""
+    an error; None: up to :data:`AUTO_PARALLEL` that fit."""
     vram_b = parse_size(vram) if isinstance(vram, str) else vram
     ram_b = parse_size(ram) if isinstance(ram, str) else ram
     kwargs = dict(vram=vram_b, ram=ram_b, kv_type=kv_type, n_threads=n_threads)
@@ -78,8 +77,7 @@ def plan_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
         kwargs.update(gpu_layers=gpu_layers, drafter_gpu_layers=-1 if gpu_layers else 0)
     drafter = spec.drafter if spec.drafter is not None and Path(spec.drafter).is_file() else None
     slots = options.check("parallel", parallel) if parallel is not None else None
-    auto = [AUTO_PARALLEL, 2, 1] if drafter is None else [1]
-    for n in ([slots] if slots is not None else auto):
+    for n in ([slots] if slots is not None else [AUTO_PARALLEL, 2, 1]):
         p = plan_files(spec.target, drafter, n_ctx=n_ctx, slots=n, **kwargs)
         if p.fits or n == 1:
             break

@@ -111,8 +111,7 @@ class Engine:
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
         # what the target KV cache holds, one verifier per slot (sequence); the first one is the
         # sequence a generation alone (generate) uses
-        per_slot = self.ctx.n_ctx // self.n_slots
-        self.verifiers = [TargetVerifier(self.model, self.ctx, seq=i, n_ctx=per_slot) for i in range(self.n_slots)]
+        self.verifiers = self._verifiers()
         self.verifier = self.verifiers[0]
         self._lock = threading.Lock()
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
@@ -128,13 +127,24 @@ class Engine:
                            kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
                            **target_context(self.drafter_info is not None, self.n_slots))
         self.drafter: EagleDrafter | None = None
+        self.drafters: list[EagleDrafter] = []   # one per slot: the drafter's sequence of that number
         try:
             if self.drafter_info is not None:
                 self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
-                                            n_threads=n_threads, n_gpu_layers=drafter_gpu_layers)
+                                            n_threads=n_threads, n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
+                self.drafters = [self.drafter.for_sequence(i) for i in range(self.n_slots)]
         except BaseException:
             self.close()
             raise
+
+    def _verifiers(self) -> list[TargetVerifier]:
+        """One verifier per slot, each with its share of the KV pool."""
+        if self.n_slots > self.ctx.n_outputs_max:   # every slot's row of a step needs its logits
+            self.close()
+            raise LocalspecError(f"{self.n_slots} slots are more than the {self.ctx.n_outputs_max} logit rows "
+                                 "one batch of this context holds (use a smaller --parallel)")
+        per_slot = self.ctx.n_ctx // self.n_slots
+        return [TargetVerifier(self.model, self.ctx, seq=i, n_ctx=per_slot) for i in range(self.n_slots)]
 
     def _chat_formatter(self, chat_template: str | None) -> ChatFormatter:
         """The target's chat template; a Modelfile's TEMPLATE (Jinja) replaces the one in the GGUF."""
@@ -221,13 +231,15 @@ class Engine:
 
     def open_slot(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig,
                   cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
-        """A generation of ``prompt`` on ``verifier``'s sequence, not started. The drafter serves
-        an engine of one slot only (its KV holds one sequence): slots of a parallel engine draft
-        with n-gram lookup. ``cost=False``: no calibration now (the policy plans plain steps
-        until a cost model exists)."""
+        """A generation of ``prompt`` on ``verifier``'s sequence, not started; it drafts with the
+        drafter's sequence of the same number. Draft trees (their branches are sequences of their
+        own) only in an engine of one slot. ``cost=False``: no calibration now (the policy plans
+        plain steps until a cost model exists)."""
         pcfg = config.policy
-        drafter = (self.drafter if config.spec and pcfg.source in ("auto", EAGLE) and self.n_slots == 1
-                   else None)
+        if self.n_slots > 1 and pcfg.tree != "off":
+            pcfg = replace(pcfg, tree="off")
+        drafter = (self.drafters[verifier.seq]
+                   if self.drafter is not None and config.spec and pcfg.source in ("auto", EAGLE) else None)
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = (self.cost_model(cancel=cancel) if cost else self.cost) if wants_cost else None

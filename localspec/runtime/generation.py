@@ -231,7 +231,7 @@ class GenerationLoop:
         pos = verifier.n_past
         tok, seconds = verifier.step(self.sampler, decoded)
         self.stats.record_verify(1, seconds)
-        self.drafting.commit([tok], pos, [0])
+        self.drafting.commit([tok], pos, [decoded.offset])
         self.sampler.commit((tok,))
         self.stats.record_cycle(0, 0)
         self.policy.observe(None, 0, 0, verify_seconds=seconds, drafter_seconds=0.0,

@@ -15,8 +15,10 @@ as the batch has room for (a long prompt never holds the streaming slots back fo
 batch). Each slot's events go to its own sink as they come.
 
 A request goes to the free slot whose cached tokens share the longest prefix with its prompt
-(ties: the least recently used). The EAGLE drafter keeps one sequence: an engine of several slots
-drafts with n-gram lookup only (a slot alone, ``generate``, still uses the drafter).
+(ties: the least recently used). Each slot drafts with its own sequence of the EAGLE drafter's
+context (its own pending target features; the drafter's steps run slot by slot, not yet in one
+drafter batch) and its own lookup index; draft trees only in an engine of one slot (their
+branches are sequences of the target context).
 """
 
 from __future__ import annotations
@@ -83,8 +85,13 @@ class Scheduler:
         idle = self.active == 0
         if idle:
             self.engine.threads.tick(start=True)
-        # calibration decodes on sequence 0 and empties it: only while no slot runs
+        # calibration decodes on sequence 0 and empties it (the drafter's first sequences too): only
+        # while no slot runs
+        calibrated = self.engine.cost
         slot.loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+        if self.engine.cost is not calibrated:
+            for other in self.slots:
+                other.verifier.drafter_pairs = 0
         slot.sink = sink
         self._admissions += 1
         slot.admitted = self._admissions

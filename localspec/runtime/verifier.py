@@ -195,7 +195,7 @@ class TargetVerifier:
         if accepted < len(drafts) or len(tokens) > base + 1 + len(drafts):
             ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
         seconds = time.perf_counter() - t0
-        result = Verified(n_past, drafts[:accepted] + [correction], list(range(base, base + accepted + 1)),
+        result = Verified(n_past, drafts[:accepted] + [correction], list(range(at + base, at + base + accepted + 1)),
                           len(drafts), len(tokens), seconds)
         self._advance(result, kept=accepted)
         return result

@@ -14,6 +14,7 @@ EAGLE-3.1 drafters, run exactly without patching llama.cpp:
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 
@@ -44,16 +45,23 @@ def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 class EagleDrafter:
-    """Owns the drafter model/context and turns target features into draft tokens."""
+    """Owns the drafter model/context and turns target features into draft tokens.
+
+    It drafts for one sequence of its context (``seq``, 0 as created); :meth:`for_sequence` gives
+    a drafter for another sequence of the same context and model (a slot of a parallel engine),
+    with its own pending rows. ``slots``: sequences the context holds (each up to ``n_ctx``
+    positions, in one unified pool)."""
 
     def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int,
-                 n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
+                 n_threads: int | None = None, n_gpu_layers: int = 0, slots: int = 1) -> None:
         llama_ext.check_available()
         self.info = info
         self.target = target
+        self.seq = 0
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
-                           **DRAFTER_CONTEXT)
+        settings = dict(DRAFTER_CONTEXT, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots))
+        self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
+                           **settings)
         self.tree_seqs = TREE_SEQS
         self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
         if tuple(self.layers) != tuple(info.target_layers or ()):
@@ -74,6 +82,18 @@ class EagleDrafter:
         self._pending_start: int | None = None
         self._written_until = 0   # committed pairs are written below this position; drafts above
         self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
+        self._shared = False      # a view of another drafter's context (for_sequence): not closed here
+
+    def for_sequence(self, seq: int) -> "EagleDrafter":
+        """A drafter for sequence ``seq`` of this context (no draft trees: their branches use
+        sequences 1..TREE_SEQS), with its own recorded rows and clock."""
+        if seq == self.seq:
+            return self
+        view = copy.copy(self)
+        view.seq, view._shared = seq, True
+        view._pending_feats, view._pending_tokens, view._pending_start = [], [], None
+        view._written_until, view.seconds = 0, 0.0
+        return view
 
     # -- target side -------------------------------------------------------------------------
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
@@ -110,11 +130,11 @@ class EagleDrafter:
             chunk = np.ascontiguousarray(features[start:start + step])
             m = chunk.shape[0]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            base = self.ctx.pos_max() + 1
+            base = self.ctx.pos_max(self.seq) + 1
             for j in range(m):
                 row = chunk[j]
                 embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
-                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, 0, embd)
+                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, self.seq, embd)
                 if idx < 0:
                     raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
                 self._pos.value = base + j
@@ -129,12 +149,12 @@ class EagleDrafter:
 
     def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
                      seqs: list[int] | None = None) -> int:
-        """Rows at consecutive positions from ``start_pos`` in sequence 0, or (``seqs``) each in
-        its own sequence, all at ``start_pos``."""
+        """Rows at consecutive positions from ``start_pos`` in this drafter's sequence, or
+        (``seqs``) each in its own sequence, all at ``start_pos``."""
         llama_cpp.llama_batch_ext_clear(self._batch)
         idx = -1
         for i, tok in enumerate(tokens):
-            idx = llama_cpp.llama_batch_ext_add_token(self._batch, 0 if seqs is None else seqs[i], tok)
+            idx = llama_cpp.llama_batch_ext_add_token(self._batch, self.seq if seqs is None else seqs[i], tok)
             if idx < 0:
                 raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
             row = g[i]
@@ -237,14 +257,14 @@ class EagleDrafter:
         # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
         # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
         # drafter then attends to the recent rows only
-        self.ctx.seq_rm(start if start <= self._written_until else 0)
+        self.ctx.seq_rm(start if start <= self._written_until else 0, seq=self.seq)
         g = self.encode(feats)
         self._written_until = start + len(tokens)
         return self.decode(tokens, g, start)
 
     def reset(self, keep: int) -> None:
         """Forget drafter pairs (written or recorded) at positions >= keep."""
-        self.ctx.seq_rm(keep)
+        self.ctx.seq_rm(keep, seq=self.seq)
         self._written_until = min(self._written_until, keep)
         if self._pending_start is not None:
             n = max(0, keep - self._pending_start)
@@ -255,6 +275,8 @@ class EagleDrafter:
                 self._pending_tokens = self._pending_tokens[:n]
 
     def close(self) -> None:
+        if self._shared:
+            return
         batch, self._batch = self._batch, None   # dropped before freed (see llama_model.Model.close)
         if batch:
             llama_cpp.llama_batch_ext_free(batch)
