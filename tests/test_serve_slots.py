@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from engine_checks import NEAR_TIE, run
+from test_serve_hostile import Served
 from localspec import Engine
 from localspec.runtime.sampling import CHAT_SAMPLING
 
@@ -42,34 +43,14 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
-    home = tmp_path_factory.mktemp("serve_slots_home")
-    env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
-    env.pop("LOCALSPEC_API_KEY", None)
-    log = home / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target", str(tiny), "--port", "0",
-                                 *ARGS], stdout=sink, stderr=subprocess.STDOUT, env=env)
+    served = Served(tmp_path_factory.mktemp("serve_slots_home"), "--target", str(tiny), *ARGS)
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            assert proc.poll() is None, f"the server exited: {log.read_text()}"
-            m = re.search(r"Listening on (http://127\.0\.0\.1:\d+)", log.read_text())
-            url = m.group(1) if m else None
-            time.sleep(0.2)
-        assert url, log.read_text()
-        assert f"{SLOTS} slots of context {CTX}" in log.read_text()
-        yield url
-        assert proc.poll() is None, f"the server died: {log.read_text()}"
+        assert f"{SLOTS} slots of context {CTX}" in served.text()
+        yield served.url
+        assert served.proc.poll() is None, f"the server died: {served.text()}"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    assert "Traceback" not in log.read_text(), log.read_text()
+        served.stop()
+    assert "Traceback" not in served.text(), served.text()
 
 
 @pytest.fixture(scope="module")
@@ -209,18 +190,9 @@ def test_shutdown_stops_every_running_slot_and_refuses_the_waiting(tiny, tmp_pat
     shutting-down error event and [DONE], the waiting one gets 503, one log line each."""
     import json
 
-    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
-    log = tmp_path / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target", str(tiny), "--port", "0",
-                                 "--parallel", "2", "--ctx", "4096", "--no-spec"], stdout=sink,
-                                stderr=subprocess.STDOUT, env=env)
+    served = Served(tmp_path, "--target", str(tiny), "--parallel", "2", "--ctx", "4096", "--no-spec")
     try:
-        deadline = time.monotonic() + 120
-        while not (m := re.search(r"Listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        url = m.group(1)
+        url = served.url
         body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 4000, "temperature": 0, "stream": True}
         outs = [{}, {}, {}]
 
@@ -237,15 +209,13 @@ def test_shutdown_stops_every_running_slot_and_refuses_the_waiting(tiny, tmp_pat
         threads[2].start()
         while health()["requests_deferred"] < 1:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        served.proc.send_signal(signal.SIGINT)
         for t in threads:
             t.join(60)
-        assert proc.wait(timeout=60) == 130
+        assert served.proc.wait(timeout=60) == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = log.read_text()
+        served.stop()
+    text = served.text()
     assert "Traceback" not in text, text
     for out in outs[:2]:
         assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]", out
