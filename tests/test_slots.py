@@ -194,14 +194,17 @@ def test_the_engine_alone_and_a_scheduler_of_one_agree(models):
     assert sink.done.tokens == direct.tokens and sink.done.stats.cycles == direct.stats.cycles
 
 
-def test_a_request_cannot_take_a_slot_when_all_are_busy(models):
+def test_a_request_cannot_take_a_slot_when_all_are_busy_nor_the_engine_alone(models):
     with Engine(models["noisy"], n_ctx=256, parallel=2) as engine:
         scheduler = Scheduler(engine)
         for p in PROMPTS[:2]:
             scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=4), None, Collect())
         with pytest.raises(LocalspecError):
             scheduler.admit(engine.prepare(PROMPTS[2]), GenerationConfig(max_tokens=4), None, Collect())
+        with pytest.raises(LocalspecError, match="already generating"):   # slot 0 is the scheduler's
+            run(engine, PROMPTS[2], max_tokens=4)
         drain(scheduler)
+        assert run(engine, PROMPTS[2], max_tokens=4).finish_reason == "length"   # free again
         assert engine.n_ctx == 256 and engine.ctx.n_ctx >= 512 and engine.ctx.n_seq_max == 2
 
 

@@ -83,12 +83,19 @@ class Scheduler:
             raise LocalspecError("internal: no free slot")
         slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt), -s.admitted))
         idle = self.active == 0
-        if idle:
+        if idle:   # the engine is the scheduler's while a slot runs (generate() is refused meanwhile)
+            if not self.engine._lock.acquire(blocking=False):
+                raise LocalspecError("the engine is already generating")
             self.engine.threads.tick(start=True)
         # calibration decodes on sequence 0 and empties it (the drafter's first sequences too): only
         # while no slot runs
         calibrated = self.engine.cost
-        slot.loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+        try:
+            slot.loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+        except BaseException:
+            if idle:
+                self.engine._lock.release()
+            raise
         if self.engine.cost is not calibrated:
             for other in self.slots:
                 other.verifier.drafter_pairs = 0
@@ -103,18 +110,15 @@ class Scheduler:
         active = sorted((s for s in self.slots if s.loop is not None), key=lambda s: s.admitted)
         if not active:
             return
-        lock = self.engine._lock
-        if not lock.acquire(blocking=False):
-            raise LocalspecError("the engine is already generating")
         try:
             self._step(active)
         finally:
-            lock.release()
+            if not self.active:
+                self.engine._lock.release()
 
     def _step(self, active: list[Slot]) -> None:
         engine = self.engine
-        if len(active) > 1:
-            engine.threads.tick()
+        engine.threads.tick()   # the thread count that fits the free cores (rate-limited inside)
         batch = Batch(engine.ctx)
         decoding = [s for s in active if not s.loop.prefilling]
         planned: list[Slot] = []
@@ -148,4 +152,6 @@ class Scheduler:
                 slot.verifier.forget()
                 slot.loop, slot.sink = None, None
                 dropped.append(slot.index)
+        if dropped and self.engine._lock.locked():
+            self.engine._lock.release()
         return dropped
