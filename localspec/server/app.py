@@ -20,6 +20,9 @@ from .. import __version__
 from ..core.events import DoneEvent
 from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
+from ..formats.chat_format import ToolCall
+from ..formats.tool_calls import CallStream
+from .features import ChatTools
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text
@@ -85,6 +88,9 @@ async def read_body(request: Request, schema: type[BaseModel]):
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":   # OpenAI's own words for a field it does not know
+            raise bad_request(f"Unrecognized request argument supplied: {param} (this server does not "
+                              "honour it; see the README's list of fields).", param=param) from None
         raise bad_request(f"Invalid value for '{param}': {first['msg']}." if param else first["msg"],
                           param=param) from None
 
@@ -140,11 +146,23 @@ def timings(done: DoneEvent) -> dict:
     }
 
 
-class Reply:
-    """One request's answer in the shape of its endpoint (chat or text completion)."""
+def tool_call_items(calls: list[ToolCall], *, streamed: bool) -> list[dict]:
+    """OpenAI's ``tool_calls`` (a streamed one carries its ``index``)."""
+    items = []
+    for i, call in enumerate(calls):
+        item = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        items.append({"index": i, **item} if streamed else item)
+    return items
 
-    def __init__(self, state: ServerState, chat: bool, model: Optional[str]) -> None:
+
+class Reply:
+    """One request's answer in the shape of its endpoint (chat or text completion); ``tools``: the
+    chat's tool calling, whose calls are parsed out of the text."""
+
+    def __init__(self, state: ServerState, chat: bool, model: Optional[str], tools: Optional[ChatTools] = None) -> None:
         self.chat = chat
+        self.tools = tools
+        self.calls = CallStream(tools.format) if tools is not None else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model or state.names[0]
@@ -157,16 +175,25 @@ class Reply:
     def whole(self, text: str, done: DoneEvent, drafts: int) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            message = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                content, calls = self.tools.format.parse(text)
+                if calls:
+                    message = {"role": "assistant", "content": content or None,
+                               "tool_calls": tool_call_items(calls, streamed=False)}
+                    finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(done, drafts), "timings": timings(done)}
 
-    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False) -> dict:
+    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False,
+              calls: Optional[list[ToolCall]] = None) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            if calls:
+                delta = {"tool_calls": tool_call_items(calls, streamed=True)}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -199,11 +226,21 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
             while not job.events.empty():      # what piled up meanwhile goes out as one chunk
                 items.append(job.events.get_nowait())
             text = "".join(item.text for item in items if isinstance(item, Text))
+            if reply.calls is not None:
+                text = reply.calls.feed(text)   # a tool call is held back, then sent whole
             if text:
                 yield sse(reply.chunk(text))
             end = items[-1]
             if isinstance(end, Finished):
-                final = reply.chunk(None, FINISH_REASONS.get(end.done.finish_reason, "stop"))
+                finish = FINISH_REASONS.get(end.done.finish_reason, "stop")
+                if reply.calls is not None:
+                    rest, calls = reply.calls.finish()
+                    if rest:
+                        yield sse(reply.chunk(rest))
+                    if calls:
+                        yield sse(reply.chunk(None, calls=calls))
+                        finish = "tool_calls"
+                final = reply.chunk(None, finish)
                 final["usage"] = usage(end.done, end.drafts)
                 final["timings"] = timings(end.done)
                 yield sse(final)
@@ -280,10 +317,10 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         check_api_key(state, request)
         body = await read_body(request, ChatCompletionRequest)
         check_model(state, body.model)
-        messages, config = chat_request(body, state.model, state.defaults)
-        job = Job(messages, config, param="messages")
+        prompt, config, tools = chat_request(body, state.model, state.defaults, state.worker.engine.formatter)
+        job = Job(prompt, config, param="messages")
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await answer(state, request, job, Reply(state, True, body.model), streaming=body.stream,
+        return await answer(state, request, job, Reply(state, True, body.model, tools), streaming=body.stream,
                             include_usage=include)
 
     @app.post("/v1/completions")
