@@ -1,0 +1,224 @@
+"""What agents and editors send, against the real server with the official openai client: tools
+(the embedded default's generic JSON format, and the same model given a Hermes-style TEMPLATE
+through a Modelfile), structured output, logprobs, Predicted Outputs, and the fields refused with
+400. Greedy answers are checked against the engine's own plain decoding (no speculation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+import openai
+from localspec.core.events import DoneEvent
+from localspec.formats.chat_format import Message
+from localspec.formats.json_grammar import schema_grammar
+from localspec.runtime.config import GenerationConfig
+from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
+from test_serve import MODEL, POLICY, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
+from test_tool_calls import HERMES_TEMPLATE
+
+HERMES_MODEL = "smol-hermes"
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "London", "Tokyo"]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class Clock(BaseModel):
+    timezone: Literal["UTC", "CET", "JST"]
+
+
+TOOLS = [openai.pydantic_function_tool(Weather, name="get_weather", description="The current weather in a city"),
+         openai.pydantic_function_tool(Clock, name="get_time", description="The time in a timezone")]
+VALIDATORS = {"get_weather": Weather, "get_time": Clock}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The embedded default: its template has no tool support, so the generic format."""
+    with running_server(tmp_path_factory.mktemp("agents_home")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    """The same model with a Hermes/Qwen-style tool template given as the Modelfile's TEMPLATE."""
+    from localspec.store.models import resolve
+
+    home = tmp_path_factory.mktemp("hermes_home")
+    modelfile = home / "Modelfile"
+    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
+
+    def create(env):
+        proc = subprocess.run([sys.executable, "-m", "localspec", "create", HERMES_MODEL, "-f", str(modelfile)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    with running_server(home, HERMES_MODEL, "--ctx", "2048", "--api-key", "k", setup=create) as srv:
+        srv.http.headers["Authorization"] = "Bearer k"
+        yield srv
+
+
+def client(srv) -> openai.OpenAI:
+    return srv.client(api_key=srv.http.headers["Authorization"].split()[1])
+
+
+def plain(engine, prompt, *, max_tokens: int, **fields) -> DoneEvent:
+    """The engine's own greedy answer without speculation (the request's other fields: chat defaults)."""
+    params = SamplingParams(**{**asdict(CHAT_SAMPLING), "temperature": 0.0})
+    config = GenerationConfig(max_tokens=max_tokens, sampling=params, policy=POLICY, spec=False, **fields)
+    return [e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent)][0]
+
+
+def checked_calls(message, expect: str | None = None) -> list[tuple[str, BaseModel]]:
+    assert message.tool_calls, message
+    out = []
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id
+        assert expect is None or call.function.name == expect
+        out.append((call.function.name, VALIDATORS[call.function.name].model_validate_json(call.function.arguments)))
+    return out
+
+
+def streamed(cli: openai.OpenAI, **kw):
+    """(content, {index: [id, name, arguments]}, finish_reason) assembled from a stream."""
+    content, calls, finish = "", {}, None
+    for chunk in cli.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or ():
+            entry = calls.setdefault(call.index, ["", "", ""])
+            entry[0] += call.id or ""
+            entry[1] += call.function.name or ""
+            entry[2] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("which", ["server", "hermes"])
+def test_forced_tool_calls_validate_and_stream_the_same(which, request):
+    srv = request.getfixturevalue(which)
+    cli = client(srv)
+    for choice, expect in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
+        kw = dict(model=MODEL if which == "server" else HERMES_MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
+                  temperature=0, max_tokens=80, parallel_tool_calls=False)
+        reply = cli.chat.completions.create(**kw)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = checked_calls(reply.choices[0].message, expect)
+        assert len(calls) == 1
+        content, streamed_calls, finish = streamed(cli, **kw)
+        assert finish == "tool_calls" and list(streamed_calls) == [0]
+        call_id, name, arguments = streamed_calls[0]
+        assert call_id.startswith("call_") and (name, json.loads(arguments)) == (
+            reply.choices[0].message.tool_calls[0].function.name,
+            json.loads(reply.choices[0].message.tool_calls[0].function.arguments))
+
+
+@pytest.mark.parametrize("which", ["server", "hermes"])
+def test_a_conversation_with_a_tool_result_gets_an_answer(which, request):
+    srv = request.getfixturevalue(which)
+    cli = client(srv)
+    model = MODEL if which == "server" else HERMES_MODEL
+    first = cli.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                        max_tokens=80, parallel_tool_calls=False)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    for choice in ("none", "auto"):
+        answer = cli.chat.completions.create(model=model, messages=history, tools=TOOLS, tool_choice=choice,
+                                             temperature=0, max_tokens=40)
+        message = answer.choices[0].message
+        if choice == "none" or not message.tool_calls:
+            assert message.content and message.content.strip(), answer
+            assert answer.choices[0].finish_reason in ("stop", "length")
+        else:
+            checked_calls(message)
+    # the tool result is part of the prompt: it is longer than the question alone
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 10
+
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+    population_millions: int
+    capital: bool
+
+
+PROMPTS = ["Describe Paris as JSON.", "Give me one large city in Japan.", "A city in Brazil, please.",
+           "Tell me about Cairo."]
+
+
+def test_json_schema_outputs_validate_and_equal_plain_decoding(server, reference):
+    cli = client(server)
+    schema = {"type": "json_schema", "json_schema": {"name": "city", "strict": True,
+                                                     "schema": City.model_json_schema()}}
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        reply = cli.chat.completions.create(model=MODEL, messages=messages, response_format=schema, temperature=0,
+                                            max_tokens=120)
+        text = reply.choices[0].message.content
+        City.model_validate_json(text)
+        expected = plain(reference, [Message("user", prompt)], max_tokens=120,
+                         grammar=schema_grammar(City.model_json_schema()))
+        assert text == expected.text
+    parsed = cli.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                        response_format=City, temperature=0, max_tokens=120)
+    assert isinstance(parsed.choices[0].message.parsed, City)
+    reply = cli.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "List two colours."}],
+                                        response_format={"type": "json_object"}, temperature=0, max_tokens=60)
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:
+        assert reply.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_refused_fields_name_their_param(server):
+    url = "/v1/chat/completions"
+    good = {"model": MODEL, "messages": ASK, "max_tokens": 2}
+    refused = [
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"n": 3}, "n"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"something_new": 1}, "something_new"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+         "response_format"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+         "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+         "messages[0].content"),
+        ({"prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}},
+         "prediction.content"),
+    ]
+    for extra, param in refused:
+        r = server.http.post(url, json={**good, **extra})
+        assert r.status_code == 400 and error_of(r)["param"] == param, (extra, r.text)
+    completions = [({"best_of": 2}, "best_of"), ({"logprobs": 2, "echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
+                   ({"logprobs": 21}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs")]
+    for extra, param in completions:
+        r = server.http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, **extra})
+        assert r.status_code == 400 and error_of(r)["param"] == param, (extra, r.text)
+    harmless = {"user": "u-1", "metadata": {"app": "test"}, "store": False, "service_tier": "auto",
+                "prompt_cache_key": "k", "safety_identifier": "s", "parallel_tool_calls": True,
+                "modalities": ["text"], "logit_bias": {}, "stream_options": None}
+    r = server.http.post(url, json={**good, **harmless})
+    assert r.status_code == 200, r.text
