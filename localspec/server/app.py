@@ -22,7 +22,7 @@ from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
-from .features import ChatTools
+from .features import ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text
@@ -113,10 +113,12 @@ def check_model(state: ServerState, name: Optional[str]) -> None:
 def usage(done: DoneEvent, drafts: int) -> dict:
     """OpenAI's usage, plus what the speculation did for this request."""
     s = done.stats
+    details = prediction_usage(s)
     return {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
+        **({"completion_tokens_details": details} if details is not None else {}),
         "speculative": {
             "enabled": s.spec,
             "drafts": drafts,
@@ -159,9 +161,11 @@ class Reply:
     """One request's answer in the shape of its endpoint (chat or text completion); ``tools``: the
     chat's tool calling, whose calls are parsed out of the text."""
 
-    def __init__(self, state: ServerState, chat: bool, model: Optional[str], tools: Optional[ChatTools] = None) -> None:
+    def __init__(self, state: ServerState, chat: bool, model: Optional[str], tools: Optional[ChatTools] = None, *,
+                 with_logprobs: bool = False) -> None:
         self.chat = chat
         self.tools = tools
+        self.with_logprobs = with_logprobs
         self.calls = CallStream(tools.format) if tools is not None else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -172,7 +176,12 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
-    def whole(self, text: str, done: DoneEvent, drafts: int) -> dict:
+    def logprobs(self, entries: list) -> Optional[dict]:
+        if not self.with_logprobs:
+            return None
+        return chat_logprobs_content(entries) if self.chat else completion_logprobs_content(entries)
+
+    def whole(self, text: str, done: DoneEvent, drafts: int, entries: list = ()) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         if self.chat:
             message = {"role": "assistant", "content": text}
@@ -182,21 +191,22 @@ class Reply:
                     message = {"role": "assistant", "content": content or None,
                                "tool_calls": tool_call_items(calls, streamed=False)}
                     finish = "tool_calls"
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(entries), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries), "finish_reason": finish}
         return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": usage(done, drafts), "timings": timings(done)}
 
     def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False,
-              calls: Optional[list[ToolCall]] = None) -> dict:
+              calls: Optional[list[ToolCall]] = None, entries: list = ()) -> dict:
+        logprobs = self.logprobs(entries) if entries else None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             if calls:
                 delta = {"tool_calls": tool_call_items(calls, streamed=True)}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {**self.head("text_completion"), "choices": [choice]}
 
 
@@ -226,10 +236,11 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
             while not job.events.empty():      # what piled up meanwhile goes out as one chunk
                 items.append(job.events.get_nowait())
             text = "".join(item.text for item in items if isinstance(item, Text))
+            entries = [e for item in items if isinstance(item, Text) for e in item.logprobs]
             if reply.calls is not None:
                 text = reply.calls.feed(text)   # a tool call is held back, then sent whole
-            if text:
-                yield sse(reply.chunk(text))
+            if text or entries:
+                yield sse(reply.chunk(text, entries=entries))
             end = items[-1]
             if isinstance(end, Finished):
                 finish = FINISH_REASONS.get(end.done.finish_reason, "stop")
@@ -270,12 +281,14 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
             return StreamingResponse(stream(job, reply, include_usage, prefix), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         parts: list[str] = [prefix]
+        entries: list = []
         while True:
             item = await job.events.get()
             if isinstance(item, Text):
                 parts.append(item.text)
+                entries.extend(item.logprobs)
             elif isinstance(item, Finished):
-                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts))
+                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts, entries))
             elif isinstance(item, Failed):
                 return item.error.response()
     finally:
@@ -320,8 +333,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         prompt, config, tools = chat_request(body, state.model, state.defaults, state.worker.engine.formatter)
         job = Job(prompt, config, param="messages")
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await answer(state, request, job, Reply(state, True, body.model, tools), streaming=body.stream,
-                            include_usage=include)
+        reply = Reply(state, True, body.model, tools, with_logprobs=config.logprobs is not None)
+        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -330,7 +343,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         check_model(state, body.model)
         prompt, config = completion_request(body, state.defaults)
         job = Job(prompt, config, param="prompt")
-        reply = Reply(state, False, body.model)
+        reply = Reply(state, False, body.model, with_logprobs=config.logprobs is not None)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
                             prefix=prompt if body.echo else "")

@@ -159,3 +159,61 @@ def with_features(config: GenerationConfig, **fields) -> GenerationConfig:
         return replace(config, **fields)
     except LocalspecError as exc:
         raise bad_request(f"{exc}.") from None
+
+
+# -- logprobs in OpenAI's shapes ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability, with its most probable alternatives: (text, bytes, logprob)."""
+
+    token: str
+    bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+def _piece(model, token: int) -> tuple[str, bytes]:
+    raw = model.piece(token)
+    return raw.decode("utf-8", "replace"), raw
+
+
+def token_logprob(model, event) -> Optional[TokenLogprob]:
+    """A :class:`TokenEvent`'s logprobs as text (None when the generation records none)."""
+    logprob = getattr(event, "logprob", None)
+    if logprob is None:
+        return None
+    top = tuple((*_piece(model, t), float(lp)) for t, lp in (getattr(event, "top_logprobs", None) or ()))
+    return TokenLogprob(*_piece(model, event.token), float(logprob), top)
+
+
+def _rounded(x: float) -> float:
+    return max(float(x), -9999.0)     # -inf is not JSON; OpenAI reports -9999.0 for "impossible"
+
+
+def chat_logprobs_content(entries) -> dict:
+    """``choices[].logprobs`` of a chat completion (or chunk)."""
+    return {"content": [{"token": e.token, "logprob": _rounded(e.logprob), "bytes": list(e.bytes),
+                         "top_logprobs": [{"token": t, "logprob": _rounded(lp), "bytes": list(b)}
+                                          for t, b, lp in e.top]} for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs_content(entries, offset: int = 0) -> dict:
+    """``choices[].logprobs`` of a text completion (the legacy shape); ``offset``: where the text starts."""
+    tokens, values, tops, offsets = [], [], [], []
+    for e in entries:
+        tokens.append(e.token)
+        values.append(_rounded(e.logprob))
+        tops.append({t: _rounded(lp) for t, _, lp in e.top})
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def prediction_usage(stats) -> Optional[dict]:
+    """``usage.completion_tokens_details`` with OpenAI's prediction counts (None without a prediction)."""
+    accepted = getattr(stats, "prediction_accepted", None)
+    if accepted is None:
+        return None
+    return {"accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": getattr(stats, "prediction_rejected", 0)}

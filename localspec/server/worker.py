@@ -22,6 +22,7 @@ from ..runtime.engine import Engine, GenerationConfig
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full
+from .features import token_logprob
 from .metrics import ServerMetrics
 
 
@@ -33,6 +34,7 @@ class Started:
 @dataclass(frozen=True)
 class Text:
     text: str
+    logprobs: tuple = ()     # the tokens' TokenLogprob entries, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -150,8 +152,9 @@ class EngineWorker:
         try:
             for event in engine.generate(job.prompt, job.config, cancel=job.cancel):
                 if isinstance(event, TokenEvent):
-                    if event.text:
-                        job.post(Text(event.text))
+                    entry = token_logprob(engine.model, event) if job.config.logprobs is not None else None
+                    if event.text or entry is not None:
+                        job.post(Text(event.text, (entry,) if entry is not None else ()))
                 elif isinstance(event, CycleEvent):
                     if event.drafted:
                         drafts += 1
