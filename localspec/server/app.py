@@ -22,7 +22,7 @@ from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
-from .features import ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
+from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text
@@ -89,8 +89,8 @@ async def read_body(request: Request, schema: type[BaseModel]):
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         if first["type"] == "extra_forbidden":   # OpenAI's own words for a field it does not know
-            raise bad_request(f"Unrecognized request argument supplied: {param} (this server does not "
-                              "honour it; see the README's list of fields).", param=param) from None
+            raise bad_request(f"Unrecognized request argument supplied: {param} ({REFUSAL_HINTS.get(param, '')}"
+                              "this server does not honour it; see the README's list of fields).", param=param) from None
         raise bad_request(f"Invalid value for '{param}': {first['msg']}." if param else first["msg"],
                           param=param) from None
 
@@ -333,7 +333,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         prompt, config, tools = chat_request(body, state.model, state.defaults, state.worker.engine.formatter)
         job = Job(prompt, config, param="messages")
         include = bool(body.stream_options and body.stream_options.include_usage)
-        reply = Reply(state, True, body.model, tools, with_logprobs=config.logprobs is not None)
+        offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
+        reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")

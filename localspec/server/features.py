@@ -21,6 +21,14 @@ from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, ContentPart
 
 TOP_LOGPROBS_MAX = 20
+# what a refused field's error adds (see schemas: an undeclared field is refused)
+REFUSAL_HINTS = {
+    "functions": "the legacy form of tools: send tools instead; ",
+    "function_call": "the legacy form of tool_choice: send tool_choice instead; ",
+    "audio": "a text model; ",
+    "reasoning_effort": "it would change a reasoning model's answer and ",
+    "web_search_options": "no web search here; ",
+}
 
 
 @dataclass
