@@ -222,3 +222,60 @@ def test_refused_fields_name_their_param(server):
                 "modalities": ["text"], "logit_bias": {}, "stream_options": None}
     r = server.http.post(url, json={**good, **harmless})
     assert r.status_code == 200, r.text
+
+
+def test_logprobs_spell_the_content_and_equal_plain_decoding(server, reference):
+    from localspec.core.events import TokenEvent
+    from localspec.server.features import token_logprob
+
+    cli = client(server)
+    question = "Name three colours of the rainbow."
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24)
+    reply = cli.chat.completions.create(logprobs=True, top_logprobs=3, **kw)
+    content = reply.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode() == reply.choices[0].message.content
+    assert len(content) == reply.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        values = [a.logprob for a in t.top_logprobs]
+        assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
+    params = SamplingParams(**{**asdict(CHAT_SAMPLING), "temperature": 0.0})
+    config = GenerationConfig(max_tokens=24, sampling=params, policy=POLICY, spec=False, logprobs=3)
+    events = [e for e in reference.generate([Message("user", question)], config) if isinstance(e, TokenEvent)]
+    expected = [token_logprob(reference.model, e) for e in events]
+    assert [t.token for t in content] == [e.token for e in expected]
+    for got, want in zip(content, expected):
+        assert abs(got.logprob - want.logprob) < 1e-3
+        assert [a.token for a in got.top_logprobs] == [t for t, _, _ in want.top]
+        assert all(abs(a.logprob - lp) < 1e-3 for a, (_, _, lp) in zip(got.top_logprobs, want.top))
+    chunks = [c for c in cli.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw)
+              if c.choices and c.choices[0].logprobs]
+    assert [t.token for c in chunks for t in c.choices[0].logprobs.content] == [t.token for t in content]
+    legacy = cli.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert "".join(lp.tokens) == legacy.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) <= 2 and top for top in lp.top_logprobs)
+
+
+EDIT = '''def area(width, height):
+    """The area of a rectangle."""
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+'''
+
+
+def test_a_prediction_keeps_the_text_and_its_tokens_are_accepted(server):
+    cli = client(server)
+    kw = dict(model=MODEL, temperature=0, max_tokens=80,
+              messages=[{"role": "user", "content": "Repeat this code exactly, changing nothing:\n" + EDIT}])
+    without = cli.chat.completions.create(**kw)
+    with_prediction = cli.chat.completions.create(prediction={"type": "content", "content": EDIT}, **kw)
+    assert with_prediction.choices[0].message.content == without.choices[0].message.content
+    details = with_prediction.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    parts = cli.chat.completions.create(prediction={"type": "content", "content": [{"type": "text", "text": EDIT}]}, **kw)
+    assert parts.choices[0].message.content == without.choices[0].message.content
