@@ -110,15 +110,15 @@ def check_model(state: ServerState, name: Optional[str]) -> None:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def usage(done: DoneEvent, drafts: int) -> dict:
-    """OpenAI's usage, plus what the speculation did for this request."""
+def usage(done: DoneEvent, drafts: int, predicted: bool = False) -> dict:
+    """OpenAI's usage, plus what the speculation did for this request (``predicted``: the request
+    brought a prediction, whose counts come in ``completion_tokens_details``)."""
     s = done.stats
-    details = prediction_usage(s)
     return {
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
-        **({"completion_tokens_details": details} if details is not None else {}),
+        **({"completion_tokens_details": prediction_usage(s)} if predicted else {}),
         "speculative": {
             "enabled": s.spec,
             "drafts": drafts,
@@ -162,10 +162,11 @@ class Reply:
     chat's tool calling, whose calls are parsed out of the text."""
 
     def __init__(self, state: ServerState, chat: bool, model: Optional[str], tools: Optional[ChatTools] = None, *,
-                 with_logprobs: bool = False) -> None:
+                 with_logprobs: bool = False, predicted: bool = False) -> None:
         self.chat = chat
         self.tools = tools
         self.with_logprobs = with_logprobs
+        self.predicted = predicted
         self.calls = CallStream(tools.format) if tools is not None else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -195,7 +196,7 @@ class Reply:
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries), "finish_reason": finish}
         return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(done, drafts), "timings": timings(done)}
+                "usage": usage(done, drafts, self.predicted), "timings": timings(done)}
 
     def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False,
               calls: Optional[list[ToolCall]] = None, entries: list = ()) -> dict:
@@ -252,7 +253,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
                         yield sse(reply.chunk(None, calls=calls))
                         finish = "tool_calls"
                 final = reply.chunk(None, finish)
-                final["usage"] = usage(end.done, end.drafts)
+                final["usage"] = usage(end.done, end.drafts, reply.predicted)
                 final["timings"] = timings(end.done)
                 yield sse(final)
                 if include_usage:
@@ -334,7 +335,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         job = Job(prompt, config, param="messages")
         include = bool(body.stream_options and body.stream_options.include_usage)
         offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
-        reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None)
+        reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None,
+                      predicted=config.prediction is not None)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")

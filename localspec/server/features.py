@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..core.errors import LocalspecError
 from ..formats.chat_format import ChatFormatter, Message, ToolCall
@@ -20,7 +20,11 @@ from ..runtime.config import GenerationConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, ContentPart
 
+if TYPE_CHECKING:
+    from ..core.events import TokenLogprob
+
 TOP_LOGPROBS_MAX = 20
+PREDICTION_SOURCE = "prediction"      # the draft source's name in GenerationStats.sources
 # what a refused field's error adds (see schemas: an undeclared field is refused)
 REFUSAL_HINTS = {
     "functions": "the legacy form of tools: send tools instead; ",
@@ -170,58 +174,32 @@ def with_features(config: GenerationConfig, **fields) -> GenerationConfig:
 
 
 # -- logprobs in OpenAI's shapes ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One emitted token's log-probability, with its most probable alternatives: (text, bytes, logprob)."""
-
-    token: str
-    bytes: bytes
-    logprob: float
-    top: tuple[tuple[str, bytes, float], ...] = ()
-
-
-def _piece(model, token: int) -> tuple[str, bytes]:
-    raw = model.piece(token)
-    return raw.decode("utf-8", "replace"), raw
-
-
-def token_logprob(model, event) -> Optional[TokenLogprob]:
-    """A :class:`TokenEvent`'s logprobs as text (None when the generation records none)."""
-    logprob = getattr(event, "logprob", None)
-    if logprob is None:
-        return None
-    top = tuple((*_piece(model, t), float(lp)) for t, lp in (getattr(event, "top_logprobs", None) or ()))
-    return TokenLogprob(*_piece(model, event.token), float(logprob), top)
-
-
 def _rounded(x: float) -> float:
     return max(float(x), -9999.0)     # -inf is not JSON; OpenAI reports -9999.0 for "impossible"
 
 
-def chat_logprobs_content(entries) -> dict:
+def chat_logprobs_content(entries: Sequence[TokenLogprob]) -> dict:
     """``choices[].logprobs`` of a chat completion (or chunk)."""
-    return {"content": [{"token": e.token, "logprob": _rounded(e.logprob), "bytes": list(e.bytes),
-                         "top_logprobs": [{"token": t, "logprob": _rounded(lp), "bytes": list(b)}
-                                          for t, b, lp in e.top]} for e in entries],
+    return {"content": [{"token": e.text, "logprob": _rounded(e.logprob), "bytes": list(e.bytes),
+                         "top_logprobs": [{"token": t.text, "logprob": _rounded(t.logprob), "bytes": list(t.bytes)}
+                                          for t in e.top]} for e in entries],
             "refusal": None}
 
 
-def completion_logprobs_content(entries, offset: int = 0) -> dict:
+def completion_logprobs_content(entries: Sequence[TokenLogprob], offset: int = 0) -> dict:
     """``choices[].logprobs`` of a text completion (the legacy shape); ``offset``: where the text starts."""
     tokens, values, tops, offsets = [], [], [], []
     for e in entries:
-        tokens.append(e.token)
+        tokens.append(e.text)
         values.append(_rounded(e.logprob))
-        tops.append({t: _rounded(lp) for t, _, lp in e.top})
+        tops.append({t.text: _rounded(t.logprob) for t in e.top})
         offsets.append(offset)
-        offset += len(e.token)
+        offset += len(e.text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def prediction_usage(stats) -> Optional[dict]:
-    """``usage.completion_tokens_details`` with OpenAI's prediction counts (None without a prediction)."""
-    accepted = getattr(stats, "prediction_accepted", None)
-    if accepted is None:
-        return None
-    return {"accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": getattr(stats, "prediction_rejected", 0)}
+def prediction_usage(stats) -> dict:
+    """``usage.completion_tokens_details`` of a request with a prediction: its drafted tokens the
+    answer kept (accepted) and those it did not (rejected), as OpenAI counts them."""
+    _, drafted, accepted = stats.sources.get(PREDICTION_SOURCE, (0, 0, 0))
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}

@@ -22,7 +22,6 @@ from ..runtime.engine import Engine, GenerationConfig
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full
-from .features import token_logprob
 from .metrics import ServerMetrics
 
 
@@ -152,9 +151,9 @@ class EngineWorker:
         try:
             for event in engine.generate(job.prompt, job.config, cancel=job.cancel):
                 if isinstance(event, TokenEvent):
-                    entry = token_logprob(engine.model, event) if job.config.logprobs is not None else None
-                    if event.text or entry is not None:
-                        job.post(Text(event.text, (entry,) if entry is not None else ()))
+                    logprobs = event.logprobs if job.config.logprobs is not None else ()
+                    if event.text or logprobs:
+                        job.post(Text(event.text, logprobs))
                 elif isinstance(event, CycleEvent):
                     if event.drafted:
                         drafts += 1
