@@ -276,6 +276,7 @@ def test_a_prediction_keeps_the_text_and_its_tokens_are_accepted(server):
     cli = client(server)
     kw = dict(model=MODEL, temperature=0, max_tokens=80,
               messages=[{"role": "user", "content": "Repeat this code exactly, changing nothing:\n" + EDIT}])
+    cli.chat.completions.create(**kw)    # the same request first: the same prefix reused for both (see above)
     without = cli.chat.completions.create(**kw)
     with_prediction = cli.chat.completions.create(prediction={"type": "content", "content": EDIT}, **kw)
     assert with_prediction.choices[0].message.content == without.choices[0].message.content

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..core.errors import LocalspecError
+from ..core.events import TokenLogprob
 from ..formats.chat_format import ChatFormatter, Message, ToolCall
 from ..formats.json_grammar import any_json_grammar, schema_grammar
 from ..formats.tool_calls import Tool, ToolFormat, ToolRequest, check_tools, detect_format
@@ -20,11 +21,7 @@ from ..runtime.config import GenerationConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, ContentPart
 
-if TYPE_CHECKING:
-    from ..core.events import TokenLogprob
-
 TOP_LOGPROBS_MAX = 20
-PREDICTION_SOURCE = "prediction"      # the draft source's name in GenerationStats.sources
 # what a refused field's error adds (see schemas: an undeclared field is refused)
 REFUSAL_HINTS = {
     "functions": "the legacy form of tools: send tools instead; ",
@@ -199,7 +196,7 @@ def completion_logprobs_content(entries: Sequence[TokenLogprob], offset: int = 0
 
 
 def prediction_usage(stats) -> dict:
-    """``usage.completion_tokens_details`` of a request with a prediction: its drafted tokens the
-    answer kept (accepted) and those it did not (rejected), as OpenAI counts them."""
-    _, drafted, accepted = stats.sources.get(PREDICTION_SOURCE, (0, 0, 0))
-    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+    """``usage.completion_tokens_details`` of a request with a prediction (the runtime counts them
+    as OpenAI defines them: the prediction's tokens that appear in the answer, and the others)."""
+    return {"accepted_prediction_tokens": stats.accepted_prediction_tokens or 0,
+            "rejected_prediction_tokens": stats.rejected_prediction_tokens or 0}
