@@ -49,6 +49,15 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A server of its own for the tests that compare with the engine's plain decoding: the target's
+    logits after an EAGLE generation on another prompt differ (tests/test_kv_history.py), so these
+    comparisons run on a history of their own requests only."""
+    with running_server(tmp_path_factory.mktemp("clean_home")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
 def hermes(tmp_path_factory):
     """The same model with a Hermes/Qwen-style tool template given as the Modelfile's TEMPLATE."""
     from localspec.store.models import resolve
@@ -177,8 +186,8 @@ PROMPTS = ["Describe Paris as JSON.", "Give me one large city in Japan.", "A cit
            "Tell me about Cairo."]
 
 
-def test_json_schema_outputs_validate_and_equal_plain_decoding(server, reference):
-    cli = client(server)
+def test_json_schema_outputs_validate_and_equal_plain_decoding(clean, reference):
+    cli = client(clean)
     schema = {"type": "json_schema", "json_schema": {"name": "city", "strict": True,
                                                      "schema": City.model_json_schema()}}
     for prompt in PROMPTS:
@@ -243,10 +252,10 @@ def test_refused_fields_name_their_param(server):
     assert r.status_code == 200, r.text
 
 
-def test_logprobs_spell_the_content_and_equal_plain_decoding(server, reference):
+def test_logprobs_spell_the_content_and_equal_plain_decoding(clean, reference):
     from localspec.core.events import TokenEvent
 
-    cli = client(server)
+    cli = client(clean)
     question = "Name three colours of the rainbow."
     kw = dict(model=MODEL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24)
     reply = second(cli.chat.completions.create, logprobs=True, top_logprobs=3, **kw)
