@@ -236,6 +236,9 @@ def test_refused_fields_name_their_param(server):
          "messages[0].content"),
         ({"prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}},
          "prediction.content"),
+        ({"messages": ASK + [{"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}}]},
+         "messages[1].function_call"),
+        ({"messages": [{"role": "user", "content": "Hi", "cache_control": {}}]}, "messages.0.cache_control"),
     ]
     for extra, param in refused:
         r = server.http.post(url, json={**good, **extra})
@@ -249,6 +252,10 @@ def test_refused_fields_name_their_param(server):
                 "prompt_cache_key": "k", "safety_identifier": "s", "parallel_tool_calls": True,
                 "modalities": ["text"], "logit_bias": {}, "stream_options": None}
     r = server.http.post(url, json={**good, **harmless})
+    assert r.status_code == 200, r.text
+    echoed = {"role": "assistant", "content": "Sunny.", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None}     # an earlier answer sent back as it came
+    r = server.http.post(url, json={**good, "messages": ASK + [echoed, {"role": "user", "content": "Thanks"}]})
     assert r.status_code == 200, r.text
 
 

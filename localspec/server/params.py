@@ -103,6 +103,10 @@ def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]
     assistant's tool calls, a tool result's call id)."""
     out: list[Message] = []
     for i, message in enumerate(req.messages):
+        for name in ("function_call", "audio"):
+            if getattr(message, name) is not None:
+                raise bad_request(f"A message's {name} is not supported here (send tool_calls, text content).",
+                                  param=f"messages[{i}].{name}")
         text = content_text(message.content, f"messages[{i}].content")
         if message.role == "assistant" and not text and message.refusal:
             text = message.refusal

@@ -46,6 +46,10 @@ class ChatMessage(_Body):
     tool_calls: Optional[list[ToolCall]] = None       # an assistant's earlier calls
     tool_call_id: Optional[str] = None                # a tool message: the call it answers
     refusal: Optional[str] = None                     # an assistant's earlier refusal (as content)
+    annotations: Optional[list[Any]] = None           # an earlier answer's citations: no effect
+    # an earlier answer's fields echoed back by clients: accepted when null, else refused in params
+    function_call: Optional[Any] = None
+    audio: Optional[Any] = None
 
 
 class JSONSchemaFormat(_Body):
