@@ -18,10 +18,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..core.events import DoneEvent
-from ..store.models import ModelSpec
-from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
+from ..store.models import ModelSpec
+from .errors import APIError, bad_request, internal, too_large, unauthorized, unknown_model
 from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
