@@ -12,8 +12,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Iterator
 
 import httpx
 import openai
@@ -58,14 +60,17 @@ class Server:
         return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("serve_home")
+@contextmanager
+def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None = None) -> Iterator[Server]:
+    """``localspec serve`` on a free port with LOCALSPEC_HOME ``home`` and ``args`` after the model
+    flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
     env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("LOCALSPEC_API_KEY", None)
+    if setup is not None:
+        setup(env)
     log = home / "server.log"
     with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *SERVE_ARGS],
+        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *(args or SERVE_ARGS)],
                                 stdout=sink, stderr=subprocess.STDOUT, env=env)
     try:
         url = None
@@ -96,6 +101,12 @@ def server(tmp_path_factory):
                 proc.kill()
                 proc.wait()
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve_home")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

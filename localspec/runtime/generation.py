@@ -24,9 +24,12 @@ from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup
+from ..speculation.prediction import PredictionSource, prediction_tokens_used
 from ..speculation.policy import EAGLE, DraftPolicy
+from ..llama.grammar import Grammar
 from .config import GenerationConfig
 from .drafting import DraftStep
+from .logprobs import LogprobRecorder
 from .sampling import Sampler
 from .text_stream import TokenOutput
 from .verifier import TargetVerifier, Verified
@@ -64,20 +67,32 @@ class GenerationLoop:
         self.observers = list(observers)
         self.tick = tick
         self.cancel = cancel
-        self.sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
+        grammar = (Grammar(verifier.model, config.grammar, config.grammar_triggers)
+                   if config.grammar is not None else None)
+        self.sampler = Sampler(config.sampling, prompt, grammar)  # the context penalties count, the grammar
         self.stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
         self.output = TokenOutput(verifier.model, config.stop, config.max_tokens)
+        self.logprobs = LogprobRecorder(verifier.model, config.logprobs) if config.logprobs is not None else None
+        self._pending_logprobs: list | None = None   # those of the tokens the last cycle committed
+        self.predicted = (verifier.model.tokenize(config.prediction, add_special=False, parse_special=False)
+                          if config.prediction is not None else None)    # Predicted Outputs' tokens
         self.drafting: DraftStep | None = None
         self.finish: str | None = None
         self._t_gen = 0.0
         self._drafter_t0 = 0.0
 
     def run(self) -> Iterator[Event]:
+        try:
+            yield from self._run()
+        finally:
+            self.sampler.close()
+
+    def _run(self) -> Iterator[Event]:
         pending = self._start()
         cycle: _Cycle | None = None
         while True:
             before = len(self.output.tokens)
-            yield from self.output.emit(pending)
+            yield from self.output.emit(pending, self._pending_logprobs)
             self._clock()
             if cycle is not None:
                 yield CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
@@ -90,17 +105,27 @@ class GenerationLoop:
         yield from self.output.close()
         self.stats.generation_seconds = time.perf_counter() - self._t_gen
         self.stats.policy_choices = dict(self.policy.choices)
-        yield DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot())
+        if self.predicted is not None:
+            (self.stats.accepted_prediction_tokens,
+             self.stats.rejected_prediction_tokens) = prediction_tokens_used(self.predicted, self.output.tokens)
+        yield DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot(),
+                        logprobs=self.output.logprobs if self.logprobs is not None else None)
 
     def _start(self) -> list[tuple[int, bool]]:
         """Prefill (reusing the cached prefix); the first token, chosen from the prompt's logits."""
         t_start = time.perf_counter()
         first = self.verifier.prefill(self.prompt, self.sampler, self.drafter)
+        self._record_logprobs([first], [-1])
         for observer in self.observers:
             observer.after_prefill(self.verifier.ctx, self.sampler)
         self.sampler.commit([first])
         lookup = NgramLookup(self.prompt + [first]) if self.policy.lookup else None
-        self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max)
+        prediction = None
+        if lookup is not None and self.predicted:
+            prediction = PredictionSource(self.predicted)
+            prediction.extend([first])
+        self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max,
+                                  self.sampler.grammar, prediction)
         self.stats.prompt_seconds = time.perf_counter() - t_start
         self._t_gen = time.perf_counter()
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
@@ -135,6 +160,7 @@ class GenerationLoop:
             rows = policy.verify_rows(len(draft.tokens) + 1) if draft.tokens else 1
             v = verifier.verify(draft.tokens, self.sampler, rows=rows)
         self.stats.record_verify(v.batch, v.seconds)
+        self._record_logprobs(v.tokens, v.logit_rows)
         t_cycle += self._observe(v)
         self.drafting.record(draft, v)
         self.sampler.commit(v.tokens)
@@ -155,12 +181,18 @@ class GenerationLoop:
         pos = verifier.n_past
         tok, seconds = verifier.step(self.sampler)
         self.stats.record_verify(1, seconds)
+        self._record_logprobs([tok], [-1])
         self.drafting.commit([tok], pos, [0])
         self.sampler.commit((tok,))
         self.stats.record_cycle(0, 0)
         self.policy.observe(None, 0, 0, verify_seconds=seconds, drafter_seconds=0.0,
                             cycle_seconds=time.perf_counter() - t_cycle, batch=1)
         return [(tok, False)], _PLAIN
+
+    def _record_logprobs(self, tokens: list[int], rows: list[int]) -> None:
+        """The committed tokens' log-probabilities, from the rows that chose them (before the next decode)."""
+        if self.logprobs is not None:
+            self._pending_logprobs = self.logprobs.rows(self.verifier.ctx, tokens, rows)
 
     def _observe(self, verified: Verified) -> float:
         """Run the observers; their seconds, which do not count as generation time."""

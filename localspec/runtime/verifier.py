@@ -207,7 +207,7 @@ class TargetVerifier:
         tokens = draft_tree.tokens
 
         def choose(node: int) -> int:  # the target's token after ``node``, its path before it
-            after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.penalties is not None else ()
+            after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.needs_context else ()
             return sampler.choose(self.ctx.logits(base if node < 0 else row_of[node]), after)
         return choose
 

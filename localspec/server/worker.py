@@ -37,6 +37,7 @@ class Started:
 @dataclass(frozen=True)
 class Text:
     text: str
+    logprobs: tuple = ()     # the tokens' TokenLogprob entries, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,9 @@ class EngineWorker:
         try:
             for event in self.engine.generate(tokens, job.config, cancel=job.cancel):
                 if isinstance(event, TokenEvent):
-                    if event.text:
-                        job.post(Text(event.text))
+                    logprobs = event.logprobs if job.config.logprobs is not None else ()
+                    if event.text or logprobs:
+                        job.post(Text(event.text, logprobs))
                 elif isinstance(event, CycleEvent):
                     if event.drafted:
                         drafts += 1

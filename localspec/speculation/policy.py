@@ -32,6 +32,7 @@ POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
 SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
 EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
+PREDICTION = "prediction"   # Predicted Outputs (speculation.prediction): planned as a lookup proposal
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
 # lookup statistics classes: by matched length 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP),
 # and loops apart (see lookup_class)
@@ -234,7 +235,7 @@ class DraftPolicy:
         self._since_eagle = 0
         self._could: tuple[int, bool] | None = None   # (_since_eagle when asked, _probe_could_pay's answer)
         self.wants_features = True   # the engine records target features for the drafter
-        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0}
+        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0, PREDICTION: 0}
 
     @property
     def fixed(self) -> bool:
