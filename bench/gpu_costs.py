@@ -14,7 +14,8 @@ network): the cost of a decode depends on the shapes and weight types, not on th
 
 ``make`` writes an F16 llama GGUF of a named shape (``tiny``, ``smollm2-135m``, ``llama3-8b``) with
 a minimal SentencePiece-style vocab of the right size, and with ``--q4_0`` quantizes it through
-``llama_model_quantize`` (all cores); ``quantize --src --dst`` does the second step alone. ``measure`` offloads every layer (``--gpu-layers``), times
+``llama_model_quantize`` (all cores); ``quantize --src --dst [--type q4_0|q4_k_m|q8_0]`` quantizes
+alone. The ``drafter-*`` shapes are one layer and a head of a target's width (a drafter step). ``measure`` offloads every layer (``--gpu-layers``), times
 each shape ``--reps`` times interleaved (warm-up first; llama_synchronize before the clock stops),
 and merges one entry per ``--label`` into ``--json`` (written atomically), with the backend's
 system info and, where ``nvidia-smi`` answers, the GPU. It runs on a CPU build too (use small
@@ -42,7 +43,13 @@ SHAPES = {
     "tiny": (64, 2, 4, 2, 128, 512, 10000.0, True),
     "smollm2-135m": (576, 30, 9, 3, 1536, 49152, 100000.0, True),
     "llama3-8b": (4096, 32, 32, 8, 14336, 128256, 500000.0, False),
+    # one decoder layer and a head of each target's width: an EAGLE drafter step's shape, less its
+    # fc (3 x n_embd -> n_embd) and its doubled attention input (Llama-3-8B's EAGLE-3 drafters
+    # draft over a 32000-token vocabulary)
+    "drafter-135m": (576, 1, 9, 3, 1536, 49152, 100000.0, False),
+    "drafter-8b": (4096, 1, 32, 8, 14336, 32000, 500000.0, False),
 }
+FTYPES = {"q4_0": 2, "q8_0": 7, "q4_k_m": 15}   # llama_ftype values
 N_SPECIAL = 3 + 256  # <unk> <s> </s> and the byte tokens; drawn tokens lie above them
 
 
@@ -110,12 +117,12 @@ def make_model(shape: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def quantize(src: Path, dst: Path, threads: int) -> float:
+def quantize(src: Path, dst: Path, threads: int, ftype: str = "q4_0") -> float:
     import llama_cpp as L
 
     params = L.llama_model_quantize_default_params()
     params.nthread = threads
-    params.ftype = L.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.ftype = FTYPES[ftype]
     t0 = time.perf_counter()
     rc = L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
@@ -309,7 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     mk.add_argument("--out", type=Path, required=True)
     mk.add_argument("--q4_0", type=Path, help="also quantize it to Q4_0 here")
     mk.add_argument("--threads", type=int, default=os.cpu_count())
-    qu = sub.add_parser("quantize", help="quantize a GGUF to Q4_0 through llama_model_quantize")
+    qu = sub.add_parser("quantize", help="quantize a GGUF through llama_model_quantize")
+    qu.add_argument("--type", choices=sorted(FTYPES), default="q4_0")
     qu.add_argument("--src", type=Path, required=True)
     qu.add_argument("--dst", type=Path, required=True)
     qu.add_argument("--threads", type=int, default=os.cpu_count())
@@ -339,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.q4_0}: {args.q4_0.stat().st_size / 2**20:.0f} MiB in {secs:.1f} s", flush=True)
         return
     if args.cmd == "quantize":
-        secs = quantize(args.src, args.dst, args.threads)
+        secs = quantize(args.src, args.dst, args.threads, args.type)
         print(f"{args.dst}: {args.dst.stat().st_size / 2**20:.0f} MiB in {secs:.1f} s", flush=True)
         return
     if any(f not in ("on", "off") for f in args.flash_attn):

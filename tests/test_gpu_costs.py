@@ -16,7 +16,8 @@ from localspec.speculation.policy import EAGLE, DraftPolicy, PolicyConfig
 ROOT = Path(__file__).resolve().parents[1]
 DATA = json.loads((ROOT / "tests" / "data" / "gpu_costs_h200.json").read_text())
 ROWS = list(range(1, 17)) + [24, 32, 48, 64, 96, 128]
-MODELS = ["smollm2-135m/Q4_0", "smollm2-135m/F16", "llama3-8b/Q4_0", "llama3-8b/F16"]
+TARGETS = ["smollm2-135m/Q4_0", "smollm2-135m/F16", "llama3-8b/Q4_0", "llama3-8b/Q4_K_M", "llama3-8b/F16"]
+DRAFTERS = {"smollm2-135m": "drafter-135m/F16", "llama3-8b": "drafter-8b/F16"}
 # test_costmodel.py's CPU curve (SmolLM2-135M Q4_0, 2 cores), seconds
 CPU = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
        12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
@@ -27,9 +28,9 @@ def gpu_seconds(label: str, fa: str = "fa_on") -> dict[int, float]:
 
 
 def test_the_h200_file_holds_every_curve():
-    assert set(DATA["models"]) == set(MODELS)
+    assert set(DATA["models"]) == set(TARGETS) | set(DRAFTERS.values())
     assert "H200" in DATA["machine"]["gpu"] and "CUDA" in DATA["machine"]["system_info"]
-    for label in MODELS:
+    for label in DATA["models"]:
         for fa in ("fa_on", "fa_off"):
             run = DATA["models"][label][fa]
             assert sorted(int(k) for k in run["verify_ms"]) == ROWS
@@ -38,7 +39,7 @@ def test_the_h200_file_holds_every_curve():
             assert {(d, r) for d, r, _ in run["depth_ms"]} == {(d, r) for d in (1024, 4096) for r in (1, 8)}
 
 
-@pytest.mark.parametrize("label", ["llama3-8b/Q4_0", "llama3-8b/F16"])
+@pytest.mark.parametrize("label", ["llama3-8b/Q4_0", "llama3-8b/Q4_K_M", "llama3-8b/F16"])
 def test_rows_are_nearly_free_on_the_gpu_and_not_on_the_cpu(label):
     gpu = CostModel(gpu_seconds(label))
     cpu = CostModel(CPU)
@@ -48,7 +49,7 @@ def test_rows_are_nearly_free_on_the_gpu_and_not_on_the_cpu(label):
     assert gpu.verify(64) / gpu.verify(1) < 3.5 < cpu.verify(64) / cpu.verify(1)
 
 
-@pytest.mark.parametrize("label", ["llama3-8b/Q4_0", "llama3-8b/F16"])
+@pytest.mark.parametrize("label", ["llama3-8b/Q4_0", "llama3-8b/Q4_K_M", "llama3-8b/F16"])
 def test_a_batch_of_sequences_costs_what_its_total_rows_cost(label):
     """What issue 26's scheduler may rely on: S slots of r rows in one decode cost what one
     sequence of S*r rows costs (measured for S up to 16, r = 1, 5, 9: 1+k for k = 0, 4, 8)."""
@@ -58,16 +59,20 @@ def test_a_batch_of_sequences_costs_what_its_total_rows_cost(label):
         assert 0.9 < ms / cm.verify(seqs * rows) < 1.2, (seqs, rows)
 
 
-@pytest.mark.parametrize("label", MODELS)
+@pytest.mark.parametrize("label", TARGETS)
 def test_gpu_curves_make_the_policy_draft_where_the_cpu_curve_does_not(label):
-    """From the drafter's prior alone (no acceptance learned yet), with a drafter step of a tenth
-    of a target step: the CPU curve keeps decoding plain, every H200 curve drafts 2+ tokens."""
-    def plan(curve: dict[int, float]) -> tuple:
-        policy = DraftPolicy(PolicyConfig(), CostModel(curve, drafter_step=0.1 * curve[1]), eagle=True)
-        return policy.plan(16, backlog=1)
+    """From the drafter's prior alone (no acceptance learned yet), with the drafter step measured
+    for a drafter of the target's width (about a tenth of a target step on the H200; the CPU
+    curve gets the same ratio): the CPU curve keeps decoding plain, every H200 curve drafts 2+."""
+    drafter = gpu_seconds(DRAFTERS[label.split("/")[0]])[1]
 
-    assert plan(CPU) == (None, 0)
-    source, depth = plan(gpu_seconds(label))
+    def plan(curve: dict[int, float], step: float) -> tuple:
+        return DraftPolicy(PolicyConfig(), CostModel(curve, drafter_step=step), eagle=True).plan(16, backlog=1)
+
+    gpu = gpu_seconds(label)
+    assert drafter < 0.12 * gpu[1]
+    assert plan(CPU, CPU[1] * drafter / gpu[1]) == (None, 0)
+    source, depth = plan(gpu, drafter)
     assert source == EAGLE and depth >= 2
 
 
