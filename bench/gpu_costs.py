@@ -15,11 +15,13 @@ network): the cost of a decode depends on the shapes and weight types, not on th
 ``make`` writes an F16 llama GGUF of a named shape (``tiny``, ``smollm2-135m``, ``llama3-8b``) with
 a minimal SentencePiece-style vocab of the right size, and with ``--q4_0`` quantizes it through
 ``llama_model_quantize`` (all cores); ``quantize --src --dst [--type q4_0|q4_k_m|q8_0]`` quantizes
-alone. The ``drafter-*`` shapes are one layer and a head of a target's width (a drafter step). ``measure`` offloads every layer (``--gpu-layers``), times
-each shape ``--reps`` times interleaved (warm-up first; llama_synchronize before the clock stops),
-and merges one entry per ``--label`` into ``--json`` (written atomically), with the backend's
-system info and, where ``nvidia-smi`` answers, the GPU. It runs on a CPU build too (use small
-shapes there). For people who measure; CI does not run it. docs/gpu.md has the H200 figures.
+alone. The ``drafter-*`` shapes are one layer and a head of a target's width (a drafter step).
+``measure`` offloads every layer (``--gpu-layers``), times each shape ``--reps`` times interleaved
+(warm-up first; llama_synchronize before the clock stops; the slots' prefixes share one unified KV
+cache), and merges one entry per ``--label`` into ``--json`` (written atomically), with the
+backend's system info and, where ``nvidia-smi`` answers, the GPU. It runs on a CPU build too (use
+small shapes there). For people who measure; CI does not run it. docs/gpu.md has the H200 figures
+and bench/gpu/ the job that built and ran it on a lent GPU machine.
 """
 
 from __future__ import annotations
