@@ -12,7 +12,9 @@ Syntax (as Ollama defines it)::
     PARAMETER stop "<|eot_id|>"
     # speculative parameters: draft_max (depth), draft_policy, draft_tree, draft_p_min
     PARAMETER draft_max 6
-    TEMPLATE """{{ .System }} ..."""
+    # TEMPLATE: a Jinja chat template, as a GGUF stores one (Ollama's Go templates are refused)
+    TEMPLATE """{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
+    {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"""
     SYSTEM You are a helpful assistant.
     # roles: system, user, assistant
     MESSAGE user Hello
