@@ -1,13 +1,27 @@
-"""The command line as a user runs it: `python -m localspec ...` in a subprocess.
+"""The command line as a user runs it.
 
-Children start with SIGINT at its default: pytest started in the background of a non-interactive
-shell runs with SIGINT ignored, and a child would inherit that and never see a test's Ctrl-C."""
+:func:`cli` runs ``python -m localspec ...`` in a subprocess: for what needs the process boundary
+(exit statuses of native aborts, signals, Ctrl-C, the first run of a fresh process). Children start
+with SIGINT at its default: pytest started in the background of a non-interactive shell runs with
+SIGINT ignored, and a child would inherit that and never see a test's Ctrl-C.
+
+:func:`run_cli` runs the same entry point (``localspec.cli.main``) in this process, with file
+descriptors 1 and 2 captured, so llama.cpp's native output counts as it would in a terminal. It
+returns the same ``CompletedProcess``, in a fraction of the time (no interpreter, torch or llama.cpp
+start-up per call).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
 
 LOCALSPEC = (sys.executable, "-m", "localspec")
 
@@ -20,3 +34,76 @@ def default_sigint() -> None:
 def cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*LOCALSPEC, *args], capture_output=True, text=True, timeout=timeout,
                           preexec_fn=default_sigint, **kwargs)
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``localspec ARGS`` in this process; ``env`` replaces the environment for the call (as
+    ``subprocess.run(env=...)`` does), ``cwd`` the working directory."""
+    from localspec.cli import main
+
+    handler = signal.getsignal(signal.SIGINT)
+    with _environment(env), _directory(cwd), _captured() as result:
+        try:
+            result.returncode = main(list(args))
+        finally:
+            signal.signal(signal.SIGINT, handler)   # main() installs its Ctrl-C handler
+    return result
+
+
+@contextlib.contextmanager
+def _environment(env: dict | None) -> Iterator[None]:
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _directory(cwd: str | Path | None) -> Iterator[None]:
+    if cwd is None:
+        yield
+        return
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+@contextlib.contextmanager
+def _captured() -> Iterator[subprocess.CompletedProcess]:
+    """fd 1 and 2 (Python's and native writes) into files; the result's stdout and stderr."""
+    result = subprocess.CompletedProcess(args=[], returncode=-1)
+    files = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
+    streams = sys.stdout, sys.stderr
+    for s in streams:
+        s.flush()
+    saved = [os.dup(1), os.dup(2)]
+    os.dup2(files[0].fileno(), 1)
+    os.dup2(files[1].fileno(), 2)
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+    try:
+        yield result
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+        result.stdout, result.stderr = (_read(f) for f in files)
+
+
+def _read(f) -> str:
+    f.seek(0)
+    text = io.TextIOWrapper(f, encoding="utf-8", errors="replace").read()
+    return text

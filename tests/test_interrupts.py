@@ -263,6 +263,7 @@ def test_ctrl_c_during_train(pair, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_a_run(smollm2):
     """No hook: SIGINT at moments spread over a whole `generate` run (imports, header checks, the
     memory plan's no-alloc loads, the load, prefill, decode). Every run ends with "Interrupted." and
