@@ -57,27 +57,27 @@ def test_the_checker_counts_lines_of_nested_and_decorated_functions():
     assert lengths == {"A.f": 62, "g": 4, "g.h": 2}
 
 
-def test_no_long_functions_in_the_runtime_path():
-    files = sorted(p for pkg in RUNTIME_PATH for p in (ROOT / pkg).rglob("*.py"))
-    assert len(files) >= 10, f"the runtime packages are missing under {ROOT}"
+def _long_functions(files: list[Path], limit: int, exceptions: dict[str, str]) -> list[str]:
     long = []
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         for name, n in _lengths(path.read_text(encoding="utf-8")).items():
-            if n > MAX_LINES and f"{rel}:{name}" not in EXCEPTIONS:
+            if n > limit and f"{rel}:{name}" not in exceptions:
                 long.append(f"{rel}:{name} ({n} lines)")
+    return long
+
+
+def test_no_long_functions_in_the_runtime_path():
+    files = sorted(p for pkg in RUNTIME_PATH for p in (ROOT / pkg).rglob("*.py"))
+    assert len(files) >= 10, f"the runtime packages are missing under {ROOT}"
+    long = _long_functions(files, MAX_LINES, EXCEPTIONS)
     assert not long, f"functions over {MAX_LINES} lines (split them, or justify one in EXCEPTIONS): {long}"
 
 
 def test_no_long_functions_anywhere():
     files = sorted(ROOT.rglob("*.py"))
     assert len(files) >= 50, f"the package is missing under {ROOT}"
-    long = []
-    for path in files:
-        rel = path.relative_to(ROOT).as_posix()
-        for name, n in _lengths(path.read_text(encoding="utf-8")).items():
-            if n > MAX_LINES_ANYWHERE and f"{rel}:{name}" not in EXCEPTIONS_ANYWHERE:
-                long.append(f"{rel}:{name} ({n} lines)")
+    long = _long_functions(files, MAX_LINES_ANYWHERE, EXCEPTIONS_ANYWHERE)
     assert not long, f"functions over {MAX_LINES_ANYWHERE} lines (split them): {long}"
 
 
