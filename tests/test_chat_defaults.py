@@ -90,7 +90,7 @@ def reference():
 
 def test_generate_penalty_flags(reference):
     proc = run_cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
-               "--repeat-penalty", "1.3", "--presence-penalty", "0.2")
+                   "--repeat-penalty", "1.3", "--presence-penalty", "0.2")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == reference["flags"]
     proc = run_cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
@@ -112,7 +112,7 @@ def test_modelfile_penalty_parameters_take_effect_in_generate(reference, tmp_pat
     assert json.loads(proc.stdout)["text"] == reference["modelfile"]
     # flags override the PARAMETERs
     proc = run_cli("generate", "penalised", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
-               "--repeat-penalty", "1", "--frequency-penalty", "0")
+                   "--repeat-penalty", "1", "--frequency-penalty", "0")
     assert json.loads(proc.stdout)["text"] == reference["off"]
     # out-of-range PARAMETERs are refused at create, with the line
     (tmp_path / "Modelfile").write_text(f"FROM {target}\nPARAMETER repeat_penalty 0\n")

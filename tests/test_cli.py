@@ -28,7 +28,7 @@ BENCH_FIELDS = {"plain_tokens_per_second", "spec_tokens_per_second", "speedup", 
 def test_generate_json_contract_with_a_drafter(pair):
     target, drafter = pair
     proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
-               "--raw", "--policy", "fixed", "--draft-max", "3", "--max-tokens", "24", "--json")
+                   "--raw", "--policy", "fixed", "--draft-max", "3", "--max-tokens", "24", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert GENERATE_FIELDS <= set(out)
@@ -42,7 +42,7 @@ def test_generate_with_draft_trees(pair):
     out = {}
     for tree in ("on", "off"):
         proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
-                   "--raw", "--policy", "fixed", "--draft-max", "3", "--tree", tree, "--max-tokens", "24", "--json")
+                       "--raw", "--policy", "fixed", "--draft-max", "3", "--tree", tree, "--max-tokens", "24", "--json")
         assert proc.returncode == 0, proc.stderr
         out[tree] = json.loads(proc.stdout)
     assert out["on"]["text"] == out["off"]["text"]
@@ -56,7 +56,7 @@ def test_generate_with_draft_trees(pair):
 def test_generate_no_spec_and_streaming(pair):
     target, drafter = pair
     proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "Hello", "--raw",
-               "--no-spec", "--max-tokens", "8", "--json")
+                   "--no-spec", "--max-tokens", "8", "--json")
     assert json.loads(proc.stdout)["spec"] is False
     proc = run_cli("generate", "--target", str(target), "--prompt", "Hello", "--raw", "--max-tokens", "8")
     assert proc.returncode == 0
@@ -76,14 +76,15 @@ def test_bench_json_contract(pair, tmp_path):
     prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
                                  [("The quick brown fox", "a"), ("Once upon a time", "b")]) + "\n")
     proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
-               "--max-tokens", "24", "--policy", "fixed", "--draft-max", "3", "--json")
+                   "--max-tokens", "24", "--policy", "fixed", "--draft-max", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert BENCH_FIELDS <= set(out)
     assert out["prompts"] == 2 and len(out["per_prompt"]) == 2
     assert out["greedy_identical"] is True
     assert out["tokens_per_cycle"] > 1.0
-    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts), "--max-tokens", "16")
+    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+                   "--max-tokens", "16")
     assert proc.returncode == 0 and "speedup" in proc.stdout
 
 
@@ -121,7 +122,7 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "a b c a b c a b", "category": "copy"}) + "\n")
     proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
-               "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,tree3,chain,llama-lookup", "--json")
+                   "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,tree3,chain,llama-lookup", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert BENCH_FIELDS <= set(out) and out["tree"] == "auto"
@@ -133,7 +134,7 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
         assert m["greedy_identical"] and {"bound", "speedup_over_bound", "time_split"} <= set(m)
     assert set(out["per_prompt"][0]["modes"]) == set(out["modes"])
     proc = run_cli("bench", "--target", str(target), "--prompts", str(prompts), "--max-tokens", "8",
-               "--modes", "fixed2,lookup", "--profile")
+                   "--modes", "fixed2,lookup", "--profile")
     assert proc.returncode == 0, proc.stderr
     assert "fixed2: skipped (no drafter)" in proc.stdout and "bound" in proc.stdout
     proc = run_cli("bench", "--target", str(target), "--prompts", str(prompts), "--modes", "nope")
