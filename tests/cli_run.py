@@ -9,12 +9,17 @@ SIGINT ignored, and a child would inherit that and never see a test's Ctrl-C.
 descriptors 1 and 2 captured, so llama.cpp's native output counts as it would in a terminal. It
 returns the same ``CompletedProcess``, in a fraction of the time (no interpreter, torch or llama.cpp
 start-up per call).
+
+:func:`cli_batch` runs many commands through :func:`run_cli` in one child process: for inputs that
+would abort the process natively if a check were missing (the child dies, not the test run), at
+the cost of one start-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +39,39 @@ def default_sigint() -> None:
 def cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*LOCALSPEC, *args], capture_output=True, text=True, timeout=timeout,
                           preexec_fn=default_sigint, **kwargs)
+
+
+def cli_batch(*commands: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
+    """``localspec ARGS`` for each command, in order, in one child process (:func:`run_cli` there);
+    each result has ``seconds``, the time its command took. A child that dies (a native abort)
+    fails the calling test with the command it died in and its output."""
+    with tempfile.TemporaryDirectory() as d:
+        results = Path(d) / "results.jsonl"
+        child = subprocess.run([sys.executable, __file__, str(results)], input=json.dumps(commands),
+                               capture_output=True, text=True, timeout=timeout, preexec_fn=default_sigint)
+        done = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()] \
+            if results.exists() else []
+    if child.returncode != 0 or len(done) != len(commands):
+        at = commands[len(done)] if len(done) < len(commands) else None
+        raise AssertionError(f"the batch child ended with {child.returncode} at command {at}: "
+                             f"{child.stdout[-2000:]}{child.stderr[-2000:]}")
+    out = []
+    for args, r in zip(commands, done):
+        proc = subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
+        proc.seconds = r["seconds"]
+        out.append(proc)
+    return out
+
+
+def _batch_child(results: str) -> None:
+    import time
+
+    for args in json.loads(sys.stdin.read()):
+        t0 = time.perf_counter()
+        r = run_cli(*args)
+        with open(results, "a", encoding="utf-8") as fh:   # line by line: a native abort keeps the earlier ones
+            fh.write(json.dumps(dict(returncode=r.returncode, stdout=r.stdout, stderr=r.stderr,
+                                     seconds=time.perf_counter() - t0)) + "\n")
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
@@ -107,3 +145,7 @@ def _read(f) -> str:
     f.seek(0)
     text = io.TextIOWrapper(f, encoding="utf-8", errors="replace").read()
     return text
+
+
+if __name__ == "__main__":
+    _batch_child(sys.argv[1])
