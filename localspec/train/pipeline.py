@@ -21,7 +21,7 @@ from ..formats import gguf_consts as K
 from ..core.atomic import atomic_path, atomic_write
 from ..core.errors import LocalspecError
 from ..core.units import format_size
-from ..formats.gguf_info import check_target, read_gguf
+from ..formats.gguf_info import GGUFInfo, check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
 from .prompts import load_prompts
 
@@ -203,7 +203,7 @@ def is_held_out(seq) -> bool:
 @dataclass
 class _Inputs:
     """What the run's checks produced, before anything is written."""
-    info: object                 # the target's GGUFInfo
+    info: GGUFInfo               # the target
     out: Path
     work: Path
     prompts: list | None
