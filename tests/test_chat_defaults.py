@@ -36,6 +36,7 @@ def test_chat_defaults_are_llama_cpp_and_ollama_sampling():
     assert greedy.sampling.greedy
 
 
+@pytest.mark.slow
 def test_the_default_chat_no_longer_loops_on_a_short_question():
     """Issue 18: greedy SmolLM2 repeated a heading until the token limit. With the chat's defaults
     (and fixed seeds) it stops on its own, no line repeated. Plain decoding: a seed fixes the sample
