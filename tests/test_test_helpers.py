@@ -43,9 +43,11 @@ def test_run_cli_captures_native_output_and_restores_the_process(tmp_path, monke
     import sys
 
     from cli_run import run_cli
+    from localspec.cli import _register
     from localspec.cli.app import app
 
-    monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))   # the command below goes
+    _register()   # every real command in the list first: the copy below (with the test's command) goes
+    monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))
 
     @app.command("echo-fds")
     def echo_fds() -> None:
