@@ -1,8 +1,11 @@
-"""A generation's logits do not depend on what the engine generated before (beyond the last bits
-of batched arithmetic). Found while testing the server's logprobs (issue 27): a plain request's
-first-token logprob moved by 0.1 after a speculative request on another prompt. It takes the EAGLE
-drafter (n-gram lookup alone leaves no trace) and was already so at ac5d953; expected to fail until
-the runtime is mended (strict: a fix makes this test fail as XPASS, then drop the mark)."""
+"""A speculative generation leaves nothing in the engine that a plain one would not.
+
+Found while testing the server's logprobs: a plain request's first-token logprob moved by about 0.1
+after an EAGLE request on another prompt. The cause is not the drafter: the next prompt reused a
+3-token KV prefix that the other prompt's prefill had written in a 226-token batch, where a fresh
+prefill writes it in a 40-token batch, and llama.cpp's CPU kernels round rows differently by batch
+shape (a plain generation of the other prompt moves the logits exactly as much). So the check is:
+after the same prompt generated plainly or with EAGLE drafts, the next request's logits agree."""
 
 from __future__ import annotations
 
@@ -32,15 +35,16 @@ def margins(engine) -> list[float]:
     return [e for e in engine.generate(QUESTION, config) if isinstance(e, DoneEvent)][0].margins
 
 
-@pytest.mark.xfail(strict=True, reason="the target's logits change after an EAGLE generation (a runtime bug)")
 def test_a_speculative_generation_leaves_no_trace_in_the_next_ones_logits(reference):
     fmt = FORMATS["generic"]
     other = reference.formatter.render_variables(
         fmt.render_variables([Message("user", "What is the weather like in Paris right now?")],
                              ToolRequest((WEATHER,), "required", False)))
-    before = margins(reference)
+    after = {}
     for spec in (False, True):
+        reference.verifier.forget()     # both write the other prompt's KV from position 0, in one batch
         config = GenerationConfig(max_tokens=80, sampling=GREEDY, policy=POLICY, spec=spec)
-        list(reference.generate(other, config))
-        after = margins(reference)
-        assert all(abs(a - b) < 1e-3 for a, b in zip(after, before)), (spec, before, after)
+        done = [e for e in reference.generate(other, config) if isinstance(e, DoneEvent)][0]
+        assert done.stats.drafted > 0 or not spec   # the EAGLE run did draft
+        after[spec] = margins(reference)
+    assert all(abs(a - b) < 1e-3 for a, b in zip(after[True], after[False])), after

@@ -22,6 +22,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli_run import default_sigint
+
 from localspec.formats.chat_format import Message
 from localspec.runtime.engine import GenerationConfig
 from localspec.core.events import DoneEvent
@@ -71,7 +73,7 @@ def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None 
     log = home / "server.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *(args or SERVE_ARGS)],
-                                stdout=sink, stderr=subprocess.STDOUT, env=env)
+                                stdout=sink, stderr=subprocess.STDOUT, env=env, preexec_fn=default_sigint)
     try:
         url = None
         deadline = time.monotonic() + 120

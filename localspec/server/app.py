@@ -393,22 +393,8 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
 
 
 # -- the app ---------------------------------------------------------------------------------------
-def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
-    """The app; ``on_shutdown`` (closing the engine) runs once the engine thread has ended."""
-    state.on_close = on_shutdown
-
-    @asynccontextmanager
-    async def lifespan(_app):
-        state.worker.start()
-        try:
-            yield
-        finally:
-            state.close()
-
-    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.add_middleware(BodyLimit, limit=state.max_body)
-    app.add_middleware(QuietShutdown, worker=state.worker)
+def _error_handlers(app: FastAPI) -> None:
+    """Every error is OpenAI's error shape; a client that went away gets nothing and logs nothing."""
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
@@ -426,6 +412,25 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     @app.exception_handler(Exception)
     async def _unexpected(_request, _exc: Exception):
         return internal().response()
+
+
+def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+    """The app; ``on_shutdown`` (closing the engine) runs once the engine thread has ended."""
+    state.on_close = on_shutdown
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(BodyLimit, limit=state.max_body)
+    app.add_middleware(QuietShutdown, worker=state.worker)
+    _error_handlers(app)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
