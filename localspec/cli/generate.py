@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +14,10 @@ from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
 from ..core.events import DoneEvent, TokenEvent
 from ..store.models import apply_model_defaults, resolve
+from ..core import options
+from ..core.errors import LocalspecError
 from ..core.options import check_cli, check_text
+from ..llama.grammar import json_schema_grammar
 from ..runtime.generation_options import GenerationOptions
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..memory.live import memory_report
@@ -42,6 +46,40 @@ def penalty_options(chat: bool = False) -> dict:
 
 
 _PENALTY = penalty_options()
+
+
+def _read_text(flag: str, path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LocalspecError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return check_text(f"{flag} {path}", data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise LocalspecError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def structured_config(config: GenerationConfig, *, grammar: Path | None, json_schema: Path | None,
+                      logprobs: int | None, prediction: Path | None) -> GenerationConfig:
+    """``config`` with the structured-output, logprobs and Predicted Outputs flags."""
+    if grammar is not None and json_schema is not None:
+        raise LocalspecError("--grammar and --json-schema exclude each other")
+    gbnf = _read_text("--grammar", grammar) if grammar is not None else None
+    if json_schema is not None:
+        try:
+            gbnf = json_schema_grammar(_read_text("--json-schema", json_schema))
+        except LocalspecError as exc:
+            raise LocalspecError(f"--json-schema {json_schema}: {exc}") from None
+    if logprobs is not None:
+        logprobs = options.check("top_logprobs", logprobs, where="--logprobs")
+    text = _read_text("--prediction", prediction) if prediction is not None else None
+    return replace(config, grammar=gbnf, logprobs=logprobs, prediction=text)
+
+
+def _logprob_json(lp) -> dict:
+    return {"token": lp.text, "id": lp.token, "bytes": list(lp.bytes), "logprob": lp.logprob,
+            "top_logprobs": [{"token": t.text, "id": t.token, "bytes": list(t.bytes), "logprob": t.logprob}
+                             for t in lp.top]}
 
 
 def build_config(*, no_spec: bool = False, no_special: bool = False, **values) -> GenerationConfig:
@@ -91,6 +129,16 @@ def generate(
     no_special: bool = typer.Option(False, "--no-special",
                                     help="With --raw: special-token text stays plain text."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    grammar: Optional[Path] = typer.Option(None, "--grammar", metavar="FILE.gbnf",
+                                           help="Constrain the output to a GBNF grammar (root rule 'root')."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", metavar="FILE",
+                                               help="Constrain the output to JSON that matches this JSON schema."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", metavar="K",
+                                           help="With --json: each token's log-probability and its K (0-20) "
+                                                "most probable alternatives."),
+    prediction: Optional[Path] = typer.Option(None, "--prediction", metavar="FILE",
+                                              help="Predicted Outputs: text the answer is expected to repeat "
+                                                   "(the file being edited), used as drafts."),
     ctx: int = CtxOpt,
     threads: Optional[int] = ThreadsOpt,
     gpu_layers: int = GpuLayersOpt,
@@ -114,9 +162,12 @@ def generate(
     check_cli({**{k: values[k] for k in checked}, "n_ctx": ctx, "threads": threads, "gpu_layers": gpu_layers,
                **{k: values[k] for k in penalties}})
     check_text("the prompt", prompt)
+    if logprobs is not None and not as_json:
+        raise typer.BadParameter("--logprobs prints them in the --json output: add --json", param_hint="--logprobs")
     if system is not None:
         check_text("the system prompt", system)
-    config = build_config(**values, source=source, no_spec=no_spec, no_special=no_special)
+    config = structured_config(build_config(**values, source=source, no_spec=no_spec, no_special=no_special),
+                               grammar=grammar, json_schema=json_schema, logprobs=logprobs, prediction=prediction)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved)
     with engine:
@@ -145,6 +196,7 @@ def generate(
                 "target": str(model_spec.target),
                 "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
                 **stats.to_dict(),
+                **({"logprobs": [_logprob_json(lp) for lp in done.logprobs]} if done.logprobs is not None else {}),
                 "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
             }
             print(json.dumps(result, ensure_ascii=False))
