@@ -113,3 +113,36 @@ def test_smollm2_json_output_parses_and_speculation_keeps_it(smollm2):
                         assert set(value) == {"name", "age"} and isinstance(value["age"], int)
                 else:
                     assert plain.text.lstrip().startswith(("{", "["))
+
+
+@pytest.mark.parametrize("top_k", [40, 0])
+def test_sampling_under_a_grammar_emits_exactly_the_masked_distribution(tiny, top_k):
+    """The rejection rule over the masked distribution: the emitted token (draft accepted or
+    replaced) has the distribution of plain sampling under the grammar, whatever the draft."""
+    from collections import Counter
+
+    import numpy as np
+
+    from localspec.llama.grammar import Grammar
+    from localspec.llama.llama_model import Model
+    from localspec.runtime.sampling import Sampler, distribution
+    from sampling_checks import within_binomial_bounds
+
+    model = Model(tiny["repeat"])
+    try:
+        letters = [model.tokenize(c, add_special=False, parse_special=False)[0] for c in "abcde"]
+        logits = np.random.default_rng(5).normal(size=model.n_vocab).astype(np.float32) * 2
+        logits[letters] += np.array([6.0, 5.5, 5.0, 3.0, 1.0], dtype=np.float32)
+        params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.99, min_p=0.0, seed=7)
+        masked = np.full_like(logits, -np.inf)
+        masked[letters] = logits[letters]
+        ids, probs = distribution(masked, params)
+        expected = dict(zip(ids.tolist(), probs.tolist()))
+        sampler = Sampler(params, grammar=Grammar(model, "root ::= [a-e]"))
+        n = 1500 if top_k else 300
+        for draft in (letters[1], letters[0] + 1 if letters[0] + 1 not in letters else 0):
+            counts = Counter(sampler.verify(logits, draft)[1] for _ in range(n))
+            within_binomial_bounds(counts, n, expected)
+        sampler.close()
+    finally:
+        model.close()

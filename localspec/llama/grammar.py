@@ -63,6 +63,13 @@ def _native_stderr(lines: list[str]):
             lines.extend(tmp.read().decode("utf-8", "replace").splitlines())
 
 
+def _pass_on(lines: list[str]) -> None:
+    """Write text caught by :func:`_native_stderr` to the real stderr (it was not the parser's error:
+    another thread's, or llama.cpp's own notes)."""
+    if lines:
+        sys.stderr.write("\n".join(lines) + "\n")
+
+
 class _Candidates:
     """A reusable llama_token_data_array over a numpy buffer of ``n`` entries."""
 
@@ -98,7 +105,9 @@ class Grammar:
                     self.model.vocab, data, ROOT, ctypes.pointer(pattern), 1, None, 0)
             else:
                 handle = llama_cpp.llama_sampler_init_grammar(self.model.vocab, data, ROOT)
-        if not handle:
+        if handle:
+            _pass_on(printed)
+        else:
             said = [line.strip() for line in printed if "error" in line]
             said += [line.strip() for line in "".join(log).splitlines() if line.strip()]
             detail = said[0].removeprefix("parse: ") if said else "llama.cpp could not parse it"
@@ -132,6 +141,14 @@ class Grammar:
         cand.array.sorted = False
         llama_cpp.llama_sampler_apply(self._handle, cand.ref)
         return cand.buf["logit"].copy()
+
+    def allowed_among(self, ids: np.ndarray) -> np.ndarray:
+        """The tokens of ``ids`` the grammar allows next (a partial candidate array: cheaper than
+        :meth:`mask` over the whole vocabulary)."""
+        cand = _Candidates(len(ids))
+        cand.buf["id"] = ids
+        llama_cpp.llama_sampler_apply(self._handle, cand.ref)
+        return ids[np.isfinite(cand.buf["logit"])]
 
     def accept(self, token: int) -> None:
         """Advance by one token; a token the grammar forbids is an error (llama.cpp would abort)."""

@@ -174,7 +174,7 @@ class Sampler:
         if self.params.greedy:
             return self._greedy(logits, after)
         if self.grammar is not None:
-            logits = _allowed_only(self.grammar_at(after), logits)
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
@@ -190,7 +190,7 @@ class Sampler:
             best = self._greedy(logits, after)
             return best == draft, best
         if self.grammar is not None:
-            logits = _allowed_only(self.grammar_at(after), logits)
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         hit = np.flatnonzero(ids == draft)
         p_draft = float(probs[hit[0]]) if hit.size else 0.0
@@ -212,6 +212,24 @@ def _allowed_only(grammar, logits: np.ndarray) -> np.ndarray:
     if not np.isfinite(masked.max()):
         raise LocalspecError("the grammar allows no token here (not even the end of the text)")
     return masked
+
+
+def _allowed_top(grammar, logits: np.ndarray, top_k: int) -> np.ndarray:
+    """For sampling with ``top_k``: a row whose finite entries include the ``top_k`` most probable
+    tokens the grammar allows (all other entries -inf), so :func:`distribution` gives exactly
+    what it gives on the fully masked row, at the cost of applying the grammar to a few hundred
+    candidates: among the ``m`` highest logits, if at least ``top_k`` are allowed, no allowed token
+    outside them can be among the top ``top_k``. Otherwise (or top-k off) the whole row is masked."""
+    n = logits.shape[0]
+    m = min(n, 4 * top_k + 64)
+    if 0 < top_k < n and m < n:
+        ids = np.argpartition(-logits, m - 1)[:m].astype(np.int32)
+        allowed = grammar.allowed_among(ids)
+        if len(allowed) >= top_k:
+            out = np.full(n, -np.inf, dtype=np.float32)
+            out[allowed] = logits[allowed]
+            return out
+    return _allowed_only(grammar, logits)
 
 
 # The chat's defaults (``localspec chat``; the server's too). llama.cpp's sampler defaults
