@@ -4,6 +4,7 @@ tree, lookup), lazy grammars, JSON on the real SmolLM2, bad grammars as one erro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -21,6 +22,7 @@ LETTERS = 'root ::= [a-g ]+ "."'
 # words from a small set: the grammar often overrides the target's choice
 WORDS = 'root ::= ( ("the" | "fox" | "dog" | " " | "," | "1" | "2") )+'
 COPY = "a b c d e f g a b c d e f g a b c"
+DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
 
 POLICIES = {
     "lookup": PolicyConfig("fixed", 6, source="lookup"),
@@ -97,22 +99,29 @@ def test_a_bad_grammar_is_one_error(tiny, bad):
 
 
 def test_smollm2_json_output_parses_and_speculation_keeps_it(smollm2):
+    """The real SmolLM2 with the shipped drafter: chain, tree and lookup drafts under JSON grammars."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
     prompts = ["Give me a person as JSON.", "Describe a cat in JSON with its name and age."]
-    with Engine(smollm2, n_ctx=1024) as engine:
+    policies = [PolicyConfig("fixed", 6, source="lookup"), PolicyConfig("fixed", 4, source="eagle", tree="off"),
+                PolicyConfig("fixed", 4, source="eagle", tree="on"), PolicyConfig("auto", 8)]
+    with Engine(smollm2, DRAFTER, n_ctx=1024) as engine:
         for grammar in (JSON_GBNF, json_schema_to_gbnf(json.dumps(schema))):
             for prompt in prompts:
                 msgs = [{"role": "user", "content": prompt}]
+                engine.clear_cache()
                 plain = run(engine, msgs, max_tokens=60, spec=False, record_margins=True, grammar=grammar)
-                spec = run(engine, msgs, max_tokens=60, grammar=grammar, policy=PolicyConfig("fixed", 6, source="lookup"))
-                assert_lossless(plain, spec)
+                for policy in policies:
+                    engine.clear_cache()
+                    spec = run(engine, msgs, max_tokens=60, grammar=grammar, policy=policy)
+                    assert_lossless(plain, spec)
                 if plain.finish_reason == "stop":
                     value = json.loads(plain.text)
                     if grammar != JSON_GBNF:
                         assert set(value) == {"name", "age"} and isinstance(value["age"], int)
                 else:
                     assert plain.text.lstrip().startswith(("{", "["))
+        assert json.loads(plain.text)   # the schema's answers end within 60 tokens
 
 
 @pytest.mark.parametrize("top_k", [40, 0])
