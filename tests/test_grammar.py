@@ -155,3 +155,29 @@ def test_sampling_under_a_grammar_emits_exactly_the_masked_distribution(tiny, to
         sampler.close()
     finally:
         model.close()
+
+
+def test_the_constrained_argmax_takes_its_shortcuts_exactly(tiny):
+    """Greedy under a grammar: the plain argmax when allowed, the best allowed one among the top
+    logits, else the whole row masked; always the argmax of the fully masked row."""
+    import numpy as np
+
+    from localspec.llama.grammar import Grammar
+    from localspec.llama.llama_model import Model
+    from localspec.runtime.sampling import Sampler
+
+    model = Model(tiny["repeat"])
+    try:
+        sampler = Sampler(SamplingParams(), grammar=Grammar(model, 'root ::= [a-e] | " the"'))
+        letters = [model.tokenize(c, add_special=False, parse_special=False)[0] for c in "abcde"]
+        rng = np.random.default_rng(11)
+        for boost in (20.0, 3.0, 0.0, -20.0):     # allowed tokens: the argmax, near the top, anywhere, last
+            for _ in range(5):
+                logits = rng.normal(size=model.n_vocab).astype(np.float32)
+                logits[letters] += boost + rng.normal(size=5).astype(np.float32)
+                want = int(sampler.grammar.mask(logits).argmax())
+                assert sampler.choose(logits) == want
+                assert sampler.verify(logits, want) == (True, want)
+        sampler.close()
+    finally:
+        model.close()

@@ -29,6 +29,8 @@ from ..core import options
 from ..core.errors import LocalspecError
 from .penalties import PenaltyWindow
 
+GREEDY_CANDIDATES = 64   # greedy under a grammar: top logits checked before masking the whole row
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -157,6 +159,14 @@ class Sampler:
         state = self.grammar_at(after)
         if state.allowed(best):   # the cheap path: the plain argmax is allowed
             return best
+        # next: the most probable allowed token among the top candidates, if any is allowed there
+        # (no allowed token outside them has a higher logit); else the whole row masked
+        n = logits.shape[0]
+        if n > GREEDY_CANDIDATES:
+            ids = np.argpartition(-logits, GREEDY_CANDIDATES - 1)[:GREEDY_CANDIDATES].astype(np.int32)
+            allowed = state.allowed_among(ids)
+            if len(allowed):
+                return int(allowed[np.lexsort((allowed, -logits[allowed]))[0]])
         return int(_allowed_only(state, logits).argmax())
 
     def penalised(self, logits: np.ndarray, after: Sequence[int] = ()) -> np.ndarray:
