@@ -181,3 +181,18 @@ def test_the_constrained_argmax_takes_its_shortcuts_exactly(tiny):
         sampler.close()
     finally:
         model.close()
+
+
+def test_a_lazy_grammar_refuses_a_token_that_completes_its_trigger_with_text_the_grammar_refuses(tiny):
+    """llama.cpp would throw (abort the process) when such a token is accepted: every token with a
+    space completes the trigger " ", and the text from it would start with a space the grammar
+    refuses, so no token with a space may come."""
+    with Engine(tiny["repeat"], n_ctx=1024) as engine:
+        plain = run(engine, COPY, max_tokens=8, spec=False)
+        done = run(engine, COPY, max_tokens=8, spec=False, grammar='root ::= "x"+', grammar_triggers=[" "])
+        spec = run(engine, COPY, max_tokens=8, grammar='root ::= "x"+', grammar_triggers=[" "],
+                   policy=POLICIES["lookup"])
+        ok = run(engine, COPY, max_tokens=8, spec=False, grammar='root ::= " c" [ a-z]*', grammar_triggers=[" "])
+    assert " " in plain.text and done.text and " " not in done.text
+    assert spec.tokens == done.tokens
+    assert ok.tokens == plain.tokens        # " c" starts text the grammar accepts: nothing changes
