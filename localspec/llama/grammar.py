@@ -240,7 +240,8 @@ class Grammar:
         llama_cpp.llama_sampler_accept(self._handle, token)
         if self._waiting is not None:
             data, at = self._trigger.start(self._waiting, token)
-            self._waiting = None if at is not None else data[len(data) - self._trigger.keep:] if self._trigger.keep else b""
+            keep = self._trigger.keep
+            self._waiting = None if at is not None else (data[len(data) - keep:] if keep else b"")
 
     def close(self) -> None:
         handle, self._handle = self._handle, None
