@@ -4,6 +4,7 @@ tree, lookup), lazy grammars, JSON on the real SmolLM2, bad grammars as one erro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -21,6 +22,7 @@ LETTERS = 'root ::= [a-g ]+ "."'
 # words from a small set: the grammar often overrides the target's choice
 WORDS = 'root ::= ( ("the" | "fox" | "dog" | " " | "," | "1" | "2") )+'
 COPY = "a b c d e f g a b c d e f g a b c"
+DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
 
 POLICIES = {
     "lookup": PolicyConfig("fixed", 6, source="lookup"),
@@ -97,19 +99,100 @@ def test_a_bad_grammar_is_one_error(tiny, bad):
 
 
 def test_smollm2_json_output_parses_and_speculation_keeps_it(smollm2):
+    """The real SmolLM2 with the shipped drafter: chain, tree and lookup drafts under JSON grammars."""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
     prompts = ["Give me a person as JSON.", "Describe a cat in JSON with its name and age."]
-    with Engine(smollm2, n_ctx=1024) as engine:
+    policies = [PolicyConfig("fixed", 6, source="lookup"), PolicyConfig("fixed", 4, source="eagle", tree="off"),
+                PolicyConfig("fixed", 4, source="eagle", tree="on"), PolicyConfig("auto", 8)]
+    with Engine(smollm2, DRAFTER, n_ctx=1024) as engine:
         for grammar in (JSON_GBNF, json_schema_to_gbnf(json.dumps(schema))):
             for prompt in prompts:
                 msgs = [{"role": "user", "content": prompt}]
+                engine.clear_cache()
                 plain = run(engine, msgs, max_tokens=60, spec=False, record_margins=True, grammar=grammar)
-                spec = run(engine, msgs, max_tokens=60, grammar=grammar, policy=PolicyConfig("fixed", 6, source="lookup"))
-                assert_lossless(plain, spec)
+                for policy in policies:
+                    engine.clear_cache()
+                    spec = run(engine, msgs, max_tokens=60, grammar=grammar, policy=policy)
+                    assert_lossless(plain, spec)
                 if plain.finish_reason == "stop":
                     value = json.loads(plain.text)
                     if grammar != JSON_GBNF:
                         assert set(value) == {"name", "age"} and isinstance(value["age"], int)
                 else:
                     assert plain.text.lstrip().startswith(("{", "["))
+        assert json.loads(plain.text)   # the schema's answers end within 60 tokens
+
+
+@pytest.mark.parametrize("top_k", [40, 0])
+def test_sampling_under_a_grammar_emits_exactly_the_masked_distribution(tiny, top_k):
+    """The rejection rule over the masked distribution: the emitted token (draft accepted or
+    replaced) has the distribution of plain sampling under the grammar, whatever the draft."""
+    from collections import Counter
+
+    import numpy as np
+
+    from localspec.llama.grammar import Grammar
+    from localspec.llama.llama_model import Model
+    from localspec.runtime.sampling import Sampler, distribution
+    from sampling_checks import within_binomial_bounds
+
+    model = Model(tiny["repeat"])
+    try:
+        letters = [model.tokenize(c, add_special=False, parse_special=False)[0] for c in "abcde"]
+        logits = np.random.default_rng(5).normal(size=model.n_vocab).astype(np.float32) * 2
+        logits[letters] += np.array([6.0, 5.5, 5.0, 3.0, 1.0], dtype=np.float32)
+        params = SamplingParams(temperature=0.8, top_k=top_k, top_p=0.99, min_p=0.0, seed=7)
+        masked = np.full_like(logits, -np.inf)
+        masked[letters] = logits[letters]
+        ids, probs = distribution(masked, params)
+        expected = dict(zip(ids.tolist(), probs.tolist()))
+        sampler = Sampler(params, grammar=Grammar(model, "root ::= [a-e]"))
+        n = 1500 if top_k else 300
+        for draft in (letters[1], letters[0] + 1 if letters[0] + 1 not in letters else 0):
+            counts = Counter(sampler.verify(logits, draft)[1] for _ in range(n))
+            within_binomial_bounds(counts, n, expected)
+        sampler.close()
+    finally:
+        model.close()
+
+
+def test_the_constrained_argmax_takes_its_shortcuts_exactly(tiny):
+    """Greedy under a grammar: the plain argmax when allowed, the best allowed one among the top
+    logits, else the whole row masked; always the argmax of the fully masked row."""
+    import numpy as np
+
+    from localspec.llama.grammar import Grammar
+    from localspec.llama.llama_model import Model
+    from localspec.runtime.sampling import Sampler
+
+    model = Model(tiny["repeat"])
+    try:
+        sampler = Sampler(SamplingParams(), grammar=Grammar(model, 'root ::= [a-e] | " the"'))
+        letters = [model.tokenize(c, add_special=False, parse_special=False)[0] for c in "abcde"]
+        rng = np.random.default_rng(11)
+        for boost in (20.0, 3.0, 0.0, -20.0):     # allowed tokens: the argmax, near the top, anywhere, last
+            for _ in range(5):
+                logits = rng.normal(size=model.n_vocab).astype(np.float32)
+                logits[letters] += boost + rng.normal(size=5).astype(np.float32)
+                want = int(sampler.grammar.mask(logits).argmax())
+                assert sampler.choose(logits) == want
+                assert sampler.verify(logits, want) == (True, want)
+        sampler.close()
+    finally:
+        model.close()
+
+
+def test_a_lazy_grammar_refuses_a_token_that_completes_its_trigger_with_text_the_grammar_refuses(tiny):
+    """llama.cpp would throw (abort the process) when such a token is accepted: every token with a
+    space completes the trigger " ", and the text from it would start with a space the grammar
+    refuses, so no token with a space may come."""
+    with Engine(tiny["repeat"], n_ctx=1024) as engine:
+        plain = run(engine, COPY, max_tokens=8, spec=False)
+        done = run(engine, COPY, max_tokens=8, spec=False, grammar='root ::= "x"+', grammar_triggers=[" "])
+        spec = run(engine, COPY, max_tokens=8, grammar='root ::= "x"+', grammar_triggers=[" "],
+                   policy=POLICIES["lookup"])
+        ok = run(engine, COPY, max_tokens=8, spec=False, grammar='root ::= " c" [ a-z]*', grammar_triggers=[" "])
+    assert " " in plain.text and done.text and " " not in done.text
+    assert spec.tokens == done.tokens
+    assert ok.tokens == plain.tokens        # " c" starts text the grammar accepts: nothing changes

@@ -80,3 +80,23 @@ def test_no_logprobs_unless_asked_and_zero_alternatives(tiny):
         _, done = events(engine, COPY, max_tokens=6, logprobs=0,
                          sampling=SamplingParams(temperature=0.7, seed=1))
         assert len(done.logprobs) == len(done.tokens) and all(lp.top == () for lp in done.logprobs)
+
+
+def test_smollm2_logprobs_with_the_shipped_drafter_match_plain_decoding(smollm2):
+    from pathlib import Path
+    drafter = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
+    msgs = [{"role": "user", "content": "List three fruits."}]
+    with Engine(smollm2, drafter, n_ctx=1024) as engine:
+        engine.clear_cache()
+        _, plain = events(engine, msgs, max_tokens=40, spec=False, logprobs=3)
+        for policy in (PolicyConfig("fixed", 4, source="eagle", tree="off"),
+                       PolicyConfig("fixed", 4, source="eagle", tree="on"), PolicyConfig("fixed", 6, source="lookup")):
+            engine.clear_cache()
+            _, spec = events(engine, msgs, max_tokens=40, logprobs=3, policy=policy)
+            assert spec.stats.drafted > 0
+            n = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), len(plain.tokens))
+            assert n > 20                       # same text (up to a near-tie late on)
+            for a, b in zip(plain.logprobs[:n], spec.logprobs[:n]):
+                assert abs(a.logprob - b.logprob) < 1e-3
+                assert all(abs(x.logprob - y.logprob) < 1e-3 for x, y in zip(a.top, b.top))
+    assert "".join(lp.text for lp in plain.logprobs) == plain.text

@@ -2,8 +2,8 @@
 
 Sources: n-gram lookup (a proposal from the history, free), Predicted Outputs (the user's
 prediction from the point the output has reached in it, :mod:`localspec.speculation.prediction`;
-weighed by the policy as a lookup proposal of its aligned run, whichever of the two matches longer
-is proposed), the EAGLE drafter as a chain (greedy
+planned as a lookup proposal with statistics classes of its own, policy.prediction_class; whichever
+of the two matches longer is proposed), the EAGLE drafter as a chain (greedy
 top-1, stopping under ``p_min`` confidence) or as a tree (:mod:`localspec.speculation.tree`, cut
 to its best expected rate under the cost model). After the target verified a draft,
 :meth:`DraftStep.record` hands the committed tokens to the sources: the drafter records the
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup, ShadowScore
-from ..speculation.policy import EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, top1_probability
+from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class,
+                                  top1_probability)
 from ..speculation.prediction import PredictionSource
 from .verifier import Verified
 
@@ -78,7 +79,7 @@ class DraftStep:
         start, match = lookup.find()
         run = prediction.propose(1)[1] if prediction is not None else 0
         if run and run >= match:
-            cls = lookup_class(run)
+            cls = prediction_class(run)
             tokens, _ = prediction.propose(self.policy.lookup_depth(room, cls))
             return allowed_chain(self.grammar, tokens), cls, PREDICTION
         if not match:

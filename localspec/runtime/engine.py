@@ -33,6 +33,7 @@ from typing import Iterator, Sequence
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.events import DoneEvent, Event
+from ..llama.grammar import Grammar
 from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, target_context
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
@@ -217,6 +218,11 @@ class Engine:
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))
             yield event
+
+    def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
+        """Raise the LocalspecError a generation with this grammar would raise (a front end's
+        early check: a server answers 400 before it streams)."""
+        Grammar(self.model, grammar, triggers).close()
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:

@@ -29,6 +29,8 @@ from ..core import options
 from ..core.errors import LocalspecError
 from .penalties import PenaltyWindow
 
+GREEDY_CANDIDATES = 64   # greedy under a grammar: top logits checked before masking the whole row
+
 
 _D = options.default   # defaults: localspec.core.options, declared once with each range
 
@@ -160,6 +162,14 @@ class Sampler:
         state = self.grammar_at(after)
         if state.allowed(best):   # the cheap path: the plain argmax is allowed
             return best
+        # next: the most probable allowed token among the top candidates, if any is allowed there
+        # (no allowed token outside them has a higher logit); else the whole row masked
+        n = logits.shape[0]
+        if n > GREEDY_CANDIDATES:
+            ids = np.argpartition(-logits, GREEDY_CANDIDATES - 1)[:GREEDY_CANDIDATES].astype(np.int32)
+            allowed = state.allowed_among(ids)
+            if len(allowed):
+                return int(allowed[np.lexsort((allowed, -logits[allowed]))[0]])
         return int(_allowed_only(state, logits).argmax())
 
     def penalised(self, logits: np.ndarray, after: Sequence[int] = ()) -> np.ndarray:
@@ -177,7 +187,7 @@ class Sampler:
         if self.params.greedy:
             return self._greedy(logits, after)
         if self.grammar is not None:
-            logits = _allowed_only(self.grammar_at(after), logits)
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
@@ -193,7 +203,7 @@ class Sampler:
             best = self._greedy(logits, after)
             return best == draft, best
         if self.grammar is not None:
-            logits = _allowed_only(self.grammar_at(after), logits)
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         hit = np.flatnonzero(ids == draft)
         p_draft = float(probs[hit[0]]) if hit.size else 0.0
@@ -215,6 +225,24 @@ def _allowed_only(grammar, logits: np.ndarray) -> np.ndarray:
     if not np.isfinite(masked.max()):
         raise LocalspecError("the grammar allows no token here (not even the end of the text)")
     return masked
+
+
+def _allowed_top(grammar, logits: np.ndarray, top_k: int) -> np.ndarray:
+    """For sampling with ``top_k``: a row whose finite entries include the ``top_k`` most probable
+    tokens the grammar allows (all other entries -inf), so :func:`distribution` gives exactly
+    what it gives on the fully masked row, at the cost of applying the grammar to a few hundred
+    candidates: among the ``m`` highest logits, if at least ``top_k`` are allowed, no allowed token
+    outside them can be among the top ``top_k``. Otherwise (or top-k off) the whole row is masked."""
+    n = logits.shape[0]
+    m = min(n, 4 * top_k + 64)
+    if 0 < top_k < n and m < n:
+        ids = np.argpartition(-logits, m - 1)[:m].astype(np.int32)
+        allowed = grammar.allowed_among(ids)
+        if len(allowed) >= top_k:
+            out = np.full(n, -np.inf, dtype=np.float32)
+            out[allowed] = logits[allowed]
+            return out
+    return _allowed_only(grammar, logits)
 
 
 # The chat's defaults (``localspec chat``; the server's too): llama.cpp's sampler defaults plus

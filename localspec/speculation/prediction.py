@@ -8,9 +8,10 @@ resynchronises by n-gram lookup restricted to the prediction: the longest suffix
 last aligned point on (an edit goes forward through the file), else its last one before it. The
 proposal is the prediction's text after the alignment point.
 
-Its statistics class for the policy (``policy.lookup_class``) is that of a lookup match as long as
-the run of tokens aligned so far (counted from the resynchronising n-gram); the first alignment
-counts as a copy (``START_MATCH`` tokens): the prediction is given as what the answer repeats.
+The policy plans it as a lookup proposal with statistics classes of its own
+(``policy.prediction_class``: just realigned, or followed for a few tokens), by the run of tokens
+aligned so far (counted from the resynchronising n-gram); the first alignment counts as followed
+(``START_MATCH`` tokens): the prediction is given as what the answer repeats.
 Drafts are a deterministic function of the output, so the acceptance rule stays exact.
 """
 
