@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "Message": ".formats.chat_format", "Engine": ".runtime.engine", "GenerationConfig": ".runtime.config", "LocalspecError": ".core.errors",
     "CycleEvent": ".core.events", "DoneEvent": ".core.events", "GenerationStats": ".core.events", "TokenEvent": ".core.events",
+    "TokenLogprob": ".core.events",
     "SamplingParams": ".runtime.sampling", "PolicyConfig": ".speculation.policy",
 }
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .runtime.config import GenerationConfig
     from .runtime.engine import Engine
     from .core.errors import LocalspecError
-    from .core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent
+    from .core.events import CycleEvent, DoneEvent, GenerationStats, TokenEvent, TokenLogprob
     from .runtime.sampling import SamplingParams
     from .speculation.policy import PolicyConfig
 

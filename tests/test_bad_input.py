@@ -25,6 +25,7 @@ from localspec.runtime.engine import GenerationConfig
 from localspec.formats.gguf_info import check_pair, read_gguf
 from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
+from cli_run import cli_batch
 from tiny_models import HEAD_DIM, build_drafter, build_target, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32
@@ -89,11 +90,10 @@ BAD_FLAGS = [
 
 def test_every_bad_value_flag_is_one_error_line_before_any_model_loads(tiny):
     d, target, _ = tiny
-    for flags, message in BAD_FLAGS:
-        t0 = time.perf_counter()
-        proc = cli("generate", "--target", str(target), "-p", "hi", *flags)
+    procs = cli_batch(*(["generate", "--target", str(target), "-p", "hi", *flags] for flags, _ in BAD_FLAGS))
+    for (flags, message), proc in zip(BAD_FLAGS, procs):
         line = assert_one_error(proc, contains=message)
-        assert time.perf_counter() - t0 < 60, (flags, "checked late")
+        assert proc.seconds < 60, (flags, "checked late")
         assert line.endswith(")") or "trained for" in line or "UTF-8" in line, line  # names the flag
     works(target)
 
@@ -102,13 +102,16 @@ def test_context_too_small_or_huge_never_reaches_llama_cpp(tiny, tmp_path):
     """--ctx below ~9 aborted natively in the memory planner (GGML_ASSERT n_outputs_max); 1e20 wrapped
     to ~1.7e9 and allocated until the OOM killer came; 1e9 took a minute to fail."""
     d, target, drafter = tiny
-    for cmd in (["bench", "--prompts", str(tmp_path / "none.jsonl")], ["fit"], ["chat"]):
-        for ctx in ("1", "4", "15"):
-            assert_one_error(cli(*cmd, "--target", str(target), "--ctx", ctx), contains="n_ctx must be between 16")
-    for ctx in ("99999999999999999999", "1000000000", "4097"):
-        t0 = time.perf_counter()
-        assert_one_error(cli("fit", "--target", str(target), "--draft", str(drafter), "--ctx", ctx))
-        assert time.perf_counter() - t0 < 30
+    small = [[*cmd, "--target", str(target), "--ctx", ctx] for ctx in ("1", "4", "15")
+             for cmd in (["bench", "--prompts", str(tmp_path / "none.jsonl")], ["fit"], ["chat"])]
+    huge = [["fit", "--target", str(target), "--draft", str(drafter), "--ctx", ctx]
+            for ctx in ("99999999999999999999", "1000000000", "4097")]
+    procs = cli_batch(*small, *huge)
+    for proc in procs[:len(small)]:
+        assert_one_error(proc, contains="n_ctx must be between 16")
+    for proc in procs[len(small):]:
+        assert_one_error(proc)
+        assert proc.seconds < 30
     # a Modelfile's num_ctx goes through the same check (at create)
     mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {target}\nPARAMETER num_ctx 4\n")
@@ -171,18 +174,21 @@ def test_python_api_checks_the_same_table():
 
 def test_modelfile_parameters_use_the_same_table(tiny, tmp_path):
     d, target, _ = tiny
-    for line, message in [
+    cases = [
         ("PARAMETER temperature inf", "PARAMETER temperature must be a finite number, got inf"),
         ("PARAMETER temperature nan", "PARAMETER temperature must be a finite number"),
         ("PARAMETER seed -5", "PARAMETER seed must be between 0 and 4294967295 (-1: random), got -5"),
         ("PARAMETER top_p 1e999", "PARAMETER top_p must be a finite number"),
         ("PARAMETER num_thread 9999", "PARAMETER num_thread must be between 1 and 512"),
         ("PARAMETER mirostat_eta inf", "PARAMETER mirostat_eta must be a finite number"),
-    ]:
-        mf = tmp_path / "Modelfile"
-        mf.write_text(f"FROM {target}\n{line}\n")
-        assert_one_error(cli("create", "m1", "-f", str(mf)), contains=message)
-    assert cli("list").returncode == 0
+    ]
+    for i, (line, _) in enumerate(cases):
+        (tmp_path / f"Modelfile{i}").write_text(f"FROM {target}\n{line}\n")
+    procs = cli_batch(*(["create", "m1", "-f", str(tmp_path / f"Modelfile{i}")] for i in range(len(cases))), ["list"])
+    for (_, message), proc in zip(cases, procs):
+        assert_one_error(proc, contains=message)
+    assert procs[-1].returncode == 0
+    mf = tmp_path / "Modelfile"
     mf.write_text(f"FROM {target}\nPARAMETER seed -1\nPARAMETER temperature 0\n")
     proc = cli("create", "m1", "-f", str(mf))
     assert proc.returncode == 0, proc.stderr
@@ -324,10 +330,12 @@ def test_bench_files(tiny, tmp_path):
         "deep.jsonl": (b"[" * 100000 + b"]" * 100000 + b"\n", "not valid JSON"),
         "category.jsonl": (b'{"prompt": "hi", "category": ["a"]}\n', '"category" must be a string'),
     }
-    for name, (data, message) in cases.items():
-        f = tmp_path / name
-        f.write_bytes(data)
-        assert_one_error(cli("bench", "--target", str(target), "--prompts", str(f), "-n", "2"), contains=message)
+    for name, (data, _) in cases.items():
+        (tmp_path / name).write_bytes(data)
+    procs = cli_batch(*(["bench", "--target", str(target), "--prompts", str(tmp_path / name), "-n", "2"]
+                        for name in cases))
+    for (_, message), proc in zip(cases.values(), procs):
+        assert_one_error(proc, contains=message)
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "hi", "system": "Be brief."}\n')
     proc = cli("bench", "--target", str(target), "--prompts", str(good), "-n", "2", "--json")

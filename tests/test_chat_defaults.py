@@ -14,7 +14,7 @@ from localspec.cli import main
 from localspec.store.models import resolve
 from localspec.runtime.sampling import CHAT_SAMPLING
 from localspec.tui.app import ChatSettings
-from cli_run import cli
+from cli_run import run_cli
 
 RAINBOW = "Name three colours of the rainbow."
 
@@ -36,6 +36,7 @@ def test_chat_defaults_are_llama_cpp_and_ollama_sampling():
     assert greedy.sampling.greedy
 
 
+@pytest.mark.slow
 def test_the_default_chat_no_longer_loops_on_a_short_question():
     """Issue 18: greedy SmolLM2 repeated a heading until the token limit. With the chat's defaults
     (and fixed seeds) it stops on its own, no line repeated. Plain decoding: a seed fixes the sample
@@ -89,15 +90,15 @@ def reference():
 
 
 def test_generate_penalty_flags(reference):
-    proc = cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
-               "--repeat-penalty", "1.3", "--presence-penalty", "0.2")
+    proc = run_cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
+                   "--repeat-penalty", "1.3", "--presence-penalty", "0.2")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == reference["flags"]
-    proc = cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
+    proc = run_cli("generate", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
     assert json.loads(proc.stdout)["text"] == reference["off"]            # generate stays greedy, no penalties
     for flag, value, what in (("--repeat-penalty", "0", "repeat_penalty"), ("--repeat-last-n", "-5", "repeat_last_n"),
                               ("--frequency-penalty", "3", "frequency_penalty")):
-        proc = cli("generate", "--prompt", "x", "-n", "2", flag, value)
+        proc = run_cli("generate", "--prompt", "x", "-n", "2", flag, value)
         assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and what in proc.stderr and flag in proc.stderr
         assert proc.stderr.count("\n") == 1
 
@@ -107,12 +108,12 @@ def test_modelfile_penalty_parameters_take_effect_in_generate(reference, tmp_pat
     (tmp_path / "Modelfile").write_text(f"FROM {target}\nPARAMETER repeat_penalty 1.25\n"
                                         "PARAMETER repeat_last_n 16\nPARAMETER frequency_penalty 0.3\n")
     assert main(["create", "penalised", "-f", str(tmp_path / "Modelfile")]) == 0
-    proc = cli("generate", "penalised", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
+    proc = run_cli("generate", "penalised", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["text"] == reference["modelfile"]
     # flags override the PARAMETERs
-    proc = cli("generate", "penalised", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
-               "--repeat-penalty", "1", "--frequency-penalty", "0")
+    proc = run_cli("generate", "penalised", "--prompt", RAINBOW, "--no-spec", "-n", "40", "--json",
+                   "--repeat-penalty", "1", "--frequency-penalty", "0")
     assert json.loads(proc.stdout)["text"] == reference["off"]
     # out-of-range PARAMETERs are refused at create, with the line
     (tmp_path / "Modelfile").write_text(f"FROM {target}\nPARAMETER repeat_penalty 0\n")

@@ -1,14 +1,14 @@
-"""The command line as a user runs it: a subprocess, JSON contracts, one-line errors."""
+"""The command line: JSON contracts, one-line errors. In this process (``run_cli``, fd 1 and 2
+captured) but for one whole run, a usage error and a value that would crash llama.cpp, which run
+as a subprocess, as a user runs them."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from cli_run import cli
+from cli_run import cli, run_cli
 from tiny_models import build_drafter, build_target
 
 
@@ -27,8 +27,8 @@ BENCH_FIELDS = {"plain_tokens_per_second", "spec_tokens_per_second", "speedup", 
 
 def test_generate_json_contract_with_a_drafter(pair):
     target, drafter = pair
-    proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
-               "--raw", "--policy", "fixed", "--draft-max", "3", "--max-tokens", "24", "--json")
+    proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
+                   "--raw", "--policy", "fixed", "--draft-max", "3", "--max-tokens", "24", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert GENERATE_FIELDS <= set(out)
@@ -41,24 +41,24 @@ def test_generate_with_draft_trees(pair):
     target, drafter = pair
     out = {}
     for tree in ("on", "off"):
-        proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
-                   "--raw", "--policy", "fixed", "--draft-max", "3", "--tree", tree, "--max-tokens", "24", "--json")
+        proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "The quick brown fox",
+                       "--raw", "--policy", "fixed", "--draft-max", "3", "--tree", tree, "--max-tokens", "24", "--json")
         assert proc.returncode == 0, proc.stderr
         out[tree] = json.loads(proc.stdout)
     assert out["on"]["text"] == out["off"]["text"]
     assert "tree" in out["on"]["sources"] and "tree" not in out["off"]["sources"]
-    proc = cli("generate", "--target", str(target), "--prompt", "x", "--tree", "sometimes")
+    proc = run_cli("generate", "--target", str(target), "--prompt", "x", "--tree", "sometimes")
     assert proc.returncode == 2
-    proc = cli("generate", "--target", str(target), "--prompt", "x", "--p-min", "2")
+    proc = run_cli("generate", "--target", str(target), "--prompt", "x", "--p-min", "2")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--p-min" in proc.stderr
 
 
 def test_generate_no_spec_and_streaming(pair):
     target, drafter = pair
-    proc = cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "Hello", "--raw",
-               "--no-spec", "--max-tokens", "8", "--json")
+    proc = run_cli("generate", "--target", str(target), "--draft", str(drafter), "--prompt", "Hello", "--raw",
+                   "--no-spec", "--max-tokens", "8", "--json")
     assert json.loads(proc.stdout)["spec"] is False
-    proc = cli("generate", "--target", str(target), "--prompt", "Hello", "--raw", "--max-tokens", "8")
+    proc = run_cli("generate", "--target", str(target), "--prompt", "Hello", "--raw", "--max-tokens", "8")
     assert proc.returncode == 0
     assert "tok/s" in proc.stderr
 
@@ -75,15 +75,16 @@ def test_bench_json_contract(pair, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in
                                  [("The quick brown fox", "a"), ("Once upon a time", "b")]) + "\n")
-    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
-               "--max-tokens", "24", "--policy", "fixed", "--draft-max", "3", "--json")
+    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+                   "--max-tokens", "24", "--policy", "fixed", "--draft-max", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert BENCH_FIELDS <= set(out)
     assert out["prompts"] == 2 and len(out["per_prompt"]) == 2
     assert out["greedy_identical"] is True
     assert out["tokens_per_cycle"] > 1.0
-    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts), "--max-tokens", "16")
+    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+                   "--max-tokens", "16")
     assert proc.returncode == 0 and "speedup" in proc.stdout
 
 
@@ -95,7 +96,7 @@ def test_bench_json_contract(pair, tmp_path):
     (["bench", "--prompts", "/nonexistent.jsonl"], "no such prompts file"),
 ])
 def test_errors_are_one_line(args, message):
-    proc = cli(*args)
+    proc = run_cli(*args)
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("Error:") and message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -105,9 +106,9 @@ def test_bench_rejects_bad_prompt_files(pair, tmp_path):
     target, drafter = pair
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"nope": 1}\n')
-    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(bad))
+    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(bad))
     assert proc.returncode == 1 and f"{bad}:2:" in proc.stderr
-    proc = cli("bench", "--target", str(target), "--prompts", str(bad))
+    proc = run_cli("bench", "--target", str(target), "--prompts", str(bad))
     assert proc.returncode == 1
 
 
@@ -120,8 +121,8 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
     target, drafter = pair
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "a b c a b c a b", "category": "copy"}) + "\n")
-    proc = cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
-               "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,tree3,chain,llama-lookup", "--json")
+    proc = run_cli("bench", "--target", str(target), "--draft", str(drafter), "--prompts", str(prompts),
+                   "--max-tokens", "16", "--modes", "lookup,fixed1..2,lookup4,tree3,chain,llama-lookup", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert BENCH_FIELDS <= set(out) and out["tree"] == "auto"
@@ -132,11 +133,11 @@ def test_bench_modes_profile_and_json(pair, tmp_path):
         m = out["modes"][name]
         assert m["greedy_identical"] and {"bound", "speedup_over_bound", "time_split"} <= set(m)
     assert set(out["per_prompt"][0]["modes"]) == set(out["modes"])
-    proc = cli("bench", "--target", str(target), "--prompts", str(prompts), "--max-tokens", "8",
-               "--modes", "fixed2,lookup", "--profile")
+    proc = run_cli("bench", "--target", str(target), "--prompts", str(prompts), "--max-tokens", "8",
+                   "--modes", "fixed2,lookup", "--profile")
     assert proc.returncode == 0, proc.stderr
     assert "fixed2: skipped (no drafter)" in proc.stdout and "bound" in proc.stdout
-    proc = cli("bench", "--target", str(target), "--prompts", str(prompts), "--modes", "nope")
+    proc = run_cli("bench", "--target", str(target), "--prompts", str(prompts), "--modes", "nope")
     assert proc.returncode == 1 and "unknown bench mode" in proc.stderr
 
 
@@ -157,7 +158,7 @@ def test_chat_leaves_a_core_to_the_ui(monkeypatch):
 
 def test_thread_count_out_of_range_is_one_line(pair):
     """ggml indexes fixed arrays by thread: an out-of-range count is refused before llama.cpp sees it
-    (100000 threads used to end the process with a segmentation fault)."""
+    (100000 threads reaching ggml end the process with a segmentation fault: a subprocess)."""
     target, _ = pair
     for threads in ("100000", "-1"):
         proc = cli("generate", "--target", str(target), "-p", "hi", "-n", "2", "--threads", threads)

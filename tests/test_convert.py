@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +29,9 @@ from localspec.llama.gguf_native import GGUFHeader  # noqa: E402
 
 from checkpoints import (DRAFT_VOCAB, FF, H, HD, N_LAYER, NH, NKV, VOCAB, _llama_config, _state,  # noqa: E402,F401
                          make_reference, write_checkpoint)
+from cli_run import run_cli  # noqa: E402
 from tiny_models import N_EMBD, build_target  # noqa: E402
 
-LOCALSPEC_BIN = Path(sys.executable).parent / "localspec"
 PROMPT = "The quick brown fox jumps over the lazy"
 
 
@@ -348,8 +347,8 @@ def test_overwrite_refused_then_forced(good, target, tmp_path):
 # the CLI, as a user runs it
 # ---------------------------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LOCALSPEC_BIN), *args], capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "COLUMNS": "120"})
+    """The command in this process (fd 1 and 2 captured), as ``localspec ARGS`` prints it."""
+    return run_cli(*args, env={**__import__("os").environ, "COLUMNS": "120"})
 
 
 def test_cli_convert_inspect_and_force(good, target, tmp_path):

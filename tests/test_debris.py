@@ -16,12 +16,13 @@ from localspec.core import atomic
 from localspec.store import registry
 from localspec.core.errors import LocalspecError
 
+from cli_run import run_cli
 from tiny_models import build_drafter, build_target
 
 
 def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, COLUMNS="200", **(env or {})), **kw)
+    """In this process (fd 1 and 2 captured: llama.cpp's own lines count)."""
+    return run_cli(*args, env=dict(os.environ, COLUMNS="200", **(env or {})), **kw)
 
 
 def one_error(proc: subprocess.CompletedProcess) -> str:

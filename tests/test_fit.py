@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from localspec.formats.gguf_info import read_gguf
 from localspec.store.models import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cli_run import run_cli  # noqa: E402
 from tiny_models import build_drafter, build_target, drafter_weights, unit_embeddings  # noqa: E402
 
 MiB = 1 << 20
@@ -152,8 +152,7 @@ def test_parse_size():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "import sys; from localspec.cli import main; sys.exit(main(sys.argv[1:]))", *args], capture_output=True, text=True,
-                          timeout=60, env=os.environ.copy())
+    return run_cli(*args)
 
 
 def test_cli_fit_json(real_pair):

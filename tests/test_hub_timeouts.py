@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from cli_run import default_sigint
+
 CATALOG = ('schema = 1\n[models.tiny]\ndescription = "tiny test pair"\n'
            '[models.tiny.target]\nrepo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n'
            '[models.tiny.draft]\nrepo = "test/tiny-eagle3"\nfile = "tiny-drafter.gguf"\n')
@@ -117,7 +119,8 @@ def test_ctrl_c_while_pull_waits_for_the_hub(silent_server, tmp_path, isolated_h
     (isolated_home / "models.toml").write_text(CATALOG, encoding="utf-8")
     env = dict(os.environ, HF_ENDPOINT=silent_server, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="0")
     proc = subprocess.Popen([sys.executable, "-m", "localspec", "pull", "tiny", "--timeout", "30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_sigint)
     time.sleep(4)   # started, and waiting on the server (it never answers)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)

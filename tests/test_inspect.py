@@ -13,6 +13,7 @@ from localspec.cli.inspect import describe_gguf
 from localspec.core.units import format_size as human_size
 from localspec.formats.gguf_info import read_gguf
 
+from cli_run import run_cli
 from tiny_models import build_drafter, build_target
 
 BIN = Path(sys.executable).parent / "localspec"
@@ -44,18 +45,19 @@ def test_describe_target(pair):
 
 
 def test_cli_table_and_json(pair):
+    """The installed `localspec` script, with a bare environment; then the same command in-process."""
     target, drafter = pair
     r = subprocess.run([str(BIN), "inspect", str(drafter)], capture_output=True, text=True, timeout=60,
                        env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     for word in ("drafter", "eagle3.1", "0, 1, 3", "300", "F32", "MiB"):
         assert word in r.stdout, r.stdout
-    r = subprocess.run([str(BIN), "inspect", "--json", str(target)], capture_output=True, text=True, timeout=60)
+    r = run_cli("inspect", "--json", str(target))   # the rest in this process
     assert r.returncode == 0 and json.loads(r.stdout)["kind"] == "target"
 
 
 def test_cli_missing_file(tmp_path):
-    r = subprocess.run([str(BIN), "inspect", str(tmp_path / "none.gguf")], capture_output=True, text=True, timeout=60)
+    r = run_cli("inspect", str(tmp_path / "none.gguf"))
     assert r.returncode == 1 and r.stderr.strip() == f"Error: {tmp_path / 'none.gguf'}: no such file"
 
 

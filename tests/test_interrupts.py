@@ -1,9 +1,11 @@
 """Ctrl-C (SIGINT) and SIGKILL at each stage of a real CLI run, as a subprocess.
 
 Each run ends with "Interrupted." and exit 130 and leaves no file behind; a killed run leaves only
-partial files that the next run removes before it works. ``LOCALSPEC_TEST_PAUSE=STAGE`` makes the
-process print ``localspec-test-pause: STAGE`` and wait at that point (inside llama.cpp's model-load
-progress callback for ``load``: the place a Ctrl-C used to be swallowed), so the signal lands there.
+partial files that the next run removes before it works. ``Run(..., pause=STAGE)`` starts the CLI
+through ``tests/pause_child.py``, which prints ``localspec-test-pause: STAGE`` and waits at that point
+(for ``load``: inside llama.cpp's model-load progress callback, where a Ctrl-C must stop the load),
+so the signal lands there. Every child starts with SIGINT at its default, also when pytest itself
+runs with SIGINT ignored (in the background of a non-interactive shell).
 """
 
 from __future__ import annotations
@@ -18,20 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import LOCALSPEC, default_sigint
+from pause_child import MARKER
 from tiny_models import build_drafter, build_target
 
-MARKER = "localspec-test-pause: "
+PAUSE_CHILD = str(Path(__file__).with_name("pause_child.py"))
 
 
 class Run:
     """The CLI in a subprocess; ``signal_at`` waits for a pause marker (or a condition) and signals."""
 
     def __init__(self, *args: str, pause: str | None = None, env: dict | None = None, cwd: Path | None = None):
-        full = dict(os.environ, **(env or {}))
-        if pause:
-            full["LOCALSPEC_TEST_PAUSE"] = pause
-        self.proc = subprocess.Popen([sys.executable, "-m", "localspec", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=full, cwd=cwd)
+        command = [sys.executable, PAUSE_CHILD, pause, *args] if pause else [*LOCALSPEC, *args]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, **(env or {})), cwd=cwd, preexec_fn=default_sigint)
         self.err = ""
 
     def wait_marker(self, timeout: float = 120) -> str:
@@ -261,6 +263,7 @@ def test_ctrl_c_during_train(pair, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_a_run(smollm2):
     """No hook: SIGINT at moments spread over a whole `generate` run (imports, header checks, the
     memory plan's no-alloc loads, the load, prefill, decode). Every run ends with "Interrupted." and
@@ -273,7 +276,8 @@ def test_ctrl_c_at_any_moment_of_a_run(smollm2):
     length = time.monotonic() - t0
     seen = []
     for delay in [length * k / 25 for k in range(1, 25)]:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_sigint)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

@@ -151,3 +151,19 @@ def test_round_trip_values(value):
 def test_unwritable_value():
     with pytest.raises(LocalspecError, match='SYSTEM: a multi-line value containing """'):
         dumps(Modelfile(from_="x", system='a\n"""b'))
+
+
+def test_the_modules_example_parses_and_its_template_renders():
+    """The syntax example in the module's docstring is a Modelfile the parser takes, with a TEMPLATE
+    the chat template check takes and that renders a conversation."""
+    import textwrap
+
+    from localspec.formats import modelfile
+    from localspec.formats.chat_format import ChatFormatter, Message
+
+    block = modelfile.__doc__.split("::\n\n", 1)[1].split("\n\nInstructions", 1)[0]
+    mf = parse(textwrap.dedent(block))
+    assert mf.from_ == "./Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf" and mf.parameters["draft_max"] == 6
+    assert mf.messages and mf.license and mf.system == "You are a helpful assistant."
+    chat = ChatFormatter(mf.template, from_modelfile=True)   # checks it as `create` does
+    assert chat.render([Message("user", "Hello")]) == "user: Hello\nassistant: "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +33,10 @@ from localspec.core.paths import embedded_target  # noqa: E402
 from localspec.speculation.policy import PolicyConfig  # noqa: E402
 
 from layout_writers import EAGLE31_LAYOUTS, through_dtype, write_layout  # noqa: E402
+from cli_run import run_cli  # noqa: E402
 from tiny_models import build_target, drafter_weights  # noqa: E402
 
 N_LAYER = 8
-BIN = Path(sys.executable).parent / "localspec"
 SHIPPED = Path(__file__).resolve().parent.parent / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
 PROMPTS = ["The quick brown fox jumps over the lazy", "def fibonacci(n):"]
 CHAT_PROMPTS = [[{"role": "user", "content": "Write two sentences about the sea."}],
@@ -188,8 +187,8 @@ def test_layer_ids_follow_each_tools_convention(tiny, tmp_path):
 # localspec export: the same writers as a command
 # ---------------------------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "COLUMNS": "150"})
+    """The command in this process (fd 1 and 2 captured), as ``localspec ARGS`` prints it."""
+    return run_cli(*args, env={**__import__("os").environ, "COLUMNS": "150"})
 
 
 def _gguf_tensor_bytes(path: Path) -> dict[str, tuple[str, bytes]]:
@@ -288,6 +287,7 @@ def test_export_keeps_quantized_values_exact(tiny, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the shipped drafter (slower: the real SmolLM2 target, real prompts)
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_roundtrip_shipped_drafter(tmp_path):
     target = embedded_target()
     original = read_drafter_gguf(SHIPPED)

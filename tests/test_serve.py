@@ -12,13 +12,17 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Iterator
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from cli_run import default_sigint
 
 from localspec.formats.chat_format import Message
 from localspec.runtime.engine import GenerationConfig
@@ -58,15 +62,18 @@ class Server:
         return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("serve_home")
+@contextmanager
+def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None = None) -> Iterator[Server]:
+    """``localspec serve`` on a free port with LOCALSPEC_HOME ``home`` and ``args`` after the model
+    flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
     env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("LOCALSPEC_API_KEY", None)
+    if setup is not None:
+        setup(env)
     log = home / "server.log"
     with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *SERVE_ARGS],
-                                stdout=sink, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *(args or SERVE_ARGS)],
+                                stdout=sink, stderr=subprocess.STDOUT, env=env, preexec_fn=default_sigint)
     try:
         url = None
         deadline = time.monotonic() + 120
@@ -96,6 +103,12 @@ def server(tmp_path_factory):
                 proc.kill()
                 proc.wait()
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve_home")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Creating, removing and listing one model name from several processes at once (issue 29): `rm
 NAME` while `create NAME` converts a DRAFT checkpoint used to take the drafter being written for an
 orphan and delete it; create then exited 0 with a record naming the deleted file. Each process is
-the real CLI; ``LOCALSPEC_TEST_PAUSE`` holds create at a known point while the others run."""
+the real CLI; ``tests/pause_child.py`` holds create at a known point while the others run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from localspec.store import registry  # noqa: E402
 from test_bad_input import assert_one_error, cli  # noqa: E402
 from tiny_models import build_target  # noqa: E402
 
+PAUSE_CHILD = str(Path(__file__).with_name("pause_child.py"))
+
 
 @pytest.fixture(scope="module")
 def modelfile(tmp_path_factory) -> Path:
@@ -33,9 +35,8 @@ def modelfile(tmp_path_factory) -> Path:
 
 def start_create(name: str, mf: Path, pause: str) -> subprocess.Popen:
     """`create NAME`, held at ``pause`` (until SIGUSR1, at most 60 s); returns once it is there."""
-    proc = subprocess.Popen([sys.executable, "-m", "localspec", "create", name, "-f", str(mf)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "LOCALSPEC_TEST_PAUSE": f"{pause}@60"})
+    proc = subprocess.Popen([sys.executable, PAUSE_CHILD, f"{pause}@60", "create", name, "-f", str(mf)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     assert line.strip() == f"localspec-test-pause: {pause}", line + proc.stderr.read()
     return proc

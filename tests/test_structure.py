@@ -2,7 +2,7 @@
 
 The runtime path (llama.cpp bindings, the engine and its loop, speculation) stays readable in
 small parts: no function or method longer than MAX_LINES lines, signature, docstring and nested
-functions included.
+functions included; no function in any shipped module longer than MAX_LINES_ANYWHERE.
 """
 
 from __future__ import annotations
@@ -10,12 +10,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import localspec
 
 MAX_LINES = 60
+MAX_LINES_ANYWHERE = 80
 RUNTIME_PATH = ("runtime", "speculation", "llama")   # packages under localspec/
 # functions allowed to be longer, as "package/module.py:qualified.name": reason (keep it empty)
 EXCEPTIONS: dict[str, str] = {}
+# functions over MAX_LINES_ANYWHERE outside the runtime path, while the option declarations are
+# restructured (their parameter lists move into generated options): temporary, remove at merge
+EXCEPTIONS_ANYWHERE: dict[str, str] = {}
 
 ROOT = Path(localspec.__file__).parent
 
@@ -47,20 +53,33 @@ def test_the_checker_counts_lines_of_nested_and_decorated_functions():
     assert lengths == {"A.f": 62, "g": 4, "g.h": 2}
 
 
-def test_no_long_functions_in_the_runtime_path():
-    files = sorted(p for pkg in RUNTIME_PATH for p in (ROOT / pkg).rglob("*.py"))
-    assert len(files) >= 10, f"the runtime packages are missing under {ROOT}"
+def _long_functions(files: list[Path], limit: int, exceptions: dict[str, str]) -> list[str]:
     long = []
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         for name, n in _lengths(path.read_text(encoding="utf-8")).items():
-            if n > MAX_LINES and f"{rel}:{name}" not in EXCEPTIONS:
+            if n > limit and f"{rel}:{name}" not in exceptions:
                 long.append(f"{rel}:{name} ({n} lines)")
+    return long
+
+
+def test_no_long_functions_in_the_runtime_path():
+    files = sorted(p for pkg in RUNTIME_PATH for p in (ROOT / pkg).rglob("*.py"))
+    assert len(files) >= 10, f"the runtime packages are missing under {ROOT}"
+    long = _long_functions(files, MAX_LINES, EXCEPTIONS)
     assert not long, f"functions over {MAX_LINES} lines (split them, or justify one in EXCEPTIONS): {long}"
 
 
-def test_exceptions_name_functions_that_exist_and_are_long():
-    for key in EXCEPTIONS:
+def test_no_long_functions_anywhere():
+    files = sorted(ROOT.rglob("*.py"))
+    assert len(files) >= 50, f"the package is missing under {ROOT}"
+    long = _long_functions(files, MAX_LINES_ANYWHERE, EXCEPTIONS_ANYWHERE)
+    assert not long, f"functions over {MAX_LINES_ANYWHERE} lines (split them): {long}"
+
+
+@pytest.mark.parametrize("exceptions,limit", [(EXCEPTIONS, MAX_LINES), (EXCEPTIONS_ANYWHERE, MAX_LINES_ANYWHERE)])
+def test_exceptions_name_functions_that_exist_and_are_long(exceptions, limit):
+    for key in exceptions:
         rel, name = key.split(":")
         lengths = _lengths((ROOT / rel).read_text(encoding="utf-8"))
-        assert lengths.get(name, 0) > MAX_LINES, f"{key} is no longer an exception: remove it"
+        assert lengths.get(name, 0) > limit, f"{key} is no longer an exception: remove it"

@@ -10,7 +10,7 @@ from localspec import DoneEvent, Engine, GenerationConfig, LocalspecError, Messa
 from localspec.formats.chat_format import check_template
 from localspec.cli import main
 from localspec.store.models import resolve
-from cli_run import cli
+from cli_run import run_cli
 
 QUESTION = "What is the capital of France?"
 # ChatML like SmolLM2's own template, with a fixed system line of its own: a different prompt
@@ -37,7 +37,7 @@ def test_create_rejects_a_go_template_with_one_line(smollm2, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("Error: ") and err.count("\n") == 1 and "Modelfile:2" in err
     assert "only Jinja chat templates are supported" in err
-    proc = cli("create", "gotpl", "-f", str(tmp_path / "Modelfile"))
+    proc = run_cli("create", "gotpl", "-f", str(tmp_path / "Modelfile"))
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
@@ -57,7 +57,7 @@ def test_modelfile_template_takes_effect_and_raw_prompts_parse_special_tokens(sm
     assert resolve("oneword").template == JINJA
 
     def generate(*args: str) -> str:
-        proc = cli("generate", *args, "--no-spec", "-n", "16", "--json")
+        proc = run_cli("generate", *args, "--no-spec", "-n", "16", "--json")
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["text"]
 
@@ -65,7 +65,7 @@ def test_modelfile_template_takes_effect_and_raw_prompts_parse_special_tokens(sm
     assert templated == generate("--target", str(smollm2), "--raw", "--prompt", RENDERED)
     assert templated != generate("--target", str(smollm2), "--prompt", QUESTION)      # the GGUF's template
     assert templated != generate("--target", str(smollm2), "--raw", "--no-special", "--prompt", RENDERED)
-    proc = cli("generate", "--target", str(smollm2), "--prompt", "x", "--no-special")
+    proc = run_cli("generate", "--target", str(smollm2), "--prompt", "x", "--no-special")
     assert proc.returncode == 2 and "--no-special" in proc.stderr
 
 

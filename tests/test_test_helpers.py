@@ -32,3 +32,30 @@ def test_no_test_module_imports_another_test_module():
 def test_the_check_sees_a_nested_import():
     tree = ast.parse("def f():\n    from test_engine import run\nimport test_cli\n")
     assert sorted(_imported_modules(tree)) == ["test_cli", "test_engine"]
+
+
+def test_run_cli_captures_native_output_and_restores_the_process(tmp_path, monkeypatch):
+    """In-process runs see what a terminal would: writes to fd 1 and 2 by native code count, the
+    call's environment and directory are its own, and the test process's streams, environment,
+    directory and SIGINT handler are as before."""
+    import os
+    import signal
+    import sys
+
+    from cli_run import run_cli
+    from localspec.cli import _register
+    from localspec.cli.app import app
+
+    _register()   # every real command in the list first: the copy below (with the test's command) goes
+    monkeypatch.setattr(app, "registered_commands", list(app.registered_commands))
+
+    @app.command("echo-fds")
+    def echo_fds() -> None:
+        os.write(1, f"out {os.environ.get('ONLY_HERE')} {os.getcwd()}\n".encode())
+        os.write(2, b"native line\n")
+        print("python line", file=sys.stderr)
+
+    before = (sys.stdout, sys.stderr, dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGINT))
+    r = run_cli("echo-fds", env=dict(os.environ, ONLY_HERE="yes"), cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"out yes {tmp_path}\n", "native line\npython line\n")
+    assert (sys.stdout, sys.stderr, dict(os.environ), os.getcwd(), signal.getsignal(signal.SIGINT)) == before

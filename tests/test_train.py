@@ -64,6 +64,7 @@ def _tokens_per_cycle(target: Path, drafter: Path) -> float:
     return report["tokens_per_cycle"]
 
 
+@pytest.mark.slow
 def test_tiny_training_beats_random_drafter(tiny):
     d, target = tiny
     out = d / "trained.gguf"
@@ -138,6 +139,7 @@ def test_walked_estimate_counts_cycles_as_the_runtime_does():
     assert (accepted, starts) == (14.0, 8.0)
 
 
+@pytest.mark.slow
 def test_resume_after_interruption(tiny, monkeypatch):
     d, target = tiny
     work = d / "work-resume"
@@ -173,6 +175,7 @@ def test_resume_after_interruption(tiny, monkeypatch):
     assert summary2.steps == 30
 
 
+@pytest.mark.slow
 def test_resume_with_more_prompts_prefills_only_the_new_sequences(tiny, monkeypatch):
     d, target = tiny
     work = d / "work-grow"

@@ -21,7 +21,7 @@ from localspec.store.conversations import ConversationStore
 from localspec.runtime.engine import Engine
 from localspec.core.errors import LocalspecError
 from localspec.core.events import GenerationStats
-from localspec.tui.app import (PLAIN_NOTE, ChatApp, ChatSettings, ConversationsScreen, InfoScreen,
+from localspec.tui.app import (LOOKUP_NOTE, ChatApp, ChatSettings, ConversationsScreen, InfoScreen,
                                SettingsScreen)
 from localspec.tui.widgets import DRAFT_STYLE, AssistantMessage, StatsPanel, UserMessage, render_histogram
 
@@ -105,7 +105,7 @@ def test_first_screen_snapshot_80x24(factory, store):
             assert app.query_one("#prompt", Input).has_focus
             assert_snapshot(app, "first_screen")
             text = screen_text(app)
-            assert PLAIN_NOTE in text
+            assert LOOKUP_NOTE in text and "speculation ON" in text   # no drafter: lookup still drafts
             # every binding is visible in the footer at 80 columns
             for key in ("^t Spec", "^g Drafts", "^n New", "^o Chats", "f2 Setup", "f3 Info", "f4 Stats", "^q Quit"):
                 assert key in text.splitlines()[-1]
@@ -192,8 +192,8 @@ def test_toggle_speculation(factory, store):
             await pilot.press("ctrl+t")
             assert not app.spec_enabled
             assert not app.settings.config(app.spec_enabled).spec
-            # no drafter: the status keeps saying so, whatever the toggle
-            assert PLAIN_NOTE in str(app.status_text())
+            # no drafter: speculation (n-gram lookup) is off now, and the status says so
+            assert "speculation OFF" in str(app.status_text())
             assert app.send("Hello")
             await wait_for(pilot, lambda: app.replies_done == 1)
             stats = store.load(app.conversation_id).messages[-1].meta["stats"]
@@ -201,7 +201,8 @@ def test_toggle_speculation(factory, store):
             await pilot.press("ctrl+t")
             assert app.spec_enabled
             rows = dict(app.info_rows())
-            assert rows["drafter"] == PLAIN_NOTE and rows["speculation"] == "off"
+            assert rows["drafter"] == f"none: {LOOKUP_NOTE}" and rows["speculation"] == "on"
+            assert LOOKUP_NOTE in str(app.status_text())
     run(go())
 
 
@@ -322,7 +323,6 @@ def test_stats_panel_with_a_drafter_and_hidden_toggle(factory, store):
         async with app.run_test(size=SIZE) as pilot:
             await loaded(pilot)
             panel = app.query_one(StatsPanel)
-            panel.set_drafter(True)
             stats = GenerationStats(prompt_tokens=20, generated_tokens=30, generation_seconds=0.2, cycles=12,
                                     spec=True)
             for drafted, accepted in [(4, 4), (4, 2), (3, 0), (4, 3)] * 3:
@@ -426,7 +426,7 @@ def test_end_to_end_with_the_default_pair(store):
             await loaded(pilot)
             assert app.engine is not None, app.load_error
             if spec.drafter is None:
-                assert PLAIN_NOTE in screen_text(app)
+                assert LOOKUP_NOTE in screen_text(app)
             else:
                 assert "speculation ON" in screen_text(app)
             rows = dict(app.info_rows())                 # the memory panel shows the fit plan

@@ -35,14 +35,14 @@ from .screens import ConversationsScreen, InfoScreen, SettingsScreen, memory_pla
 from .settings import ChatSettings
 from .widgets import AssistantMessage, StatsPanel, UserMessage, chunks_to_spans
 
-__all__ = ["ChatApp", "ChatSettings", "ConversationsScreen", "InfoScreen", "PLAIN_NOTE", "SettingsScreen",
+__all__ = ["ChatApp", "ChatSettings", "ConversationsScreen", "InfoScreen", "LOOKUP_NOTE", "SettingsScreen",
            "memory_plan_rows"]
 
 WELCOME = ("Type a message and press Enter. Esc cancels a reply, Ctrl+T switches speculation, "
            "F2 edits the system prompt and settings, Ctrl+O resumes a saved chat, Ctrl+Q quits.")
 FLUSH_SECONDS = 0.05     # batch tokens for the UI at most this often
 SAVE_SECONDS = 0.5       # rewrite the streaming reply in the database at most this often
-PLAIN_NOTE = "plain decoding (no drafter)"
+LOOKUP_NOTE = "n-gram lookup only (no drafter)"   # a pair without a drafter still drafts
 
 
 def _error_text(exc: BaseException) -> str:
@@ -151,10 +151,10 @@ class ChatApp(App):
             text.append("· model failed to load", style="bold red")
         elif self.engine is None:
             text.append("· loading…", style="yellow")
-        elif not self.has_drafter:
-            text.append("· " + PLAIN_NOTE, style="yellow")
         elif self.spec_enabled:
             text.append("· speculation ON", style="bold green")
+            if not self.has_drafter:
+                text.append(f" · {LOOKUP_NOTE}", style="yellow")
         else:
             text.append("· speculation OFF", style="bold red")
         if self.highlight:
@@ -202,7 +202,6 @@ class ChatApp(App):
         note = getattr(getattr(self.engine, "memory_plan", None), "context_note", None)
         if note:   # the memory plan used a smaller context than asked for
             self._note(f"Note: {note}")
-        self.query_one(StatsPanel).set_drafter(self.has_drafter)
         prompt.disabled = False
         prompt.placeholder = "Message (Enter sends)"
         prompt.focus()
@@ -379,19 +378,14 @@ class ChatApp(App):
 
     def action_toggle_spec(self) -> None:
         self.spec_enabled = not self.spec_enabled
-        if self.engine is not None and not self.has_drafter:
-            self.notify(f"No drafter is loaded: {PLAIN_NOTE} either way.", severity="warning")
-        else:
-            state = "on" if self.spec_enabled else "off"
-            self.notify(f"Speculation {state} from the next reply.", timeout=2)
+        state = "on" if self.spec_enabled else "off"
+        self.notify(f"Speculation {state} from the next reply.", timeout=2)
         self._refresh_status()
 
     def action_toggle_highlight(self) -> None:
         self.highlight = not self.highlight
         for reply in self.query(AssistantMessage):
             reply.set_highlight(self.highlight)
-        if self.highlight and self.engine is not None and not self.has_drafter:
-            self.notify("No drafter: no reply has drafted tokens to highlight.", timeout=3)
         self._refresh_status()
 
     def action_toggle_stats(self) -> None:
@@ -451,7 +445,7 @@ class ChatApp(App):
         rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} layers, {t.weight_type}"))
         d = engine.drafter_info
         if d is None or engine.drafter is None:
-            rows.append(("drafter", PLAIN_NOTE))
+            rows.append(("drafter", f"none: {LOOKUP_NOTE}"))
         else:
             rows.append(("drafter", d.path.name))
             rows.append(("  variant", str(d.variant or "eagle3")))
@@ -459,7 +453,7 @@ class ChatApp(App):
             if d.draft_vocab:
                 rows.append(("  draft vocab", str(d.draft_vocab)))
         rows.append(("Policy", ""))
-        rows.append(("speculation", "on" if self.spec_enabled and self.has_drafter else "off"))
+        rows.append(("speculation", "on" if self.spec_enabled else "off"))
         rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.effective_draft_max}"))
         rows.append(("sampling", f"temperature {self.settings.temperature:g}, top-k {self.settings.top_k}, "
                                  f"top-p {self.settings.top_p:g}"))

@@ -184,7 +184,6 @@ class StatsPanel(Vertical):
         self.rates: deque[float] = deque(maxlen=SPARK_SAMPLES)
         self._last: tuple[int, float] | None = None
         self.stats: GenerationStats | None = None
-        self.has_drafter = False
 
     def compose(self) -> ComposeResult:
         yield Static("Live statistics", classes="panel-title")
@@ -213,17 +212,11 @@ class StatsPanel(Vertical):
         return Text("\n").join(rows)
 
     def _histogram(self, stats: GenerationStats | None) -> Text:
-        if not self.has_drafter:
-            return Text("no drafter: plain decoding", style="dim")
         if stats is None:
             return render_histogram([], [])
         if not stats.spec:
             return Text("speculation off", style="dim")
         return render_histogram(stats.accepted_per_position, stats.drafted_per_position)
-
-    def set_drafter(self, present: bool) -> None:
-        self.has_drafter = present
-        self.query_one("#stats-histogram", Static).update(self._histogram(self.stats))
 
     def start_reply(self) -> None:
         self._last = None

@@ -65,31 +65,37 @@ def fit(
                    n_ctx_per_slot=per_slot)
         print(json.dumps(out))
     else:
-        console = Console()
         slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
-        table = Table(title=f"localspec fit: {model_spec.name} ({slots}, KV {plan.kv_type}, "
-                            f"draft-max {plan.draft_max})")
-        for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
-            table.add_column(col, justify="left" if col == "device" else "right")
-        for d in plan.devices:
-            table.add_row(d.name, format_size(d.budget_bytes), format_size(d.margin_bytes), format_size(d.target_bytes),
-                          format_size(d.drafter_bytes), format_size(d.used_bytes),
-                          format_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
-        console.print(table)
-        parts = Table(title="per model")
-        for col in ("model", "GPU layers", "weights", "CPU repack", "KV", "compute", "output"):
-            parts.add_column(col, justify="left" if col == "model" else "right")
-        for p in (plan.target, plan.drafter):
-            if p is not None:
-                parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", format_size(p.weights_bytes), format_size(p.repack_bytes),
-                              f"{format_size(p.kv_bytes)} ({p.kv_type})", format_size(p.compute_bytes),
-                              format_size(p.output_bytes))
-        console.print(parts)
-        console.print(f"backends: {', '.join(info.built_with)}; total {format_size(plan.total_bytes)} "
-                      f"of {format_size(plan.budget_bytes)}")
-        for note in plan.notes:
-            console.print(f"note: {note}")
-        if not plan.fits:
-            console.print(f"[bold red]does not fit[/]: {plan.reason}")
+        _print_tables(plan, f"{model_spec.name} ({slots}", info)
     if not plan.fits:
         raise typer.Exit(2)
+
+
+def _print_tables(plan, what: str, info) -> None:
+    """The plan per device and per model, its notes, and why it does not fit; ``what``: the model's
+    name and its context(s), an open parenthesis."""
+    console = Console()
+    table = Table(title=f"localspec fit: {what}, KV {plan.kv_type}, "
+                        f"draft-max {plan.draft_max})")
+    for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for d in plan.devices:
+        table.add_row(d.name, format_size(d.budget_bytes), format_size(d.margin_bytes), format_size(d.target_bytes),
+                      format_size(d.drafter_bytes), format_size(d.used_bytes),
+                      format_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
+    console.print(table)
+    parts = Table(title="per model")
+    for col in ("model", "GPU layers", "weights", "CPU repack", "KV", "compute", "output"):
+        parts.add_column(col, justify="left" if col == "model" else "right")
+    for p in (plan.target, plan.drafter):
+        if p is not None:
+            parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", format_size(p.weights_bytes), format_size(p.repack_bytes),
+                          f"{format_size(p.kv_bytes)} ({p.kv_type})", format_size(p.compute_bytes),
+                          format_size(p.output_bytes))
+    console.print(parts)
+    console.print(f"backends: {', '.join(info.built_with)}; total {format_size(plan.total_bytes)} "
+                  f"of {format_size(plan.budget_bytes)}")
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    if not plan.fits:
+        console.print(f"[bold red]does not fit[/]: {plan.reason}")

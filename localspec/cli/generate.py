@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +14,10 @@ from ..formats.chat_format import Message
 from ..runtime.engine import GenerationConfig
 from ..core.events import DoneEvent, TokenEvent
 from ..store.models import apply_model_defaults, resolve
+from ..core import options
+from ..core.errors import LocalspecError
 from ..core.options import check_text
+from ..llama.grammar import json_schema_grammar
 from ..runtime.generation_options import GenerationOptions
 from ..memory.live import memory_report
 from .app import app
@@ -25,6 +29,40 @@ from .spec_options import NoSpecOpt, Policy, Source, SPEC_OPTIONS, Tree, default
 # the declared options (localspec.core.options) `generate` takes; one more is one more name here
 GENERATE_OPTIONS = (*SPEC_OPTIONS, "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                     "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "n_ctx", "threads", "gpu_layers")
+
+
+def _read_text(flag: str, path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LocalspecError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return check_text(f"{flag} {path}", data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise LocalspecError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def structured_config(config: GenerationConfig, *, grammar: Path | None, json_schema: Path | None,
+                      logprobs: int | None, prediction: Path | None) -> GenerationConfig:
+    """``config`` with the structured-output, logprobs and Predicted Outputs flags."""
+    if grammar is not None and json_schema is not None:
+        raise LocalspecError("--grammar and --json-schema exclude each other")
+    gbnf = _read_text("--grammar", grammar) if grammar is not None else None
+    if json_schema is not None:
+        try:
+            gbnf = json_schema_grammar(_read_text("--json-schema", json_schema))
+        except LocalspecError as exc:
+            raise LocalspecError(f"--json-schema {json_schema}: {exc}") from None
+    if logprobs is not None:
+        logprobs = options.check("top_logprobs", logprobs, where="--logprobs")
+    text = _read_text("--prediction", prediction) if prediction is not None else None
+    return replace(config, grammar=gbnf, logprobs=logprobs, prediction=text)
+
+
+def _logprob_json(lp) -> dict:
+    return {"token": lp.text, "id": lp.token, "bytes": list(lp.bytes), "logprob": lp.logprob,
+            "top_logprobs": [{"token": t.text, "id": t.token, "bytes": list(t.bytes), "logprob": t.logprob}
+                             for t in lp.top]}
 
 
 def build_config(*, no_spec: bool = False, no_special: bool = False, **values) -> GenerationConfig:
@@ -60,6 +98,16 @@ def generate(
     no_special: bool = typer.Option(False, "--no-special",
                                     help="With --raw: special-token text stays plain text."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    grammar: Optional[Path] = typer.Option(None, "--grammar", metavar="FILE.gbnf",
+                                           help="Constrain the output to a GBNF grammar (root rule 'root')."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", metavar="FILE",
+                                               help="Constrain the output to JSON that matches this JSON schema."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", metavar="K",
+                                           help="With --json: each token's log-probability and its K (0-20) "
+                                                "most probable alternatives."),
+    prediction: Optional[Path] = typer.Option(None, "--prediction", metavar="FILE",
+                                              help="Predicted Outputs: text the answer is expected to repeat "
+                                                   "(the file being edited), used as drafts."),
     vram: Optional[str] = VramOpt,
     verbose: bool = VerboseOpt,
     **flags,
@@ -72,18 +120,16 @@ def generate(
     check_flags(values)
     ctx, threads, gpu_layers = values.pop("ctx"), values.pop("threads"), values.pop("gpu_layers")
     check_text("the prompt", prompt)
+    if logprobs is not None and not as_json:
+        raise typer.BadParameter("--logprobs prints them in the --json output: add --json", param_hint="--logprobs")
     if system is not None:
         check_text("the system prompt", system)
-    config = build_config(**values, no_spec=no_spec, no_special=no_special)
+    config = structured_config(build_config(**values, no_spec=no_spec, no_special=no_special),
+                               grammar=grammar, json_schema=json_schema, logprobs=logprobs, prediction=prediction)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved)
     with engine:
-        if raw:
-            request = prompt
-        else:
-            system = system if system is not None else model_spec.system
-            request = (([Message("system", system)] if system else [])
-                       + [Message(role, content) for role, content in model_spec.messages] + [Message("user", prompt)])
+        request = prompt if raw else _messages(prompt, system, model_spec)
         if not as_json and engine.drafter is None and not no_spec:
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
         done = None
@@ -97,6 +143,14 @@ def generate(
         _report(done, model_spec, engine, as_json)
 
 
+def _messages(prompt: str, system: str | None, model_spec) -> list[Message]:
+    """The conversation: the system prompt (the flag's, else the Modelfile's SYSTEM), the
+    Modelfile's MESSAGEs, then the prompt."""
+    system = system if system is not None else model_spec.system
+    return (([Message("system", system)] if system else [])
+            + [Message(role, content) for role, content in model_spec.messages] + [Message("user", prompt)])
+
+
 def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
     """The end of a generation: one JSON object, or the statistics line (and notes) on stderr."""
     stats = done.stats
@@ -108,6 +162,7 @@ def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
             "target": str(model_spec.target),
             "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
             **stats.to_dict(),
+            **({"logprobs": [_logprob_json(lp) for lp in done.logprobs]} if done.logprobs is not None else {}),
             "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
         }
         print(jsonout.dumps(result, ensure_ascii=False))

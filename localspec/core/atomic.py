@@ -19,7 +19,6 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from . import interrupts
 from .errors import LocalspecError
 
 # .NAME.partial-PID[...]: ours. Older releases also left .NAME.staging-PID[...] and .NAME.PID.tmp
@@ -102,7 +101,6 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise write_error(path, exc) from None
     try:
         yield tmp
-        interrupts.test_pause(f"write:{path.name}")
         if not tmp.is_file():
             raise LocalspecError(f"internal: nothing was written for {path}")
         os.replace(tmp, path)
@@ -144,7 +142,6 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         raise write_error(path, exc) from None
     try:
         yield tmp
-        interrupts.test_pause(f"write:{path.name}")
         if path.exists():
             old = tmp.with_name(f"{tmp.name}.old")
             os.replace(path, old)

@@ -33,6 +33,10 @@ class GenerationStats:
     # target decodes by batch size: {batch: [count, seconds]} (the run's own V(k))
     verify_by_batch: dict[int, list[float]] = field(default_factory=dict)
     policy_choices: dict[str, int] = field(default_factory=dict)  # cycles per choice (at the end)
+    # Predicted Outputs (with GenerationConfig.prediction, at the end), as OpenAI defines them: the
+    # prediction's tokens that appear in the completion, and those that do not
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -130,7 +134,24 @@ class GenerationStats:
                         for name, (c, d, a) in sorted(self.sources.items())},
             "verify_ms_by_batch": {str(b): round(s / n * 1e3, 3)
                                    for b, (n, s) in sorted(self.verify_by_batch.items())},
+            **({"accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens}
+               if self.accepted_prediction_tokens is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the target: the log-softmax of the target's raw logits at
+    its position (before penalties, grammar, temperature and filters; llama-server's default
+    ``post_sampling_probs=false``, and OpenAI's), with the ``top`` most probable tokens there
+    (most probable first; their own ``top`` is empty)."""
+
+    token: int
+    text: str                 # the token's bytes as UTF-8 (an incomplete character: U+FFFD)
+    bytes: bytes
+    logprob: float
+    top: tuple["TokenLogprob", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,9 @@ class TokenEvent:
     text: str
     token: int
     from_draft: bool
+    # with GenerationConfig.logprobs: the token's log-probability (one entry; none for the held-back
+    # text released at the end, token -1)
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +187,7 @@ class DoneEvent:
     finish_reason: str
     stats: GenerationStats
     margins: list[float] | None = None  # per token, when GenerationConfig.record_margins
+    logprobs: list[TokenLogprob] | None = None  # per token of ``tokens``, with GenerationConfig.logprobs
 
 
 Event = TokenEvent | CycleEvent | DoneEvent

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import _thread
 import functools
-import os
 import signal
 import sys
 import threading
@@ -153,35 +152,3 @@ def report() -> int:
     except (OSError, ValueError):
         pass
     return 130
-
-
-PAUSE_ENV = "LOCALSPEC_TEST_PAUSE"
-_pause_hits: dict[str, int] = {}
-
-
-def test_pause(stage: str) -> None:
-    """Test hook: with ``$LOCALSPEC_TEST_PAUSE`` = ``stage`` (or ``stage#N``: its Nth time), print
-    ``localspec-test-pause: STAGE`` on stderr and wait there (up to 30 s, or ``stage@S``: S seconds)
-    for a signal, so that a test can interrupt or kill the process at a known point, or act beside
-    it and then let it go on (SIGUSR1). Does nothing otherwise."""
-    want = os.environ.get(PAUSE_ENV)
-    if not want:
-        return
-    want, _, seconds = want.partition("@")
-    name, _, nth = want.partition("#")
-    if name != stage:
-        return
-    _pause_hits[stage] = hits = _pause_hits.get(stage, 0) + 1
-    if hits != int(nth or 1):
-        return
-    resume = threading.Event()
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGUSR1, lambda *_: resume.set()) if main else None
-    print(f"localspec-test-pause: {stage}", file=sys.stderr, flush=True)
-    deadline = time.monotonic() + float(seconds or 30)
-    try:
-        while time.monotonic() < deadline and not _pending.is_set() and not resume.is_set():
-            time.sleep(0.01)
-    finally:
-        if main:
-            signal.signal(signal.SIGUSR1, old)

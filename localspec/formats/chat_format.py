@@ -15,6 +15,7 @@ Every failure, of any exception type, becomes one :class:`LocalspecError` naming
 from __future__ import annotations
 
 import datetime
+import json
 import operator
 import re
 import sys
@@ -40,9 +41,21 @@ MAX_REPEAT = 1 << 20          # ``"x" * n`` / ``[..] * n`` results of at most th
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call an assistant made: the function's name, its arguments as JSON text, the call's id."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()     # an assistant message's calls (see formats.tool_calls)
+    tool_call_id: str | None = None           # a tool message: the call it answers
+    name: str | None = None                   # a tool message: the tool's name
 
 
 # Ollama's Go-template actions: {{ .Prompt }}, {{ if .System }}, {{ range .Messages }}, {{ end }}, ...
@@ -116,9 +129,14 @@ class ChatFormatter:
 
     def render(self, messages: Iterable[Message | dict], *, add_generation_prompt: bool = True) -> str:
         msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
-        limit = OUTPUT_CHARS + RENDER_GROWTH * sum(len(str(m.get("content", ""))) for m in msgs)
+        return self.render_variables({"messages": msgs}, add_generation_prompt=add_generation_prompt)
+
+    def render_variables(self, variables: dict, *, add_generation_prompt: bool = True) -> str:
+        """The template rendered with ``variables`` (``messages`` as dicts, and e.g. ``tools``)."""
+        size = len(json.dumps(variables, ensure_ascii=False, default=str))
+        limit = OUTPUT_CHARS + RENDER_GROWTH * size
         try:
-            return _render_limited(self._template, limit, messages=msgs, add_generation_prompt=add_generation_prompt,
+            return _render_limited(self._template, limit, **variables, add_generation_prompt=add_generation_prompt,
                                    bos_token=self.bos_token, eos_token=self.eos_token)
         except TemplateError as exc:   # raise_exception() in the template: its own words
             raise LocalspecError(f"{self.name} rejected the conversation: {_one_line(exc)}") from None

@@ -12,7 +12,9 @@ Syntax (as Ollama defines it)::
     PARAMETER stop "<|eot_id|>"
     # speculative parameters: draft_max (depth), draft_policy, draft_tree, draft_p_min
     PARAMETER draft_max 6
-    TEMPLATE """{{ .System }} ..."""
+    # TEMPLATE: a Jinja chat template, as a GGUF stores one (Ollama's Go templates are refused)
+    TEMPLATE """{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
+    {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"""
     SYSTEM You are a helpful assistant.
     # roles: system, user, assistant
     MESSAGE user Hello
@@ -244,6 +246,41 @@ _EXPECTS = {
 }
 
 
+def _parameter_or_message(src: _Lines, i: int, kw: str, rest: str, fields: dict[str, Any],
+                          lines: dict[str, int]) -> int:
+    """``PARAMETER NAME VALUE`` or ``MESSAGE ROLE TEXT`` on line index ``i`` into ``fields``; the
+    index of its last line."""
+    lineno = i + 1
+    m = re.match(r"(\S+)(?:\s+(.*))?$", rest, re.S)
+    assert m is not None
+    head, tail = m.group(1), (m.group(2) or "")
+    if not tail.strip():
+        what = f"PARAMETER {head} needs a value" if kw == "PARAMETER" else f"MESSAGE {head} needs a message"
+        raise src.fail(lineno, what)
+    value, last = _value(src, i, tail, f"{kw} {head}")
+    if kw == "MESSAGE":
+        role = head.lower()
+        if role not in ROLES:
+            raise src.fail(lineno, f"MESSAGE role '{head}' is not one of {', '.join(ROLES)}")
+        fields["messages"].append((role, value))
+        return last
+    name = head.lower()
+    try:
+        typed = check_parameter(name, value)
+    except ValueError as exc:
+        raise src.fail(lineno, str(exc)) from None
+    if name in LIST_PARAMETERS:
+        fields["parameters"].setdefault(name, []).append(typed)
+        return last
+    key = f"PARAMETER {name}"
+    if key in lines:
+        raise src.fail(lineno, f"PARAMETER {name} given twice (first on line {lines[key]}); "
+                               "only stop may be repeated")
+    fields["parameters"][name] = typed
+    lines[key] = lineno
+    return last
+
+
 def parse(text: str, path: str | Path = "Modelfile", base_dir: Path | None = None) -> Modelfile:
     """Parse Modelfile text. ``path`` names it in errors; ``base_dir`` anchors relative paths."""
     options.check_text(f"{path}", text)
@@ -270,34 +307,7 @@ def parse(text: str, path: str | Path = "Modelfile", base_dir: Path | None = Non
             raise src.fail(lineno, f"{kw} needs {_EXPECTS[kw]}")
 
         if kw in ("PARAMETER", "MESSAGE"):
-            m2 = re.match(r"(\S+)(?:\s+(.*))?$", rest, re.S)
-            assert m2 is not None
-            head, tail = m2.group(1), (m2.group(2) or "")
-            if not tail.strip():
-                what = f"PARAMETER {head} needs a value" if kw == "PARAMETER" else f"MESSAGE {head} needs a message"
-                raise src.fail(lineno, what)
-            value, last = _value(src, i, tail, f"{kw} {head}")
-            if kw == "PARAMETER":
-                name = head.lower()
-                try:
-                    typed = check_parameter(name, value)
-                except ValueError as exc:
-                    raise src.fail(lineno, str(exc)) from None
-                if name in LIST_PARAMETERS:
-                    fields["parameters"].setdefault(name, []).append(typed)
-                else:
-                    key = f"PARAMETER {name}"
-                    if key in lines:
-                        raise src.fail(lineno, f"PARAMETER {name} given twice (first on line {lines[key]}); "
-                                               "only stop may be repeated")
-                    fields["parameters"][name] = typed
-                    lines[key] = lineno
-            else:
-                role = head.lower()
-                if role not in ROLES:
-                    raise src.fail(lineno, f"MESSAGE role '{head}' is not one of {', '.join(ROLES)}")
-                fields["messages"].append((role, value))
-            i = last + 1
+            i = _parameter_or_message(src, i, kw, rest, fields, lines) + 1
             continue
 
         value, last = _value(src, i, rest, kw)

@@ -40,7 +40,8 @@ def default_threads(*, reserve: int = 0) -> int:
     """``$LOCALSPEC_THREADS``, else every core this process may use but ``reserve`` (at least one).
 
     llama.cpp's workers spin while they wait, so more threads than free cores is far slower than
-    fewer (measured here: a tiny model 200x slower with 2 threads beside a 2-thread job on 2 cores).
+    fewer (a tiny model ran 200x slower with 2 threads beside a 2-thread job on 2 cores,
+    docs/design-notes.md).
     """
     env = os.environ.get("LOCALSPEC_THREADS")
     if env:
@@ -239,7 +240,6 @@ class Context:
             self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
             self._out[:n] = 1 if all_logits else 0
             self._out[n - 1] = 1
-            interrupts.test_pause("prefill")
         self._batch.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)

@@ -43,7 +43,6 @@ def load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
     """Model loading goes on unless a Ctrl-C is waiting (False makes llama.cpp stop the load); the
     weight buffers exist by its first call (huge-page advice: :mod:`localspec.llama.weights_memory`)."""
     weights_memory.on_progress()
-    interrupts.test_pause("load")
     return not interrupts.pending()
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..core import interrupts
 from ..formats.chat_format import Message
 from .engine import Engine, GenerationConfig
 from ..core import options
@@ -425,7 +424,6 @@ def _run_prompts(engine: Engine, prompts: list[BenchPrompt], report: BenchReport
             if baseline is not None and plain.stats.generated_tokens > 1:
                 result.llama_cpp = baseline.run(engine.prompt_tokens(messages), plain.stats.generated_tokens)
             report.results.append(result)
-            interrupts.test_pause("bench-prompt")
             if progress:
                 progress(i, result)
     finally:

@@ -1,11 +1,19 @@
 """One draft per cycle, from whichever source the policy picks, and what the sources learn after it.
 
-Sources: n-gram lookup (a proposal from the history, free), the EAGLE drafter as a chain (greedy
+Sources: n-gram lookup (a proposal from the history, free), Predicted Outputs (the user's
+prediction from the point the output has reached in it, :mod:`localspec.speculation.prediction`;
+planned as a lookup proposal with statistics classes of its own, policy.prediction_class; whichever
+of the two matches longer is proposed), the EAGLE drafter as a chain (greedy
 top-1, stopping under ``p_min`` confidence) or as a tree (:mod:`localspec.speculation.tree`, cut
 to its best expected rate under the cost model). After the target verified a draft,
 :meth:`DraftStep.record` hands the committed tokens to the sources: the drafter records the
 target features of the committed rows (or skips them while it will not draft soon), the lookup
 index and its shadow score grow, and a tree's outcome trains the tree calibration.
+
+Under a grammar (the committed state: the sampler's) every source's draft stops at the first token
+the grammar forbids, checked on a copy of the state advanced along the draft: a lookup proposal
+is cut there, an EAGLE chain stops drafting there, a tree loses the nodes it forbids (and their
+subtrees). The verifier would reject such a token anyway; cutting it saves the rows.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ from dataclasses import dataclass, field
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup, ShadowScore
-from ..speculation.policy import EAGLE, LOOKUP, TREE, DraftPolicy, lookup_class, top1_probability
+from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class,
+                                  top1_probability)
+from ..speculation.prediction import PredictionSource
 from .verifier import Verified
 
 
@@ -24,7 +34,7 @@ class Draft:
     """What one cycle sends to verification."""
 
     tokens: list[int] = field(default_factory=list)   # a chain (lookup or EAGLE); empty for a tree
-    source: str | None = None        # LOOKUP, EAGLE, TREE; None: a plain step
+    source: str | None = None        # LOOKUP, PREDICTION, EAGLE, TREE; None: a plain step
     tree: tree.DraftTree | None = None
     steps: int = 0                   # drafter decodes, catch-up rows included (tree levels are not)
     seconds: float = 0.0             # drafter time inside llama.cpp
@@ -34,8 +44,11 @@ class DraftStep:
     """The draft sources of one generation under its policy."""
 
     def __init__(self, policy: DraftPolicy, drafter: EagleDrafter | None, lookup: NgramLookup | None,
-                 calibration: tree.Calibration, draft_max: int) -> None:
+                 calibration: tree.Calibration, draft_max: int, grammar=None,
+                 prediction: PredictionSource | None = None) -> None:
         self.policy = policy
+        self.prediction = prediction        # Predicted Outputs (with the lookup source only)
+        self.grammar = grammar              # the committed grammar state (the sampler's), or None
         self.drafter = drafter
         self.lookup = lookup
         self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
@@ -46,27 +59,34 @@ class DraftStep:
     def draft(self, room: int, n_past: int) -> Draft:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
         policy, drafter = self.policy, self.drafter
-        proposal, cls = self._proposal(room)
+        proposal, cls, origin = self._proposal(room)
         source, k = policy.plan(room, len(proposal), cls, drafter.pending if drafter is not None else 0)
         if self.shadow is not None:
             self.shadow.add(proposal, cls)
         if source == LOOKUP:
-            return Draft(proposal[:k], LOOKUP)
+            return Draft(proposal[:k], origin)
         if source == EAGLE:
             return self._eagle(k, room, n_past)
         return Draft(source=source)
 
-    def _proposal(self, room: int) -> tuple[list[int], int]:
-        """The lookup source's proposal and its statistics class (policy.lookup_class), only as
-        long as the policy may draft for that class."""
-        lookup = self.lookup
+    def _proposal(self, room: int) -> tuple[list[int], int, str]:
+        """The proposal of the lookup source or of the prediction (the longer match), its
+        statistics class (policy.lookup_class) and its source, only as long as the policy may
+        draft for that class."""
+        lookup, prediction = self.lookup, self.prediction
         if lookup is None:
-            return [], 0
+            return [], 0, LOOKUP
         start, match = lookup.find()
+        run = prediction.propose(1)[1] if prediction is not None else 0
+        if run and run >= match:
+            cls = prediction_class(run)
+            tokens, _ = prediction.propose(self.policy.lookup_depth(room, cls))
+            return allowed_chain(self.grammar, tokens), cls, PREDICTION
         if not match:
-            return [], 0
+            return [], 0, LOOKUP
         cls = lookup_class(match, len(lookup) - start)
-        return lookup.continuation(start, self.policy.lookup_depth(room, cls)), cls
+        return (allowed_chain(self.grammar, lookup.continuation(start, self.policy.lookup_depth(room, cls))),
+                cls, LOOKUP)
 
     def _eagle(self, k: int, room: int, n_past: int) -> Draft:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain."""
@@ -77,20 +97,30 @@ class DraftStep:
         logits, state = drafter.catch_up(rows)
         shape = policy.tree_plan(k, room)
         if shape is not None:
-            draft_tree = tree.build(drafter, logits, state, n_past, depth=k, width=shape[0], max_nodes=shape[1])
+            draft_tree = allowed_tree(self.grammar, tree.build(drafter, logits, state, n_past, depth=k,
+                                                               width=shape[0], max_nodes=shape[1]))
+            if not len(draft_tree):
+                return Draft(source=None, steps=steps, seconds=drafter.seconds - t0)
             if not policy.fixed:  # cut to the size with the best expected rate
                 draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
                                         drafter.seconds - t0 + policy.overhead)
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
         tokens: list[int] = []
+        grammar = self.grammar.clone() if self.grammar is not None else None
         while len(tokens) < k:
             tok, prob = top1_probability(logits)
             if not policy.keep_drafting(prob):
                 break
+            if grammar is not None:
+                if not grammar.allowed(tok):
+                    break
+                grammar.accept(tok)
             tokens.append(tok)
             if len(tokens) < k:
                 logits, state = drafter.decode([tok], state[None, :], n_past + len(tokens) - 1)
                 steps += 1
+        if grammar is not None:
+            grammar.close()
         return Draft(tokens, EAGLE, steps=steps, seconds=drafter.seconds - t0)
 
     def record(self, draft: Draft, verified: Verified) -> None:
@@ -108,7 +138,44 @@ class DraftStep:
                 self.drafter.observe(committed, len(rows), pos, rows)
             else:  # the drafter will not draft soon: skip the copy (it restarts from later rows)
                 self.drafter.drop_pending()
+        if self.prediction is not None:
+            self.prediction.extend(committed)
         if self.lookup is not None:
             self.lookup.extend(committed)
             if self.shadow is not None:
                 self.shadow.commit(committed)
+
+
+def allowed_chain(grammar, tokens: list[int]) -> list[int]:
+    """``tokens`` up to the first one ``grammar`` (a committed state, left as it is) forbids."""
+    if grammar is None or not tokens:
+        return tokens
+    state = grammar.clone()
+    try:
+        for i, tok in enumerate(tokens):
+            if not state.allowed(tok):
+                return tokens[:i]
+            state.accept(tok)
+        return tokens
+    finally:
+        state.close()
+
+
+def allowed_tree(grammar, draft_tree: tree.DraftTree) -> tree.DraftTree:
+    """The nodes of ``draft_tree`` whose whole path ``grammar`` allows (parents come first)."""
+    if grammar is None or not len(draft_tree):
+        return draft_tree
+    states: dict[int, object] = {-1: grammar}
+    keep: list[int] = []
+    try:
+        for i, (tok, parent) in enumerate(zip(draft_tree.tokens, draft_tree.parents)):
+            if parent not in states or not states[parent].allowed(tok):
+                continue
+            state = states[i] = states[parent].clone()
+            state.accept(tok)
+            keep.append(i)
+    finally:
+        for node, state in states.items():
+            if node >= 0:
+                state.close()
+    return draft_tree if len(keep) == len(draft_tree) else draft_tree.subset(keep)

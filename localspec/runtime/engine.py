@@ -33,6 +33,7 @@ from typing import Iterator, Sequence
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.events import DoneEvent, Event
+from ..llama.grammar import Grammar
 from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, target_context
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
@@ -247,6 +248,11 @@ class Engine:
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
                               observers=observers, tick=tick, cancel=cancel)
+
+    def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
+        """Raise the LocalspecError a generation with this grammar would raise (a front end's
+        early check: a server answers 400 before it streams)."""
+        Grammar(self.model, grammar, triggers).close()
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:

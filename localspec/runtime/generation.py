@@ -23,11 +23,14 @@ from typing import Callable, Iterator, Protocol, Sequence
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
+from ..llama.grammar import Grammar
 from ..speculation.lookup import NgramLookup
 from ..speculation.policy import EAGLE, DraftPolicy
+from ..speculation.prediction import PredictionSource, prediction_tokens_used
 from .config import GenerationConfig
 from .batch import Batch
 from .drafting import DraftStep
+from .logprobs import LogprobRecorder
 from .sampling import Sampler
 from .text_stream import TokenOutput
 from .verifier import Decoded, TargetVerifier, Verified
@@ -69,9 +72,15 @@ class GenerationLoop:
         self.observers = list(observers)
         self.tick = tick
         self.cancel = cancel
-        self.sampler = Sampler(config.sampling, prompt)   # the context repetition penalties count
+        grammar = (Grammar(verifier.model, config.grammar, config.grammar_triggers)
+                   if config.grammar is not None else None)
+        self.sampler = Sampler(config.sampling, prompt, grammar)  # the context penalties count, the grammar
         self.stats = GenerationStats(prompt_tokens=len(prompt), spec=policy.active)
         self.output = TokenOutput(verifier.model, config.stop, config.max_tokens)
+        self.logprobs = LogprobRecorder(verifier.model, config.logprobs) if config.logprobs is not None else None
+        self._pending_logprobs: list | None = None   # those of the tokens the last cycle committed
+        self.predicted = (verifier.model.tokenize(config.prediction, add_special=False, parse_special=False)
+                          if config.prediction is not None else None)    # Predicted Outputs' tokens
         self.drafting: DraftStep | None = None
         self.finish: str | None = None
         self.events: list[Event] = []             # queued for the driver (take)
@@ -86,14 +95,22 @@ class GenerationLoop:
     def run(self) -> Iterator[Event]:
         """This generation alone: one decode per step, its events as they come."""
         ctx = self.verifier.ctx
-        while not self.done:
-            batch = Batch(ctx)
-            self.plan(batch)
-            batch.decode()
-            self.settle(batch)
-            yield from self.take()
-            self.check()
-            yield from self.take()
+        try:
+            while not self.done:
+                batch = Batch(ctx)
+                self.plan(batch)
+                batch.decode()
+                self.settle(batch)
+                yield from self.take()
+                self.check()
+                yield from self.take()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Free what the generation holds outside Python (its grammar's states); at its end, or
+        when its driver drops it."""
+        self.sampler.close()
 
     def take(self) -> list[Event]:
         events, self.events = self.events, []
@@ -141,7 +158,7 @@ class GenerationLoop:
         if kind == "prefill":
             first = self.verifier.prefill_done(work[2], self.sampler, work[1])
             if first >= 0:
-                self._advance(self._prefilled(first), None)
+                self._advance(self._prefilled(first, work[1] + work[2] - 1), None)
             return
         if kind == "step":
             pending, cycle = self._plain_step(self._t_cycle, batch.at(work[1]))
@@ -160,13 +177,18 @@ class GenerationLoop:
             self.events.extend(self.output.close())
             self.stats.generation_seconds = time.perf_counter() - self._t_gen if self._t_gen else 0.0
             self.stats.policy_choices = dict(self.policy.choices)
-            self.events.append(DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot()))
+            if self.predicted is not None:
+                (self.stats.accepted_prediction_tokens,
+                 self.stats.rejected_prediction_tokens) = prediction_tokens_used(self.predicted, self.output.tokens)
+            self.events.append(DoneEvent(self.output.text, self.output.tokens, self.finish, self.stats.snapshot(),
+                                         logprobs=self.output.logprobs if self.logprobs is not None else None))
             self.done = True
+            self.close()
         return self.done
 
     def _advance(self, pending: list[tuple[int, bool]], cycle: _Cycle | None) -> None:
         before = len(self.output.tokens)
-        self.events.extend(self.output.emit(pending))
+        self.events.extend(self.output.emit(pending, self._pending_logprobs))
         self._clock()
         if cycle is not None:
             self.events.append(CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
@@ -179,13 +201,19 @@ class GenerationLoop:
         self.verifier.begin(self.prompt, self.drafter)
         self.stats.prompt_cached = self.verifier.prefill_chunk(0)[1]
 
-    def _prefilled(self, first: int) -> list[tuple[int, bool]]:
-        """The prompt is in; ``first`` was chosen from its logits."""
+    def _prefilled(self, first: int, row: int) -> list[tuple[int, bool]]:
+        """The prompt is in; ``first`` was chosen from its logits (batch row ``row``)."""
         for observer in self.observers:
             observer.after_prefill(self.verifier.ctx, self.sampler)
+        self._record_logprobs([first], [row])
         self.sampler.commit([first])
         lookup = NgramLookup(self.prompt + [first]) if self.policy.lookup else None
-        self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max)
+        prediction = None
+        if lookup is not None and self.predicted:
+            prediction = PredictionSource(self.predicted)
+            prediction.extend([first])
+        self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max,
+                                  self.sampler.grammar, prediction)
         self.stats.prompt_seconds = time.perf_counter() - self._t_start
         self._t_gen = time.perf_counter()
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
@@ -212,6 +240,7 @@ class GenerationLoop:
         policy = self.policy
         self.stats.record_verify(v.batch, v.seconds)
         t_cycle = self._t_cycle + self._observe(v)
+        self._record_logprobs(v.tokens, v.logit_rows)
         self.drafting.record(draft, v)
         self.sampler.commit(v.tokens)
         if draft.source == EAGLE and not draft.tokens:
@@ -230,6 +259,7 @@ class GenerationLoop:
         verifier = self.verifier
         pos = verifier.n_past
         tok, seconds = verifier.step(self.sampler, decoded)
+        self._record_logprobs([tok], [decoded.offset])
         self.stats.record_verify(1, seconds)
         self.drafting.commit([tok], pos, [decoded.offset])
         self.sampler.commit((tok,))
@@ -248,3 +278,8 @@ class GenerationLoop:
         spent = time.perf_counter() - t0
         self._t_gen += spent
         return spent
+
+    def _record_logprobs(self, tokens: list[int], rows: list[int]) -> None:
+        """The committed tokens' log-probabilities, from the rows that chose them (before the next decode)."""
+        if self.logprobs is not None:
+            self._pending_logprobs = self.logprobs.rows(self.verifier.ctx, tokens, rows)

@@ -9,6 +9,13 @@ emitted token then has exactly the distribution ``p``:
 Repetition penalties (:mod:`localspec.runtime.penalties`) make ``p`` depend on the context: the sampler
 holds the committed context, and each call names the tokens ``after`` it that the judged position
 would follow (earlier drafts of the same cycle), so every position gets plain decoding's ``p``.
+
+A grammar (:class:`localspec.llama.grammar.Grammar`) is part of ``p`` the same way: every position
+is judged with the grammar state after the committed tokens and its own ``after`` (a copy advanced
+along them; the committed state advances only in :meth:`Sampler.commit`). Greedy: the constrained
+argmax (the plain argmax when the grammar allows it, else the argmax of the masked row). Sampling:
+the forbidden tokens' logits are ``-inf`` before the filters, as in llama.cpp's sampler chain, and
+the rejection rule works on that masked distribution.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..core import options
+from ..core.errors import LocalspecError
 from .penalties import PenaltyWindow
+
+GREEDY_CANDIDATES = 64   # greedy under a grammar: top logits checked before masking the whole row
 
 
 _D = options.default   # defaults: localspec.core.options, declared once with each range
@@ -87,33 +97,97 @@ class Sampler:
     """Chooses tokens from logits: argmax when greedy, else from :func:`distribution`.
 
     ``context`` is the sequence so far (the prompt); :meth:`commit` appends what is emitted. With
-    penalties on, ``after`` names the tokens between the committed context and the judged position;
-    with them off, logits are used as they are and ``after`` is ignored."""
+    penalties or a grammar on, ``after`` names the tokens between the committed context and the
+    judged position; with neither, logits are used as they are and ``after`` is ignored.
+    ``grammar``: the grammar state after the committed context (the sampler owns it: :meth:`close`)."""
 
-    def __init__(self, params: SamplingParams, context: Iterable[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, context: Iterable[int] = (), grammar=None) -> None:
         self.params = params
+        self.grammar = grammar
+        self._cursor = None           # (after, the grammar state after it): the last one judged
         self.rng = np.random.default_rng(params.seed)
         self.penalties = (PenaltyWindow(last_n=params.repeat_last_n, repeat=params.repeat_penalty,
                                         frequency=params.frequency_penalty, presence=params.presence_penalty,
                                         context=context)
                           if params.penalized else None)
 
+    @property
+    def needs_context(self) -> bool:
+        """Whether a judged position's ``after`` changes its distribution."""
+        return self.penalties is not None or self.grammar is not None
+
     def commit(self, tokens: Iterable[int]) -> None:
         """Tokens that joined the context (emitted, accepted drafts and corrections alike)."""
         if self.penalties is not None:
             self.penalties.push(tokens)
+        grammar = self.grammar
+        if grammar is not None:
+            self._drop_cursor()
+            for tok in tokens:
+                if grammar.model.is_eog(tok):
+                    break           # the generation ends there: nothing after it is emitted
+                grammar.accept(tok)
+
+    def grammar_at(self, after: Sequence[int] = ()):
+        """The grammar state after the committed context and ``after`` (judged rows follow each
+        other along a chain or a tree path: the last state is advanced rather than copied anew)."""
+        if not after:
+            return self.grammar
+        key = tuple(int(t) for t in after)
+        cursor = self._cursor
+        if cursor is None or key[:len(cursor[0])] != cursor[0]:
+            self._drop_cursor()
+            cursor = ((), self.grammar.clone())
+        state = cursor[1]
+        for tok in key[len(cursor[0]):]:
+            state.accept(tok)
+        self._cursor = (key, state)
+        return state
+
+    def _drop_cursor(self) -> None:
+        if self._cursor is not None:
+            self._cursor[1].close()
+            self._cursor = None
+
+    def close(self) -> None:
+        """Free the grammar states."""
+        self._drop_cursor()
+        if self.grammar is not None:
+            self.grammar.close()
+
+    def _greedy(self, logits: np.ndarray, after: Sequence[int]) -> int:
+        best = int(logits.argmax())
+        if self.grammar is None:
+            return best
+        state = self.grammar_at(after)
+        if state.allowed(best):   # the cheap path: the plain argmax is allowed
+            return best
+        # next: the most probable allowed token among the top candidates, if any is allowed there
+        # (no allowed token outside them has a higher logit); else the whole row masked
+        n = logits.shape[0]
+        if n > GREEDY_CANDIDATES:
+            ids = np.argpartition(-logits, GREEDY_CANDIDATES - 1)[:GREEDY_CANDIDATES].astype(np.int32)
+            allowed = state.allowed_among(ids)
+            if len(allowed):
+                return int(allowed[np.lexsort((allowed, -logits[allowed]))[0]])
+        return int(_allowed_only(state, logits).argmax())
 
     def penalised(self, logits: np.ndarray, after: Sequence[int] = ()) -> np.ndarray:
-        """The logits the choice is made from: ``logits`` itself when no penalty is on."""
-        if self.penalties is None:
-            return logits
-        return self.penalties.apply(logits, after)
+        """The logits the choice is made from (penalised, the grammar's forbidden tokens at -inf):
+        ``logits`` itself when neither is on."""
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, after)
+        if self.grammar is not None:
+            logits = _allowed_only(self.grammar_at(after), logits)
+        return logits
 
     def choose(self, logits: np.ndarray, after: Sequence[int] = ()) -> int:
         if self.penalties is not None:
             logits = self.penalties.apply(logits, after)
         if self.params.greedy:
-            return int(logits.argmax())
+            return self._greedy(logits, after)
+        if self.grammar is not None:
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
@@ -126,8 +200,10 @@ class Sampler:
         if self.penalties is not None:
             logits = self.penalties.apply(logits, after)
         if self.params.greedy:
-            best = int(logits.argmax())
+            best = self._greedy(logits, after)
             return best == draft, best
+        if self.grammar is not None:
+            logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         hit = np.flatnonzero(ids == draft)
         p_draft = float(probs[hit[0]]) if hit.size else 0.0
@@ -141,6 +217,32 @@ class Sampler:
                 return True, draft
             probs /= total
         return False, int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def _allowed_only(grammar, logits: np.ndarray) -> np.ndarray:
+    """The row with the tokens ``grammar`` forbids at -inf; an error when it forbids them all."""
+    masked = grammar.mask(logits)
+    if not np.isfinite(masked.max()):
+        raise LocalspecError("the grammar allows no token here (not even the end of the text)")
+    return masked
+
+
+def _allowed_top(grammar, logits: np.ndarray, top_k: int) -> np.ndarray:
+    """For sampling with ``top_k``: a row whose finite entries include the ``top_k`` most probable
+    tokens the grammar allows (all other entries -inf), so :func:`distribution` gives exactly
+    what it gives on the fully masked row, at the cost of applying the grammar to a few hundred
+    candidates: among the ``m`` highest logits, if at least ``top_k`` are allowed, no allowed token
+    outside them can be among the top ``top_k``. Otherwise (or top-k off) the whole row is masked."""
+    n = logits.shape[0]
+    m = min(n, 4 * top_k + 64)
+    if 0 < top_k < n and m < n:
+        ids = np.argpartition(-logits, m - 1)[:m].astype(np.int32)
+        allowed = grammar.allowed_among(ids)
+        if len(allowed) >= top_k:
+            out = np.full(n, -np.inf, dtype=np.float32)
+            out[allowed] = logits[allowed]
+            return out
+    return _allowed_only(grammar, logits)
 
 
 # The chat's defaults (``localspec chat``; the server's too): llama.cpp's sampler defaults plus

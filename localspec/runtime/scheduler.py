@@ -149,6 +149,7 @@ class Scheduler:
         dropped = []
         for slot in self.slots:
             if slot.loop is not None:
+                slot.loop.close()
                 slot.verifier.forget()
                 slot.loop, slot.sink = None, None
                 dropped.append(slot.index)

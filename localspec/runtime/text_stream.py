@@ -60,6 +60,7 @@ class TokenOutput:
         self._stream = TextStream(stop)
         self._max_tokens = max_tokens
         self.tokens: list[int] = []
+        self.logprobs: list = []            # per emitted token, when the generation records them
         self.finish: str | None = None
 
     @property
@@ -70,15 +71,20 @@ class TokenOutput:
     def remaining(self) -> int:
         return self._max_tokens - len(self.tokens)
 
-    def emit(self, committed: Sequence[tuple[int, bool]]) -> Iterator[TokenEvent]:
-        """A TokenEvent per ``(token, from_draft)`` until one ends the generation."""
-        for tok, from_draft in committed:
+    def emit(self, committed: Sequence[tuple[int, bool]], logprobs: Sequence | None = None) -> Iterator[TokenEvent]:
+        """A TokenEvent per ``(token, from_draft)`` until one ends the generation; ``logprobs``:
+        one :class:`~localspec.core.events.TokenLogprob` per committed token, or None."""
+        for i, (tok, from_draft) in enumerate(committed):
             if self._model.is_eog(tok):
                 self.finish = "stop"
                 return
             self.tokens.append(tok)
             text = self._stream.push(self._model.piece(tok))
-            yield TokenEvent(text, tok, from_draft)
+            if logprobs is None:
+                yield TokenEvent(text, tok, from_draft)
+            else:
+                self.logprobs.append(logprobs[i])
+                yield TokenEvent(text, tok, from_draft, (logprobs[i],))
             if self._stream.stopped:
                 self.finish = "stop"
                 return

@@ -61,8 +61,9 @@ class Verified:
 
     @property
     def logit_rows(self) -> list[int]:
-        """Rows whose logits chose each committed token (a plain step has only the last row's)."""
-        return self.rows if self.drafted else [-1]
+        """Rows whose logits chose each committed token (a plain step's: ``last``'s, the last row
+        of its chain)."""
+        return self.rows
 
 
 class TargetVerifier:
@@ -273,7 +274,7 @@ class TargetVerifier:
         tokens = draft_tree.tokens
 
         def choose(node: int) -> int:  # the target's token after ``node``, its path before it
-            after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.penalties is not None else ()
+            after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.needs_context else ()
             return sampler.choose(self.ctx.logits(base if node < 0 else row_of[node]), after)
         return choose
 

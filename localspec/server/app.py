@@ -19,8 +19,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import __version__
 from ..core.events import DoneEvent
+from ..formats.chat_format import ToolCall
+from ..formats.tool_calls import CallStream
 from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized, unknown_model
+from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text, log
@@ -179,6 +182,9 @@ async def read_body(request: Request, schema: type[BaseModel]):
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":   # OpenAI's own words for a field it does not know
+            raise bad_request(f"Unrecognized request argument supplied: {param} ({REFUSAL_HINTS.get(param, '')}"
+                              "this server does not honour it; see the README's list of fields).", param=param) from None
         raise bad_request(f"Invalid value for '{param}': {first['msg']}." if param else first["msg"],
                           param=param) from None
 
@@ -198,8 +204,9 @@ def check_model(state: ServerState, name: Optional[str]) -> None:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def usage(done: DoneEvent, drafts: int) -> dict:
-    """OpenAI's usage, plus what the speculation did for this request."""
+def usage(done: DoneEvent, drafts: int, predicted: bool = False) -> dict:
+    """OpenAI's usage, plus what the speculation did for this request (``predicted``: the request
+    brought a prediction, whose counts come in ``completion_tokens_details``)."""
     s = done.stats
     return {
         "prompt_tokens": s.prompt_tokens,
@@ -207,6 +214,7 @@ def usage(done: DoneEvent, drafts: int) -> dict:
         "total_tokens": s.prompt_tokens + s.generated_tokens,
         # the prompt's tokens whose KV the slot still held from an earlier request (not evaluated again)
         "prompt_tokens_details": {"cached_tokens": s.prompt_cached},
+        **({"completion_tokens_details": prediction_usage(s)} if predicted else {}),
         "speculative": {
             "enabled": s.spec,
             "drafts": drafts,
@@ -236,11 +244,26 @@ def timings(done: DoneEvent) -> dict:
     }
 
 
-class Reply:
-    """One request's answer in the shape of its endpoint (chat or text completion)."""
+def tool_call_items(calls: list[ToolCall], *, streamed: bool) -> list[dict]:
+    """OpenAI's ``tool_calls`` (a streamed one carries its ``index``)."""
+    items = []
+    for i, call in enumerate(calls):
+        item = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        items.append({"index": i, **item} if streamed else item)
+    return items
 
-    def __init__(self, state: ServerState, chat: bool, model: Optional[str]) -> None:
+
+class Reply:
+    """One request's answer in the shape of its endpoint (chat or text completion); ``tools``: the
+    chat's tool calling, whose calls are parsed out of the text."""
+
+    def __init__(self, state: ServerState, chat: bool, model: Optional[str], tools: Optional[ChatTools] = None, *,
+                 with_logprobs: bool = False, predicted: bool = False) -> None:
         self.chat = chat
+        self.tools = tools
+        self.with_logprobs = with_logprobs
+        self.predicted = predicted
+        self.calls = CallStream(tools.format) if tools is not None else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = model or state.names[0]
@@ -250,22 +273,37 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
-    def whole(self, text: str, done: DoneEvent, drafts: int) -> dict:
+    def logprobs(self, entries: list) -> Optional[dict]:
+        if not self.with_logprobs:
+            return None
+        return chat_logprobs_content(entries) if self.chat else completion_logprobs_content(entries)
+
+    def whole(self, text: str, done: DoneEvent, drafts: int, entries: list = ()) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            message = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                content, calls = self.tools.format.parse(text)
+                if calls:
+                    message = {"role": "assistant", "content": content or None,
+                               "tool_calls": tool_call_items(calls, streamed=False)}
+                    finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(entries), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries), "finish_reason": finish}
         return {**self.head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(done, drafts), "timings": timings(done)}
+                "usage": usage(done, drafts, self.predicted), "timings": timings(done)}
 
-    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False) -> dict:
+    def chunk(self, text: Optional[str], finish: Optional[str] = None, *, role: bool = False,
+              calls: Optional[list[ToolCall]] = None, entries: list = ()) -> dict:
+        logprobs = self.logprobs(entries) if entries else None
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            if calls:
+                delta = {"tool_calls": tool_call_items(calls, streamed=True)}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return {**self.head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {**self.head("text_completion"), "choices": [choice]}
 
 
@@ -295,12 +333,23 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
             while not job.events.empty():      # what piled up meanwhile goes out as one chunk
                 items.append(job.events.get_nowait())
             text = "".join(item.text for item in items if isinstance(item, Text))
-            if text:
-                yield sse(reply.chunk(text))
+            entries = [e for item in items if isinstance(item, Text) for e in item.logprobs]
+            if reply.calls is not None:
+                text = reply.calls.feed(text)   # a tool call is held back, then sent whole
+            if text or entries:
+                yield sse(reply.chunk(text, entries=entries))
             end = items[-1]
             if isinstance(end, Finished):
-                final = reply.chunk(None, FINISH_REASONS.get(end.done.finish_reason, "stop"))
-                final["usage"] = usage(end.done, end.drafts)
+                finish = FINISH_REASONS.get(end.done.finish_reason, "stop")
+                if reply.calls is not None:
+                    rest, calls = reply.calls.finish()
+                    if rest:
+                        yield sse(reply.chunk(rest))
+                    if calls:
+                        yield sse(reply.chunk(None, calls=calls))
+                        finish = "tool_calls"
+                final = reply.chunk(None, finish)
+                final["usage"] = usage(end.done, end.drafts, reply.predicted)
                 final["timings"] = timings(end.done)
                 yield sse(final)
                 if include_usage:
@@ -329,12 +378,14 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
             return StreamingResponse(stream(job, reply, include_usage, prefix), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         parts: list[str] = [prefix]
+        entries: list = []
         while True:
             item = await job.events.get()
             if isinstance(item, Text):
                 parts.append(item.text)
+                entries.extend(item.logprobs)
             elif isinstance(item, Finished):
-                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts))
+                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts, entries))
             elif isinstance(item, Failed):
                 return item.error.response()
     finally:
@@ -344,22 +395,8 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
 
 
 # -- the app ---------------------------------------------------------------------------------------
-def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
-    """The app; ``on_shutdown`` (closing the engine) runs once the engine thread has ended."""
-    state.on_close = on_shutdown
-
-    @asynccontextmanager
-    async def lifespan(_app):
-        state.worker.start()
-        try:
-            yield
-        finally:
-            state.close()
-
-    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.add_middleware(BodyLimit, limit=state.max_body)
-    app.add_middleware(QuietShutdown, worker=state.worker)
+def _error_handlers(app: FastAPI) -> None:
+    """Every error is OpenAI's error shape; a client that went away gets nothing and logs nothing."""
 
     @app.exception_handler(APIError)
     async def _api_error(_request, exc: APIError):
@@ -378,15 +415,36 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     async def _unexpected(_request, _exc: Exception):
         return internal().response()
 
+
+def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
+    """The app; ``on_shutdown`` (closing the engine) runs once the engine thread has ended."""
+    state.on_close = on_shutdown
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(BodyLimit, limit=state.max_body)
+    app.add_middleware(QuietShutdown, worker=state.worker)
+    _error_handlers(app)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_api_key(state, request)
         body = await read_body(request, ChatCompletionRequest)
         check_model(state, body.model)
-        messages, config = chat_request(body, state.model, state.defaults)
-        reply = Reply(state, True, body.model)
-        job = Job(messages, config, param="messages", id=reply.id)
+        prompt, config, tools = chat_request(body, state.model, state.defaults, state.worker.engine.formatter)
         include = bool(body.stream_options and body.stream_options.include_usage)
+        offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
+        reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None,
+                      predicted=config.prediction is not None)
+        job = Job(prompt, config, param="messages", id=reply.id)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
@@ -395,7 +453,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         body = await read_body(request, CompletionRequest)
         check_model(state, body.model)
         prompt, config = completion_request(body, state.defaults)
-        reply = Reply(state, False, body.model)
+        reply = Reply(state, False, body.model, with_logprobs=config.logprobs is not None)
         job = Job(prompt, config, param="prompt", id=reply.id)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
-from ..formats.chat_format import Message
+from ..formats.chat_format import ChatFormatter, Message
 from ..runtime.engine import GenerationConfig
 from ..runtime.generation_options import GenerationOptions
 from ..core.errors import LocalspecError
@@ -16,6 +16,8 @@ from ..store.models import ModelSpec
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from .errors import bad_request
+from .features import (chat_logprobs, chat_tools, completion_logprobs, content_text, message_calls,
+                       prediction_text, refuse_unhonoured, response_grammar, tool_grammar, with_features)
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 # request field -> the SamplingParams field (and localspec.core.options entry) it sets, from the declarations
@@ -59,8 +61,7 @@ class ServeDefaults:
 def _refuse_unsupported(req: SamplingRequest) -> None:
     if req.n is not None and req.n != 1:
         raise bad_request("n must be 1: this server generates one choice per request.", param="n")
-    if req.logprobs or req.top_logprobs:
-        raise bad_request("logprobs are not supported by this server.", param="logprobs")
+    refuse_unhonoured(req)
 
 
 def _stop(req: SamplingRequest, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -108,31 +109,48 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
 
 def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]:
     """The conversation to render: the Modelfile's SYSTEM and MESSAGEs first unless the request
-    brings its own system message (as Ollama does), then the request's messages, text only."""
+    brings its own system message (as Ollama does), then the request's messages (text, and an
+    assistant's tool calls, a tool result's call id)."""
     out: list[Message] = []
     for i, message in enumerate(req.messages):
-        content = message.content
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        else:
-            parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise bad_request(f"content parts of type '{part.type}' are not supported (text only).",
-                                      param=f"messages[{i}].content")
-                parts.append(part.text)
-            text = "".join(parts)
-        out.append(Message("system" if message.role == "developer" else message.role, text))
+        for name in ("function_call", "audio"):
+            if getattr(message, name) is not None:
+                raise bad_request(f"A message's {name} is not supported here (send tool_calls, text content).",
+                                  param=f"messages[{i}].{name}")
+        text = content_text(message.content, f"messages[{i}].content")
+        if message.role == "assistant" and not text and message.refusal:
+            text = message.refusal
+        role = "system" if message.role == "developer" else message.role
+        out.append(Message(role, text, tool_calls=message_calls(message, i), tool_call_id=message.tool_call_id,
+                           name=message.name if role == "tool" else None))
     if not any(m.role == "system" for m in out):
         preset = [Message("system", model.system)] if model.system else []
         out = preset + [Message(role, content) for role, content in model.messages] + out
     return out
 
 
-def chat_request(req: ChatCompletionRequest, model: ModelSpec, defaults: ServeDefaults):
-    return chat_messages(req, model), generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
+def chat_request(req: ChatCompletionRequest, model: ModelSpec, defaults: ServeDefaults,
+                 formatter: Optional[ChatFormatter] = None):
+    """(prompt, config, tools): the prompt is the messages, or the text the server rendered itself
+    when tools are involved (``formatter``: the engine's chat template); ``tools`` is None then not."""
+    messages = chat_messages(req, model)
+    config = generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
+    tools = chat_tools(req, formatter.source if formatter is not None else "")
+    grammar, triggers = tool_grammar(tools)
+    response = response_grammar(req)
+    if response is not None and grammar is not None:
+        raise bad_request("response_format cannot be combined with tools (unless tool_choice is \"none\").",
+                          param="response_format")
+    config = with_features(config, grammar=grammar or response, grammar_triggers=triggers,
+                           logprobs=chat_logprobs(req), prediction=prediction_text(req))
+    if tools is None:
+        return messages, config, None
+    if formatter is None:
+        raise bad_request("tools need the model's chat template.", param="tools")
+    try:
+        return tools.render(formatter, messages), config, tools
+    except LocalspecError as exc:
+        raise bad_request(str(exc), param="messages") from None
 
 
 def completion_request(req: CompletionRequest, defaults: ServeDefaults):
@@ -143,4 +161,5 @@ def completion_request(req: CompletionRequest, defaults: ServeDefaults):
         prompt = prompt[0]
     if req.suffix:
         raise bad_request("suffix (fill-in-the-middle) is not supported by this server.", param="suffix")
-    return prompt, generation_config(req, defaults, req.max_tokens)
+    config = generation_config(req, defaults, req.max_tokens)
+    return prompt, with_features(config, logprobs=completion_logprobs(req))

@@ -40,6 +40,7 @@ class Started:
 @dataclass(frozen=True)
 class Text:
     text: str
+    logprobs: tuple = ()     # the tokens' TokenLogprob entries, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class _Sink:
     def __call__(self, event) -> None:
         job = self.job
         if isinstance(event, TokenEvent):
-            if event.text:
-                job.post(Text(event.text))
+            logprobs = event.logprobs if job.config.logprobs is not None else ()
+            if event.text or logprobs:
+                job.post(Text(event.text, logprobs))
         elif isinstance(event, CycleEvent):
             if event.drafted:
                 self.drafts += 1

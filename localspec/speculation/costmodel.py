@@ -14,9 +14,9 @@ verifies contradict it: a wrong cached curve). A change of thread count re-keys
 the model (:meth:`CostModel.rekey`).
 When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
-Verify cost is not linear in batch size on CPUs (DESIGN.md section 4 says Q4_0 verifies 4 tokens
-for ~2x one token and 8 for ~3x; measured now with flash attention, as llama.cpp defaults: 8 for
-3.8x, 63 for 29x, and 64 for 14x, see EXTRA_SIZES), and on GPUs it is almost flat: the policy only
+Verify cost is not linear in batch size on CPUs (SmolLM2 Q4_0 on 2 CPU cores, flash attention as
+llama.cpp defaults: 4 tokens for ~2.3x one token, 8 for 3.8x, 63 for 29x and 64 for 14x, see
+EXTRA_SIZES and docs/design-notes.md), and on GPUs it is almost flat: the policy only
 ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy fits both.
 """
 

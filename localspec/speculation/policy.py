@@ -13,8 +13,8 @@ not, see ``lookup.ShadowScore``).
 It compares the best option with a plain step ``1 / (V(1) + overhead)`` and decodes plain when
 nothing beats it by a margin. ``draft_max`` caps the drafter and lookup drafts on short matches; a
 lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up to ``lookup_max``
-(128) tokens, where one long verify costs far less per token than single steps (on this CPU
-V(65) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
+(128) tokens, where one long verify costs far less per token than single steps (SmolLM2 Q4_0 on
+2 CPU cores: V(64) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
 not chosen it is probed now and then, one draft deep, at intervals that double after each probe
 that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
 """
@@ -32,6 +32,7 @@ POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
 SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
 EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
+PREDICTION = "prediction"   # Predicted Outputs (speculation.prediction): planned as a lookup proposal
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
 # lookup statistics classes: by matched length 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP),
 # and loops apart (see lookup_class)
@@ -58,6 +59,14 @@ LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75)
 # lost on coding (1.041x to 1.027x), so only LONG_MATCH decides that, as for other matches.
 LOOP_BUCKETS = (4, 8, 16)
 LOOP_PRIORS = ((0.75, 0.95), (0.9, 0.97), (0.95, 0.99))
+# Predicted Outputs (speculation.prediction) have two classes of their own after lookup's: a
+# prediction (re)aligned on fewer than PREDICTION_SURE tokens (just after an edit), and one the
+# output has followed for at least that many (the first alignment counts as followed: the user
+# gave the prediction as what the answer repeats). Priors like a loop's / a short match's; the
+# live outcomes take over within a few cycles (a prediction the model does not follow stops
+# being drafted, as any source that does not pay).
+PREDICTION_SURE = 4
+PREDICTION_PRIORS = ((0.5, 0.8), (0.9, 0.97))
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
 DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
@@ -185,10 +194,17 @@ def lookup_class(match: int, period: int = 0) -> int:
     return _bucket(match)
 
 
+def prediction_class(run: int) -> int:
+    """The statistics class of a Predicted Outputs proposal whose alignment has held ``run`` tokens."""
+    return len(LOOKUP_BUCKETS) + len(LOOP_BUCKETS) + (1 if run >= PREDICTION_SURE else 0)
+
+
 def _long_class(cls: int) -> bool:
     """Whether a class may draft up to ``lookup_max``: a match of ``LONG_MATCH`` tokens or more
-    (a copy or a loop, not a few repeated words)."""
+    (a copy or a loop, not a few repeated words), or a prediction the output follows."""
     n = len(LOOKUP_BUCKETS)
+    if cls >= n + len(LOOP_BUCKETS):
+        return cls == prediction_class(PREDICTION_SURE)
     return (LOOP_BUCKETS[cls - n] if cls >= n else LOOKUP_BUCKETS[cls]) >= LONG_MATCH
 
 
@@ -213,7 +229,8 @@ class Learned:
         self.eagle = Acceptance(_prior(0.5, 0.6, options.DRAFT_MAX))
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
-        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS + LOOP_PRIORS]   # by lookup_class
+        # by lookup_class, then prediction_class
+        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS + LOOP_PRIORS + PREDICTION_PRIORS]
 
     def new_generation(self) -> None:
         self.eagle.carry()
@@ -238,10 +255,10 @@ class DraftPolicy:
         self._since_eagle = 0
         self._could: tuple[int, bool] | None = None   # (_since_eagle when asked, _probe_could_pay's answer)
         self.wants_features = True   # the engine records target features for the drafter
-        # rows other slots decode in the same batch (localspec.runtime.scheduler): k rows of this
-        # slot then cost V(R + k) - V(R), not V(k)
+        # rows other slots decode in the same batch (localspec.runtime.scheduler): a draft's rows are
+        # then priced at their marginal cost on the batch (see _verify)
         self.batch_rows = 0
-        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0}
+        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0, PREDICTION: 0}
 
     @property
     def fixed(self) -> bool:

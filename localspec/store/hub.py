@@ -262,23 +262,22 @@ def _verified(path: Path, where: str, sha256: str | None) -> Path:
 
 
 def _cached_listing(repo: str, revision: str | None, cache_dir: str | None) -> list[str] | None:
-    """Files of the cached snapshot of ``repo`` at ``revision`` (offline listing), or None."""
-    from huggingface_hub import constants
+    """Files of the cached snapshot of ``repo`` at ``revision`` (a branch, tag or commit; default
+    main), as huggingface_hub's cache scan finds them (offline listing); None when not cached."""
+    from huggingface_hub import CacheNotFound, scan_cache_dir
 
-    root = Path(cache_dir or constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
-    rev = revision or "main"
-    commit = rev
-    ref = root / "refs" / rev
-    if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
-    snap = root / "snapshots" / commit
-    if not snap.is_dir():
+    try:
+        cache = scan_cache_dir(cache_dir)
+    except CacheNotFound:
         return None
-    out = []
-    for dirpath, _, names in os.walk(snap):
-        for n in names:
-            out.append(Path(dirpath, n).relative_to(snap).as_posix())
-    return sorted(out)
+    rev = revision or "main"
+    for cached in cache.repos:
+        if cached.repo_type != "model" or cached.repo_id != repo:
+            continue
+        for snapshot in cached.revisions:
+            if rev in snapshot.refs or snapshot.commit_hash == rev:
+                return sorted(f.file_path.relative_to(snapshot.snapshot_path).as_posix() for f in snapshot.files)
+    return None
 
 
 def list_files(repo: str, revision: str | None = None) -> list[str] | None:

@@ -41,6 +41,35 @@ class _Slot:
     last: int = -1          # chosen token not yet decoded
 
 
+def _batch_rows(slots: list[_Slot | None], prefill_budget: int):
+    """One decode batch over the slots: each generating slot's last token, and up to
+    ``prefill_budget`` prompt tokens of prefilling ones. (rows as (seq, token, pos, output), owners
+    as (batch row, slot whose next token that row's logits choose)); advances the slots' positions."""
+    rows: list[tuple[int, int, int, bool]] = []
+    owners: list[tuple[int, int]] = []
+    budget = prefill_budget
+    for i, s in enumerate(slots):
+        if s is None:
+            continue
+        if s.pending:
+            take = s.pending[:max(1, budget)] if budget > 0 else []
+            if not take:
+                continue
+            budget -= len(take)
+            del s.pending[:len(take)]
+            for j, tok in enumerate(take):
+                last_row = not s.pending and j == len(take) - 1
+                rows.append((i, tok, s.pos, last_row))
+                s.pos += 1
+                if last_row:
+                    owners.append((len(rows) - 1, i))
+        else:
+            rows.append((i, s.last, s.pos, True))
+            s.pos += 1
+            owners.append((len(rows) - 1, i))
+    return rows, owners
+
+
 def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int = 8, max_new: int = 256,
                      n_ctx_seq: int = 1024, n_threads: int | None = None,
                      on_result: Callable[[GenResult], None] | None = None,
@@ -75,28 +104,7 @@ def generate_batched(model: Model, requests: Iterable[GenRequest], *, n_seq: int
         while any(s is not None for s in slots):
             if should_stop is not None and should_stop():
                 return
-            rows: list[tuple[int, int, int, bool]] = []
-            owners: list[tuple[int, int]] = []   # (batch row, slot whose next token that row's logits choose)
-            budget = prefill_budget
-            for i, s in enumerate(slots):
-                if s is None:
-                    continue
-                if s.pending:
-                    take = s.pending[:max(1, budget)] if budget > 0 else []
-                    if not take:
-                        continue
-                    budget -= len(take)
-                    del s.pending[:len(take)]
-                    for j, tok in enumerate(take):
-                        last_row = not s.pending and j == len(take) - 1
-                        rows.append((i, tok, s.pos, last_row))
-                        s.pos += 1
-                        if last_row:
-                            owners.append((len(rows) - 1, i))
-                else:
-                    rows.append((i, s.last, s.pos, True))
-                    s.pos += 1
-                    owners.append((len(rows) - 1, i))
+            rows, owners = _batch_rows(slots, prefill_budget)
             ctx.decode_rows(rows)
             for row, i in owners:
                 s = slots[i]

@@ -21,7 +21,7 @@ from ..formats import gguf_consts as K
 from ..core.atomic import atomic_path, atomic_write
 from ..core.errors import LocalspecError
 from ..core.units import format_size
-from ..formats.gguf_info import check_target, read_gguf
+from ..formats.gguf_info import GGUFInfo, check_target, read_gguf
 from .dataset import DatasetWriter, Sequence, check_free_space, load_sequences, prompt_key, write_compressed
 from .prompts import load_prompts
 
@@ -200,9 +200,45 @@ def is_held_out(seq) -> bool:
     return int(seq.key[:8], 16) % HELD_OUT_MOD == 0
 
 
+@dataclass
+class _Inputs:
+    """What the run's checks produced, before anything is written."""
+    info: GGUFInfo               # the target
+    out: Path
+    work: Path
+    prompts: list | None
+    data_seqs: list[Sequence] | None
+
+
+@dataclass
+class _Data:
+    """Stages 1-2: the split dataset and the target's features for it."""
+    train_set: list[Sequence]
+    held: list[Sequence]
+    layers: list[int]
+    train_feats: list
+    held_feats: list
+    emb: np.ndarray
+
+
 def run(opts: TrainOptions) -> TrainSummary:
     t_start = time.perf_counter()
-    log = opts.log
+    inputs = _check_inputs(opts)
+    from ..llama.process import set_verbose
+    from ..llama import llama_ext
+
+    set_verbose(False)
+    llama_ext.check_available()
+    summary = TrainSummary(out=inputs.out)
+    data = _data_and_features(opts, inputs, summary, t_start)
+    ids, index = _draft_vocabulary(opts, inputs, data, summary)
+    cfg, state = _train(opts, inputs, data, ids, index, summary, t_start)
+    _export(opts, inputs, cfg, state, summary)
+    return summary
+
+
+def _check_inputs(opts: TrainOptions) -> _Inputs:
+    """Every check that needs no model loaded; input files are read before anything is written."""
     target = Path(opts.target).expanduser()
     out = Path(opts.out).expanduser()
     info = check_train_target(target)
@@ -214,7 +250,6 @@ def run(opts: TrainOptions) -> TrainSummary:
         raise LocalspecError(f"{out} is the target model; refusing to overwrite it")
     if not out.parent.is_dir():
         raise LocalspecError(f"{out.parent}: no such directory")
-    # input files are read before anything is written
     prompts = load_prompts(opts.prompts) if opts.data is None else None
     data_seqs = load_sequences(opts.data) if opts.data is not None else None
     if data_seqs is not None and not data_seqs:
@@ -231,117 +266,138 @@ def run(opts: TrainOptions) -> TrainSummary:
         raise LocalspecError(f"{work} holds an earlier run: pass --resume to continue it, or remove it")
     work.mkdir(parents=True, exist_ok=True)
     check_free_space(work)
+    return _Inputs(info, out, work, prompts, data_seqs)
 
-    from ..llama.process import set_verbose
+
+def _data_and_features(opts: TrainOptions, inputs: _Inputs, summary: TrainSummary, t_start: float) -> _Data:
+    """Stages 1 (data: given or generated) and 2 (features), with the target loaded once for both."""
     from ..llama.llama_model import Model
-    from ..llama import llama_ext
+    from .features import token_embeddings
 
-    set_verbose(False)
-    llama_ext.check_available()
-    summary = TrainSummary(out=out)
+    info, log = inputs.info, opts.log
     model = Model(info.path)
     try:
-        # ---- 1. data -------------------------------------------------------------------------
-        if data_seqs is not None:
-            seqs = data_seqs
+        if inputs.data_seqs is not None:
+            seqs = inputs.data_seqs
             log(f"data: {len(seqs)} sequences from {opts.data}")
         else:
-            seqs = _generate(opts, info, model, prompts, work, summary, t_start)
+            seqs = _generate(opts, info, model, inputs.prompts, inputs.work, summary, t_start)
         if opts.save_data:
             write_compressed(seqs, Path(opts.save_data))
             log(f"dataset written to {opts.save_data}")
-        seqs = [s for s in seqs if s.response]
-        if len(seqs) < 2:
-            raise LocalspecError("too little data to train on (fewer than 2 responses)")
-        summary.sequences = len(seqs)
-        summary.response_tokens = sum(len(s.response) for s in seqs)
-        held = [s for s in seqs if is_held_out(s)]
-        train_set = [s for s in seqs if not is_held_out(s)]
-        if not held or not train_set:
-            held, train_set = seqs[:max(1, len(seqs) // HELD_OUT_MOD)], seqs[max(1, len(seqs) // HELD_OUT_MOD):]
-        log(f"data: {len(train_set)} training / {len(held)} held-out sequences, "
-            f"{summary.response_tokens} response tokens")
-        # ---- 2. features ---------------------------------------------------------------------
-        from .features import default_layers, extract_all, token_embeddings
-
-        layers = default_layers(info.n_layer)
-        t0 = time.perf_counter()
-        max_len = 1024
-        pairs = [(s.tokens[:max_len], len(s.prompt)) for s in train_set + held]
-        ids = [sequence_id(t, n) for t, n in pairs]
-        cache = work / "features.npz"
-        tag = feature_tag(info, layers, opts.top_k, max_len)
-        cached = load_feature_cache(cache, tag) if opts.resume else {}
-        todo = [i for i, k in enumerate(ids) if k not in cached]
-        if todo:
-            log(f"features: {len(todo)} sequences to prefill ({len(ids) - len(todo)} cached)")
-            fresh = extract_all(model, layers, [pairs[i] for i in todo], top_k=opts.top_k, max_len=max_len,
-                                n_threads=opts.threads,
-                                progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
-                                if opts.progress else None)
-            cached.update(zip((ids[i] for i in todo), fresh))
-        feats = [cached[k] for k in ids]
-        if todo:
-            save_feature_cache(cache, tag, feats)
-        del cached
-        summary.feature_seconds = time.perf_counter() - t0
-        log(f"features: {sum(len(f.tokens) for f in feats)} positions in {summary.feature_seconds:.0f}s")
-        train_feats, held_feats = feats[:len(train_set)], feats[len(train_set):]
+        train_set, held = _split(seqs, summary, log)
+        layers, feats = _features(opts, info, model, train_set + held, inputs.work, summary)
         emb = token_embeddings(info.path)
     finally:
         model.close()
+    return _Data(train_set, held, layers, feats[:len(train_set)], feats[len(train_set):], emb)
 
-    # ---- 3. draft vocabulary ---------------------------------------------------------------------
+
+def _split(seqs: list[Sequence], summary: TrainSummary, log: Callable[[str], None]):
+    """(training set, held-out set) of the sequences with a response."""
+    seqs = [s for s in seqs if s.response]
+    if len(seqs) < 2:
+        raise LocalspecError("too little data to train on (fewer than 2 responses)")
+    summary.sequences = len(seqs)
+    summary.response_tokens = sum(len(s.response) for s in seqs)
+    held = [s for s in seqs if is_held_out(s)]
+    train_set = [s for s in seqs if not is_held_out(s)]
+    if not held or not train_set:
+        held, train_set = seqs[:max(1, len(seqs) // HELD_OUT_MOD)], seqs[max(1, len(seqs) // HELD_OUT_MOD):]
+    log(f"data: {len(train_set)} training / {len(held)} held-out sequences, "
+        f"{summary.response_tokens} response tokens")
+    return train_set, held
+
+
+def _features(opts: TrainOptions, info, model, seqs: list[Sequence], work: Path, summary: TrainSummary):
+    """(layers, features of every sequence in order): from the work directory's cache on --resume,
+    the rest prefilled."""
+    from .features import default_layers, extract_all
+
+    layers = default_layers(info.n_layer)
+    t0 = time.perf_counter()
+    max_len = 1024
+    pairs = [(s.tokens[:max_len], len(s.prompt)) for s in seqs]
+    ids = [sequence_id(t, n) for t, n in pairs]
+    cache = work / "features.npz"
+    tag = feature_tag(info, layers, opts.top_k, max_len)
+    cached = load_feature_cache(cache, tag) if opts.resume else {}
+    todo = [i for i, k in enumerate(ids) if k not in cached]
+    if todo:
+        opts.log(f"features: {len(todo)} sequences to prefill ({len(ids) - len(todo)} cached)")
+        fresh = extract_all(model, layers, [pairs[i] for i in todo], top_k=opts.top_k, max_len=max_len,
+                            n_threads=opts.threads,
+                            progress=(lambda i, n: opts.progress({"event": "features", "done": i, "total": n}))
+                            if opts.progress else None)
+        cached.update(zip((ids[i] for i in todo), fresh))
+    feats = [cached[k] for k in ids]
+    if todo:
+        save_feature_cache(cache, tag, feats)
+    summary.feature_seconds = time.perf_counter() - t0
+    opts.log(f"features: {sum(len(f.tokens) for f in feats)} positions in {summary.feature_seconds:.0f}s")
+    return layers, feats
+
+
+def _draft_vocabulary(opts: TrainOptions, inputs: _Inputs, data: _Data, summary: TrainSummary):
+    """Stage 3: (draft vocabulary ids, target id -> draft index), kept in the work directory."""
     from .vocab import choose_draft_vocab, coverage, mappings
 
-    vocab_path = work / "vocab.npy"
+    n_vocab = inputs.info.n_vocab
+    vocab_path = inputs.work / "vocab.npy"
     if opts.resume and vocab_path.is_file():
         ids = np.load(vocab_path)
     else:
-        ids = choose_draft_vocab([s.response for s in train_set], info.n_vocab, opts.draft_vocab)
+        ids = choose_draft_vocab([s.response for s in data.train_set], n_vocab, opts.draft_vocab)
         with atomic_path(vocab_path) as tmp, open(tmp, "wb") as fh:
             np.save(fh, ids)
-    _, _, index = mappings(ids, info.n_vocab)
-    summary.vocab_coverage = coverage(ids, [s.response for s in held], info.n_vocab)
-    log(f"draft vocabulary: {len(ids)} tokens, held-out coverage {summary.vocab_coverage:.1%}")
+    _, _, index = mappings(ids, n_vocab)
+    summary.vocab_coverage = coverage(ids, [s.response for s in data.held], n_vocab)
+    opts.log(f"draft vocabulary: {len(ids)} tokens, held-out coverage {summary.vocab_coverage:.1%}")
+    return ids, index
 
-    # ---- 4. training ----------------------------------------------------------------------------
+
+def _train(opts: TrainOptions, inputs: _Inputs, data: _Data, ids, index, summary: TrainSummary, t_start: float):
+    """Stage 4: (drafter config, final training state), within what is left of the time budget."""
     import torch
 
     from .trainer import TrainConfig, new_drafter, train
 
-    cfg = drafter_config(info, layers)
-    ref = new_drafter(cfg, ids, emb, opts.seed)
+    cfg = drafter_config(inputs.info, data.layers)
+    ref = new_drafter(cfg, ids, data.emb, opts.seed)
     spent = time.perf_counter() - t_start
     budget = max(10.0, opts.time_budget_s - spent - 20.0)
     tcfg = TrainConfig(ttt_steps=opts.ttt_steps, lr=opts.lr, batch_tokens=opts.batch_tokens, time_budget_s=budget,
                        max_steps=opts.max_steps, seed=opts.seed, threads=opts.train_threads or 0,
                        eval_every_s=opts.eval_every_s)
     resume_state = None
-    ckpt = work / "checkpoint.pt"
+    ckpt = inputs.work / "checkpoint.pt"
     if opts.resume and ckpt.is_file():
         resume_state = torch.load(ckpt, weights_only=False)
         tcfg.time_budget_s = max(budget, resume_state["state"]["elapsed"] + budget)
-        log(f"resuming training at step {resume_state['state']['step']}")
-    log(f"training: up to {budget:.0f}s" + (f" / {opts.max_steps} steps" if opts.max_steps else ""))
+        opts.log(f"resuming training at step {resume_state['state']['step']}")
+    opts.log(f"training: up to {budget:.0f}s" + (f" / {opts.max_steps} steps" if opts.max_steps else ""))
     t0 = time.perf_counter()
-    state = train(ref, emb, train_feats, held_feats, index, tcfg, work, resume_state=resume_state,
-                  report=opts.progress, device=opts.device)
+    state = train(ref, data.emb, data.train_feats, data.held_feats, index, tcfg, inputs.work,
+                  resume_state=resume_state, report=opts.progress, device=opts.device)
     summary.train_seconds = time.perf_counter() - t0
     summary.steps = state.step
     summary.best_tau = state.best_tau
     summary.history = state.history
+    return cfg, state
 
-    # ---- 5. export -------------------------------------------------------------------------------
+
+def _export(opts: TrainOptions, inputs: _Inputs, cfg, state, summary: TrainSummary) -> None:
+    """Stage 5: the best drafter as GGUF (atomically), and the run's summary in the work directory."""
+    import torch
+
     from .export import export_gguf
 
-    best = torch.load(work / "best.pt", weights_only=False)
-    conv = export_gguf(best, cfg, info.path, out, work, outtype=opts.outtype)
+    best = torch.load(inputs.work / "best.pt", weights_only=False)
+    conv = export_gguf(best, cfg, inputs.info.path, inputs.out, inputs.work, outtype=opts.outtype)
     summary.drafter_bytes = conv.size_bytes
-    atomic_write(work / "summary.json", json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                                                    for k, v in vars(summary).items()}, indent=1))
-    log(f"drafter: {out} ({format_size(conv.size_bytes)}, held-out tokens/cycle {state.best_tau:.2f})")
-    return summary
+    atomic_write(inputs.work / "summary.json", json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                                           for k, v in vars(summary).items()}, indent=1))
+    opts.log(f"drafter: {inputs.out} ({format_size(conv.size_bytes)}, held-out tokens/cycle {state.best_tau:.2f})")
 
 
 def prompt_token_ids(info, model, prompts):

@@ -336,32 +336,9 @@ def train(ref: EagleReference, emb: np.ndarray, train_seqs: list[SeqFeatures], h
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model = TTTModel(ref, torch.from_numpy(emb), device)
-    params = [p for p in ref.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    state = TrainState()
+    params, opt = _optimizer(ref, cfg)
     rng = random.Random(cfg.seed)
-    if resume_state is not None:
-        ref.load_state_dict(resume_state["model"])
-        opt.load_state_dict(resume_state["optim"])
-        state = TrainState(**resume_state["state"])
-        rng.setstate(resume_state["rng"])
-        torch.set_rng_state(resume_state["torch_rng"])
-    held_id = _held_id(held)
-    if state.held_id != held_id:
-        state.best_tau = -1.0   # measured on other held-out sequences (the data changed): not comparable
-        state.held_id = held_id
-    budget = cfg.time_budget_s
-
-    def lr_at(step: int, elapsed: float) -> float:
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        # anneal along whichever limit comes first: a step cap that the time budget cuts short still
-        # ends at the low learning rate
-        frac = min(1.0, max(elapsed / budget, step / cfg.max_steps if cfg.max_steps else 0.0))
-        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    state = _restored(ref, opt, rng, resume_state, _held_id(held))
 
     def checkpoint() -> None:
         save_atomic({"model": ref.state_dict(), "optim": opt.state_dict(), "state": vars(state),
@@ -378,33 +355,24 @@ def train(ref: EagleReference, emb: np.ndarray, train_seqs: list[SeqFeatures], h
             report({"event": "eval", **metrics, "best_tau": state.best_tau})
 
     t_last = time.perf_counter()
-    last_eval = state.elapsed
-    last_ckpt = state.elapsed
+    last_eval = last_ckpt = state.elapsed
     done = False
     while not done:
         for group in batches(train_seqs, cfg.batch_tokens, cfg.max_len, rng):
-            if state.elapsed >= budget or (cfg.max_steps and state.step >= cfg.max_steps) or \
-                    (should_stop is not None and should_stop()):
-                done = True
+            done = _finished(state, cfg, should_stop)
+            if done:
                 break
             b = make_batch([train_seqs[i] for i in group], t2d_index, cfg.max_len, rng).to(device)
             if b.tokens == 0:
                 continue
-            for pg in opt.param_groups:
-                pg["lr"] = lr_at(state.step, state.elapsed)
-            loss, correct = model.loss_and_stats(b, cfg.ttt_steps, cfg)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            state.step += 1
+            loss, correct = _step(model, opt, params, b, state, cfg)
             now = time.perf_counter()
             state.elapsed += now - t_last
             t_last = now
             if report:
                 acc0 = float(correct[0][b.valid].float().mean()) if b.tokens else 0.0
                 report({"event": "step", "step": state.step, "loss": float(loss.detach()), "acc0": acc0,
-                        "elapsed": state.elapsed, "budget": budget, "lr": opt.param_groups[0]["lr"]})
+                        "elapsed": state.elapsed, "budget": cfg.time_budget_s, "lr": opt.param_groups[0]["lr"]})
             if state.elapsed - last_eval >= cfg.eval_every_s:
                 run_eval()
                 last_eval = state.elapsed
@@ -416,3 +384,56 @@ def train(ref: EagleReference, emb: np.ndarray, train_seqs: list[SeqFeatures], h
     run_eval()
     checkpoint()
     return state
+
+
+def _optimizer(ref: EagleReference, cfg: TrainConfig):
+    """(trainable parameters, AdamW with weight decay on matrices only)."""
+    params = [p for p in ref.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    return params, opt
+
+
+def _restored(ref: EagleReference, opt, rng: random.Random, resume_state: dict | None, held_id: str) -> TrainState:
+    """A fresh state, or the checkpoint's (model, optimizer and random states restored in place)."""
+    state = TrainState()
+    if resume_state is not None:
+        ref.load_state_dict(resume_state["model"])
+        opt.load_state_dict(resume_state["optim"])
+        state = TrainState(**resume_state["state"])
+        rng.setstate(resume_state["rng"])
+        torch.set_rng_state(resume_state["torch_rng"])
+    if state.held_id != held_id:
+        state.best_tau = -1.0   # measured on other held-out sequences (the data changed): not comparable
+        state.held_id = held_id
+    return state
+
+
+def _finished(state: TrainState, cfg: TrainConfig, should_stop: Callable[[], bool] | None) -> bool:
+    return state.elapsed >= cfg.time_budget_s or bool(cfg.max_steps and state.step >= cfg.max_steps) or \
+        (should_stop is not None and should_stop())
+
+
+def _lr_at(cfg: TrainConfig, step: int, elapsed: float) -> float:
+    """Linear warm-up, then cosine annealing to ``min_lr_ratio``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    # anneal along whichever limit comes first: a step cap that the time budget cuts short still
+    # ends at the low learning rate
+    frac = min(1.0, max(elapsed / cfg.time_budget_s, step / cfg.max_steps if cfg.max_steps else 0.0))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _step(model: TTTModel, opt, params: list, b, state: TrainState, cfg: TrainConfig):
+    """One optimizer step on batch ``b``: (loss, per-step correctness)."""
+    for pg in opt.param_groups:
+        pg["lr"] = _lr_at(cfg, state.step, state.elapsed)
+    loss, correct = model.loss_and_stats(b, cfg.ttt_steps, cfg)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    state.step += 1
+    return loss, correct

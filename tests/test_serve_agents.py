@@ -1,0 +1,315 @@
+"""What agents and editors send, against the real server with the official openai client: tools
+(the embedded default's generic JSON format, and the same model given a Hermes-style TEMPLATE
+through a Modelfile), structured output, logprobs, Predicted Outputs, and the fields refused with
+400. Greedy answers are checked against the engine's own plain decoding (no speculation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+import openai
+from localspec.core.events import DoneEvent
+from localspec.formats.chat_format import Message
+from localspec.formats.json_grammar import schema_grammar
+from localspec.runtime.config import GenerationConfig
+from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
+from test_serve import MODEL, POLICY, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
+from test_tool_calls import HERMES_TEMPLATE
+
+HERMES_MODEL = "smol-hermes"
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "London", "Tokyo"]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class Clock(BaseModel):
+    timezone: Literal["UTC", "CET", "JST"]
+
+
+TOOLS = [openai.pydantic_function_tool(Weather, name="get_weather", description="The current weather in a city"),
+         openai.pydantic_function_tool(Clock, name="get_time", description="The time in a timezone")]
+VALIDATORS = {"get_weather": Weather, "get_time": Clock}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The embedded default: its template has no tool support, so the generic format."""
+    with running_server(tmp_path_factory.mktemp("agents_home")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A server of its own for the tests that compare with the engine's plain decoding: the target's
+    logits after an EAGLE generation on another prompt differ (tests/test_kv_history.py), so these
+    comparisons run on a history of their own requests only."""
+    with running_server(tmp_path_factory.mktemp("clean_home")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    """The same model with a Hermes/Qwen-style tool template given as the Modelfile's TEMPLATE."""
+    from localspec.store.models import resolve
+
+    home = tmp_path_factory.mktemp("hermes_home")
+    modelfile = home / "Modelfile"
+    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
+
+    def create(env):
+        proc = subprocess.run([sys.executable, "-m", "localspec", "create", HERMES_MODEL, "-f", str(modelfile)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+    with running_server(home, HERMES_MODEL, "--ctx", "2048", "--api-key", "k", setup=create) as srv:
+        srv.http.headers["Authorization"] = "Bearer k"
+        yield srv
+
+
+def client(srv) -> openai.OpenAI:
+    return srv.client(api_key=srv.http.headers["Authorization"].split()[1])
+
+
+# Both sides answer each compared request twice and compare the second answers: the engine reuses
+# the KV cache of the previous request's prompt, which changes the prefill's batch shapes and so the
+# logits' last bits (and a near-tie's argmax); after the same request, server and engine prefill alike.
+def plain_events(engine, prompt, *, max_tokens: int, **fields) -> list:
+    """The engine's own greedy answer without speculation (the request's other fields: chat defaults)."""
+    params = SamplingParams(**{**asdict(CHAT_SAMPLING), "temperature": 0.0})
+    config = GenerationConfig(max_tokens=max_tokens, sampling=params, policy=POLICY, spec=False, **fields)
+    for _ in range(2):
+        events = list(engine.generate(prompt, config))
+    return events
+
+
+def plain(engine, prompt, *, max_tokens: int, **fields) -> DoneEvent:
+    return plain_events(engine, prompt, max_tokens=max_tokens, **fields)[-1]
+
+
+def second(create, **kw):
+    create(**kw)
+    return create(**kw)
+
+
+def checked_calls(message, expect: str | None = None) -> list[tuple[str, BaseModel]]:
+    assert message.tool_calls, message
+    out = []
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id
+        assert expect is None or call.function.name == expect
+        out.append((call.function.name, VALIDATORS[call.function.name].model_validate_json(call.function.arguments)))
+    return out
+
+
+def streamed(cli: openai.OpenAI, **kw):
+    """(content, {index: [id, name, arguments]}, finish_reason) assembled from a stream."""
+    content, calls, finish = "", {}, None
+    for chunk in cli.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or ():
+            entry = calls.setdefault(call.index, ["", "", ""])
+            entry[0] += call.id or ""
+            entry[1] += call.function.name or ""
+            entry[2] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("which", ["server", "hermes"])
+def test_forced_tool_calls_validate_and_stream_the_same(which, request):
+    srv = request.getfixturevalue(which)
+    cli = client(srv)
+    for choice, expect in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
+        kw = dict(model=MODEL if which == "server" else HERMES_MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
+                  temperature=0, max_tokens=80, parallel_tool_calls=False)
+        reply = cli.chat.completions.create(**kw)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        calls = checked_calls(reply.choices[0].message, expect)
+        assert len(calls) == 1
+        # once more, so that the stream and the answer it is compared with both follow the same
+        # request: the prompt prefix reused from the previous request changes the batch shapes and
+        # so a near-tie's argmax (docs: what "lossless" means here)
+        reply = cli.chat.completions.create(**kw)
+        checked_calls(reply.choices[0].message, expect)
+        content, streamed_calls, finish = streamed(cli, **kw)
+        assert finish == "tool_calls" and list(streamed_calls) == [0]
+        call_id, name, arguments = streamed_calls[0]
+        assert call_id.startswith("call_") and (name, json.loads(arguments)) == (
+            reply.choices[0].message.tool_calls[0].function.name,
+            json.loads(reply.choices[0].message.tool_calls[0].function.arguments))
+
+
+@pytest.mark.parametrize("which", ["server", "hermes"])
+def test_a_conversation_with_a_tool_result_gets_an_answer(which, request):
+    srv = request.getfixturevalue(which)
+    cli = client(srv)
+    model = MODEL if which == "server" else HERMES_MODEL
+    first = cli.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                        max_tokens=80, parallel_tool_calls=False)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    for choice in ("none", "auto"):
+        answer = cli.chat.completions.create(model=model, messages=history, tools=TOOLS, tool_choice=choice,
+                                             temperature=0, max_tokens=40)
+        message = answer.choices[0].message
+        if choice == "none" or not message.tool_calls:
+            assert message.content and message.content.strip(), answer
+            assert answer.choices[0].finish_reason in ("stop", "length")
+        else:
+            checked_calls(message)
+    # the tool result is part of the prompt: it is longer than the question alone
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens + 10
+
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+    population_millions: int
+    capital: bool
+
+
+PROMPTS = ["Describe Paris as JSON.", "Give me one large city in Japan.", "A city in Brazil, please.",
+           "Tell me about Cairo."]
+
+
+def test_json_schema_outputs_validate_and_equal_plain_decoding(clean, reference):
+    cli = client(clean)
+    schema = {"type": "json_schema", "json_schema": {"name": "city", "strict": True,
+                                                     "schema": City.model_json_schema()}}
+    for prompt in PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        reply = second(cli.chat.completions.create, model=MODEL, messages=messages, response_format=schema,
+                       temperature=0, max_tokens=120)
+        text = reply.choices[0].message.content
+        City.model_validate_json(text)
+        expected = plain(reference, [Message("user", prompt)], max_tokens=120,
+                         grammar=schema_grammar(City.model_json_schema()))
+        assert text == expected.text
+    parsed = cli.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                        response_format=City, temperature=0, max_tokens=120)
+    assert isinstance(parsed.choices[0].message.parsed, City)
+    reply = cli.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "List two colours."}],
+                                        response_format={"type": "json_object"}, temperature=0, max_tokens=60)
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:
+        assert reply.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_refused_fields_name_their_param(server):
+    url = "/v1/chat/completions"
+    good = {"model": MODEL, "messages": ASK, "max_tokens": 2}
+    refused = [
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"n": 3}, "n"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"reasoning_effort": "high"}, "reasoning_effort"),
+        ({"something_new": 1}, "something_new"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+         "response_format"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+         "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+         "messages[0].content"),
+        ({"prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}},
+         "prediction.content"),
+        ({"messages": ASK + [{"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}}]},
+         "messages[1].function_call"),
+        ({"messages": [{"role": "user", "content": "Hi", "cache_control": {}}]}, "messages.0.cache_control"),
+    ]
+    for extra, param in refused:
+        r = server.http.post(url, json={**good, **extra})
+        assert r.status_code == 400 and error_of(r)["param"] == param, (extra, r.text)
+    completions = [({"best_of": 2}, "best_of"), ({"logprobs": 2, "echo": True}, "echo"), ({"suffix": "x"}, "suffix"),
+                   ({"logprobs": 21}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs")]
+    for extra, param in completions:
+        r = server.http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, **extra})
+        assert r.status_code == 400 and error_of(r)["param"] == param, (extra, r.text)
+    harmless = {"user": "u-1", "metadata": {"app": "test"}, "store": False, "service_tier": "auto",
+                "prompt_cache_key": "k", "safety_identifier": "s", "parallel_tool_calls": True,
+                "modalities": ["text"], "logit_bias": {}, "stream_options": None}
+    r = server.http.post(url, json={**good, **harmless})
+    assert r.status_code == 200, r.text
+    echoed = {"role": "assistant", "content": "Sunny.", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None}     # an earlier answer sent back as it came
+    r = server.http.post(url, json={**good, "messages": ASK + [echoed, {"role": "user", "content": "Thanks"}]})
+    assert r.status_code == 200, r.text
+
+
+def test_logprobs_spell_the_content_and_equal_plain_decoding(clean, reference):
+    from localspec.core.events import TokenEvent
+
+    cli = client(clean)
+    question = "Name three colours of the rainbow."
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24)
+    reply = second(cli.chat.completions.create, logprobs=True, top_logprobs=3, **kw)
+    content = reply.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode() == reply.choices[0].message.content
+    assert len(content) == reply.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        values = [a.logprob for a in t.top_logprobs]
+        assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
+    events = [e for e in plain_events(reference, [Message("user", question)], max_tokens=24, logprobs=3)
+              if isinstance(e, TokenEvent)]
+    expected = [entry for e in events for entry in e.logprobs]
+    assert [t.token for t in content] == [e.text for e in expected]
+    for got, want in zip(content, expected):
+        assert abs(got.logprob - want.logprob) < 1e-3
+        assert [a.token for a in got.top_logprobs] == [t.text for t in want.top]
+        assert all(abs(a.logprob - t.logprob) < 1e-3 for a, t in zip(got.top_logprobs, want.top))
+    chunks = [c for c in cli.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw)
+              if c.choices and c.choices[0].logprobs]
+    assert [t.token for c in chunks for t in c.choices[0].logprobs.content] == [t.token for t in content]
+    legacy = cli.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert "".join(lp.tokens) == legacy.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) <= 2 and top for top in lp.top_logprobs)
+
+
+EDIT = '''def area(width, height):
+    """The area of a rectangle."""
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+'''
+
+
+def test_a_prediction_keeps_the_text_and_its_tokens_are_accepted(server):
+    cli = client(server)
+    kw = dict(model=MODEL, temperature=0, max_tokens=80,
+              messages=[{"role": "user", "content": "Repeat this code exactly, changing nothing:\n" + EDIT}])
+    cli.chat.completions.create(**kw)    # the same request first: the same prefix reused for both (see above)
+    without = cli.chat.completions.create(**kw)
+    with_prediction = cli.chat.completions.create(prediction={"type": "content", "content": EDIT}, **kw)
+    assert with_prediction.choices[0].message.content == without.choices[0].message.content
+    details = with_prediction.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    parts = cli.chat.completions.create(prediction={"type": "content", "content": [{"type": "text", "text": EDIT}]}, **kw)
+    assert parts.choices[0].message.content == without.choices[0].message.content
