@@ -108,6 +108,32 @@ def test_each_slot_drafts_with_its_own_drafter_sequence(models):
         assert sinks[p].done.stats.sources == drafted_alone[p] and drafted_alone[p]["eagle"][2] > 0
 
 
+def test_grammar_logprobs_and_prediction_belong_to_their_slot(models):
+    """Three slots at once: one under a grammar (digits and commas), one with logprobs, one with a
+    prediction to draft from; each answer (tokens, logprobs) is what the request gets alone."""
+
+    digits = 'root ::= [0-9 ,]+'
+    configs = {PROMPTS[3]: GenerationConfig(max_tokens=24, grammar=digits, policy=LOOKUP4),
+               PROMPTS[0]: GenerationConfig(max_tokens=24, logprobs=3, policy=LOOKUP4),
+               PROMPTS[1]: GenerationConfig(max_tokens=24, prediction=" the quick brown fox jumps", policy=LOOKUP4)}
+    with Engine(models["noisy"], n_ctx=512) as engine:
+        alone = {}
+        for p, config in configs.items():
+            engine.clear_cache()
+            alone[p] = [e for e in engine.generate(p, config) if isinstance(e, DoneEvent)][0]
+    with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:
+        scheduler = Scheduler(engine)
+        sinks = {p: Collect() for p in configs}
+        drain(scheduler, [(p, c, sinks[p]) for p, c in configs.items()])
+    for p in configs:
+        done = sinks[p].done
+        assert done.tokens == alone[p].tokens, p
+        if p == PROMPTS[0]:
+            assert [(x.token, round(x.logprob, 4)) for x in done.logprobs] == \
+                [(x.token, round(x.logprob, 4)) for x in alone[p].logprobs]
+    assert set(sinks[PROMPTS[3]].done.text) <= set("0123456789 ,")
+
+
 def test_one_slot_cancelled_leaves_the_others_unchanged(models):
     alone = solo(models["noisy"], PROMPTS[:3], max_tokens=60)
     with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:   # plain decoding: one token a step
