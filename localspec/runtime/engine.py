@@ -223,8 +223,8 @@ class Engine:
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
         self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
         margins = MarginRecorder() if config.record_margins else None
-        loop = self.open_slot(self.verifier, prompt, config, cancel, observers=[margins] if margins else [],
-                              tick=self.threads.tick)
+        loop = self.open_slot(self.verifier, prompt, config, cancel,
+                              observers=[margins] if margins is not None else [], tick=self.threads.tick)
         for event in loop.run():
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))
