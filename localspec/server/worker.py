@@ -204,9 +204,13 @@ class EngineWorker:
         self._running.append(job)
         try:
             self.scheduler.admit(tokens, job.config, job.cancel, _Sink(self, job))
-        except BaseException:
+        except LocalspecError as exc:   # e.g. a grammar llama.cpp refuses: this request only
             self._running.remove(job)
-            raise
+            job.post(Failed(bad_request(str(exc), param=job.param)))
+        except Exception:  # a bug: one answer to the client, the traceback to the server's log only
+            self._running.remove(job)
+            traceback.print_exc(file=sys.stderr)
+            job.post(Failed(internal()))
 
     def _step(self) -> None:
         """One scheduler step; a failure ends every running job with an error (the traceback of
