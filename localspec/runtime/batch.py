@@ -23,6 +23,7 @@ class Batch:
         self.seqs: list[int] = []
         self.outputs: list[bool] = []
         self.segments: list[tuple[int, int, int, bool]] = []   # (seq, offset, start position, all logits)
+        self.promised = 0     # rows (each with logits) held for chains still being drafted
         self.seconds = 0.0
 
     @property
@@ -34,10 +35,10 @@ class Batch:
         return sum(self.outputs)
 
     def rows_left(self) -> int:
-        return self.ctx.n_batch - len(self.tokens)
+        return self.ctx.n_batch - len(self.tokens) - self.promised
 
     def outputs_left(self) -> int:
-        return self.ctx.n_outputs_max - self.logit_rows
+        return self.ctx.n_outputs_max - self.logit_rows - self.promised
 
     def add(self, seq: int, tokens: Sequence[int], start: int, *, all_logits: bool) -> int:
         """Rows ``tokens`` of sequence ``seq`` at positions ``start..``, logits for every row or

@@ -19,6 +19,9 @@ subtrees). The verifier would reject such a token anyway; cutting it saves the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generator
+
+import numpy as np
 
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
@@ -40,6 +43,31 @@ class Draft:
     seconds: float = 0.0             # drafter time inside llama.cpp
 
 
+# An EAGLE chain under way: it yields each drafter step it needs, (token, fed-back state,
+# position), is sent back (logits, state), and returns its Draft (see DraftStep.draft's ``batched``)
+Chain = Generator[tuple, tuple, Draft]
+
+
+@dataclass
+class DraftChain:
+    """An EAGLE chain for its driver: at most ``k`` tokens; ``steps``: the chain itself."""
+
+    k: int
+    steps: Chain
+    drafter: EagleDrafter
+
+
+def run_chain(chain: DraftChain) -> Draft:
+    """Drive a chain alone: each drafter step one decode of one row."""
+    gen, drafter = chain.steps, chain.drafter
+    try:
+        tok, state, pos = next(gen)
+        while True:
+            tok, state, pos = gen.send(drafter.decode([tok], state[None, :], pos))
+    except StopIteration as stop:
+        return stop.value
+
+
 class DraftStep:
     """The draft sources of one generation under its policy."""
 
@@ -56,8 +84,10 @@ class DraftStep:
         self.calibration = calibration      # draft probability -> acceptance, learned across generations
         self.draft_max = draft_max
 
-    def draft(self, room: int, n_past: int) -> Draft:
-        """This cycle's draft: at most ``room`` tokens after the token at ``n_past``."""
+    def draft(self, room: int, n_past: int, *, batched: bool = False) -> Draft | DraftChain:
+        """This cycle's draft: at most ``room`` tokens after the token at ``n_past``. ``batched``:
+        an EAGLE chain comes back undriven (:class:`DraftChain`), for a scheduler that runs the
+        drafter steps of several slots in one drafter decode."""
         policy, drafter = self.policy, self.drafter
         proposal, cls, origin = self._proposal(room)
         source, k = policy.plan(room, len(proposal), cls, drafter.pending if drafter is not None else 0)
@@ -66,7 +96,7 @@ class DraftStep:
         if source == LOOKUP:
             return Draft(proposal[:k], origin)
         if source == EAGLE:
-            return self._eagle(k, room, n_past)
+            return self._eagle(k, room, n_past, batched)
         return Draft(source=source)
 
     def _proposal(self, room: int) -> tuple[list[int], int, str]:
@@ -88,7 +118,7 @@ class DraftStep:
         return (allowed_chain(self.grammar, lookup.continuation(start, self.policy.lookup_depth(room, cls))),
                 cls, LOOKUP)
 
-    def _eagle(self, k: int, room: int, n_past: int) -> Draft:
+    def _eagle(self, k: int, room: int, n_past: int, batched: bool = False) -> Draft | DraftChain:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain."""
         policy, drafter = self.policy, self.drafter
         t0 = drafter.seconds
@@ -105,22 +135,33 @@ class DraftStep:
                 draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
                                         drafter.seconds - t0 + policy.overhead)
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
+        if batched:   # other slots' drafter decodes come before this chain's first draft: keep a copy
+            logits = np.array(logits)
+        chain = DraftChain(k, self._chain(k, logits, state, n_past, steps, t0), drafter)
+        return chain if batched else run_chain(chain)
+
+    def _chain(self, k: int, logits, state, n_past: int, steps: int, t0: float) -> Chain:
+        """Greedy top-1 drafts from the catch-up's logits until ``k``, ``p_min`` or the grammar
+        stops them; each further drafter step is yielded to the driver."""
+        policy, drafter = self.policy, self.drafter
         tokens: list[int] = []
         grammar = self.grammar.clone() if self.grammar is not None else None
-        while len(tokens) < k:
-            tok, prob = top1_probability(logits)
-            if not policy.keep_drafting(prob):
-                break
-            if grammar is not None:
-                if not grammar.allowed(tok):
+        try:
+            while len(tokens) < k:
+                tok, prob = top1_probability(logits)
+                if not policy.keep_drafting(prob):
                     break
-                grammar.accept(tok)
-            tokens.append(tok)
-            if len(tokens) < k:
-                logits, state = drafter.decode([tok], state[None, :], n_past + len(tokens) - 1)
-                steps += 1
-        if grammar is not None:
-            grammar.close()
+                if grammar is not None:
+                    if not grammar.allowed(tok):
+                        break
+                    grammar.accept(tok)
+                tokens.append(tok)
+                if len(tokens) < k:
+                    logits, state = yield tok, state, n_past + len(tokens) - 1
+                    steps += 1
+        finally:
+            if grammar is not None:
+                grammar.close()
         return Draft(tokens, EAGLE, steps=steps, seconds=drafter.seconds - t0)
 
     def record(self, draft: Draft, verified: Verified) -> None:

@@ -29,7 +29,7 @@ from ..speculation.policy import EAGLE, DraftPolicy
 from ..speculation.prediction import PredictionSource, prediction_tokens_used
 from .config import GenerationConfig
 from .batch import Batch
-from .drafting import DraftStep
+from .drafting import Draft, DraftChain, DraftStep
 from .logprobs import LogprobRecorder
 from .sampling import Sampler
 from .text_stream import TokenOutput
@@ -87,6 +87,8 @@ class GenerationLoop:
         self.done = False                         # the DoneEvent is queued
         self._work: tuple | None = None           # what this step's rows are (plan -> settle)
         self._shared = False                      # this step's batch holds other slots' rows
+        self._alone = True                        # this step's rows are the batch's first
+        self._promised = 0                        # rows promised in the batch for a chain being drafted
         self._started = False
         self._t_start = self._t_cycle = 0.0
         self._t_gen = 0.0
@@ -121,30 +123,44 @@ class GenerationLoop:
         return not self._started or self.verifier.prefilling
 
     # -- one step ----------------------------------------------------------------------------------
-    def plan(self, batch: Batch, reserve: int = 0) -> None:
+    def plan(self, batch: Batch, reserve: int = 0, *, batched: bool = False) -> DraftChain | None:
         """Add this step's rows to ``batch``: the prompt's next chunk (as many rows as the batch
         has left), or the draft of a cycle with ``last`` (leaving ``reserve`` rows for the slots
         after this one). A draft tree adds none: it is decoded on its own in :meth:`settle`
-        (only a generation alone drafts trees)."""
+        (only a generation alone drafts trees). ``batched``: an EAGLE chain is returned undriven,
+        its rows promised in the batch; :meth:`add_rows` adds them once the scheduler drafted it."""
         verifier = self.verifier
         if not self._started:
             self._begin()
         if verifier.prefilling:
             tokens, pos = verifier.prefill_chunk(batch.rows_left())
             self._work = ("prefill", batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
-            return
+            return None
         if self.tick is not None:
             self.tick()
         self._t_cycle = time.perf_counter()
-        alone = batch.rows == 0
+        self._alone = batch.rows == 0 and batch.promised == 0
         limit = min(batch.rows_left(), batch.outputs_left()) - reserve - 1 - len(verifier.uncached)
-        draft = self.drafting.draft(max(0, min(verifier.room(), self.output.remaining - 1, limit)), verifier.n_past)
+        draft = self.drafting.draft(max(0, min(verifier.room(), self.output.remaining - 1, limit)), verifier.n_past,
+                                    batched=batched)
+        if isinstance(draft, DraftChain):
+            self._promised = draft.k + 1 + len(verifier.uncached)
+            batch.promised += self._promised
+            return draft
+        self.add_rows(batch, draft)
+        return None
+
+    def add_rows(self, batch: Batch, draft: Draft) -> None:
+        """This cycle's rows for ``draft`` (a plain step's one row, a chain to verify)."""
+        verifier = self.verifier
+        batch.promised -= self._promised
+        self._promised = 0
         if draft.tree is not None:
             self._work = ("tree", draft)
         elif draft.source is None and not self.observers and not verifier.uncached:
             self._work = ("step", batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
         else:
-            rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and alone else 0
+            rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and self._alone else 0
             tokens, start = verifier.chain_rows(draft.tokens, rows)
             self._work = ("verify", batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft, rows)
 

@@ -16,9 +16,9 @@ batch). Each slot's events go to its own sink as they come.
 
 A request goes to the free slot whose cached tokens share the longest prefix with its prompt
 (ties: the least recently used). Each slot drafts with its own sequence of the EAGLE drafter's
-context (its own pending target features; the drafter's steps run slot by slot, not yet in one
-drafter batch) and its own lookup index; draft trees only in an engine of one slot (their
-branches are sequences of the target context).
+context (its own pending target features) and its own lookup index; the slots' EAGLE chains are
+drafted together, one drafter decode per depth for all of them (:func:`drive_chains`); draft
+trees only in an engine of one slot (their branches are sequences of the target context).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Callable
 from ..core.errors import LocalspecError
 from ..core.events import Event
 from .batch import Batch
+from .drafting import Draft, DraftChain
 from .config import GenerationConfig
 from .generation import GenerationLoop
 from .verifier import TargetVerifier
@@ -122,11 +123,16 @@ class Scheduler:
         batch = Batch(engine.ctx)
         decoding = [s for s in active if not s.loop.prefilling]
         planned: list[Slot] = []
+        chains: dict[int, tuple[Slot, DraftChain]] = {}
         for i, slot in enumerate(decoding):
             others = len(decoding) - 1 - i           # rows the slots after this one need at least
-            slot.loop.policy.batch_rows = batch.rows + others
-            slot.loop.plan(batch, reserve=others)
+            slot.loop.policy.batch_rows = batch.rows + batch.promised + others
+            chain = slot.loop.plan(batch, reserve=others, batched=len(decoding) > 1)
+            if chain is not None:
+                chains[slot.index] = (slot, chain)
             planned.append(slot)
+        for slot, draft in drive_chains(engine.drafter, list(chains.values())):
+            slot.loop.add_rows(batch, draft)
         for slot in active:
             if slot.loop.prefilling and batch.rows_left() > 0 and batch.outputs_left() > 0:
                 slot.loop.plan(batch)
@@ -156,3 +162,30 @@ class Scheduler:
         if dropped and self.engine._lock.locked():
             self.engine._lock.release()
         return dropped
+
+
+def drive_chains(drafter, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[Slot, Draft]]:
+    """The slots' EAGLE chains drafted together: each round, one drafter decode of every chain's
+    next step (each in its slot's drafter sequence); the decode's time is shared among them."""
+    done: list[tuple[Slot, Draft]] = []
+    waiting: list[tuple[Slot, DraftChain, tuple]] = []
+
+    def advance(slot: Slot, chain: DraftChain, result) -> None:
+        try:
+            waiting.append((slot, chain, next(chain.steps) if result is None else chain.steps.send(result)))
+        except StopIteration as stop:
+            done.append((slot, stop.value))
+
+    for slot, chain in chains:
+        advance(slot, chain, None)
+    while waiting:
+        rounds, waiting = waiting, []
+        t0 = drafter.seconds
+        results = drafter.decode_steps([(chain.drafter.seq, *step) for _, chain, step in rounds])
+        spent = drafter.seconds - t0
+        drafter.seconds -= spent
+        for _, chain, _ in rounds:
+            chain.drafter.seconds += spent / len(rounds)
+        for (slot, chain, _), result in zip(rounds, results):
+            advance(slot, chain, result)
+    return done

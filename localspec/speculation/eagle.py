@@ -154,17 +154,35 @@ class EagleDrafter:
         llama_cpp.llama_batch_ext_clear(self._batch)
         idx = -1
         for i, tok in enumerate(tokens):
-            idx = llama_cpp.llama_batch_ext_add_token(self._batch, self.seq if seqs is None else seqs[i], tok)
-            if idx < 0:
-                raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
-            row = g[i]
-            embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
-            llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-            self._pos.value = start_pos + (i if seqs is None else 0)
-            llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-            llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
+            idx = self._add_row(self.seq if seqs is None else seqs[i], tok, g[i], start_pos + (i if seqs is None else 0),
+                                output)
         self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
         return idx
+
+    def _add_row(self, seq: int, tok: int, g_row: np.ndarray, pos: int, output: bool) -> int:
+        idx = llama_cpp.llama_batch_ext_add_token(self._batch, seq, tok)
+        if idx < 0:
+            raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
+        embd = llama_cpp.llama_embd(g_row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
+        self._pos.value = pos
+        llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
+        llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
+        return idx
+
+    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The next chain step of several sequences (slots) in one drafter decode per
+        ``ALL_OUTPUT_ROWS`` rows: (sequence, token, fed-back state, position) each; per row a copy
+        of its logits and its next state."""
+        out = []
+        for start in range(0, len(rows), ALL_OUTPUT_ROWS):
+            part = rows[start:start + ALL_OUTPUT_ROWS]
+            llama_cpp.llama_batch_ext_clear(self._batch)
+            for seq, tok, state, pos in part:
+                self._add_row(seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+            out.extend((np.array(self.ctx.logits(j)), self._state(j)) for j in range(len(part)))
+        return out
 
     def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Write pairs (tokens[i], g[i]) at positions start_pos+i; return the last row's
