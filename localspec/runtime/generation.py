@@ -7,6 +7,12 @@ acceptance (:class:`~localspec.runtime.drafting.DraftStep`), the target verifies
 :class:`~localspec.runtime.text_stream.TokenOutput` turns the committed tokens into TokenEvents and
 says when to stop. With no draft source the same loop is plain decoding.
 
+One generation is one slot: each step it adds its rows to a :class:`~localspec.runtime.batch.Batch`
+(``plan``: a prompt chunk, ``last``, or ``last`` and a draft), the batch is decoded once, and it
+reads its own rows back (``settle``). :meth:`GenerationLoop.run` drives it alone; the scheduler
+(:mod:`localspec.runtime.scheduler`) drives several generations through the same two calls, one
+decode per step for all of them.
+
 ``tick`` runs between cycles (the engine's thread-count controller) and counts as generation time.
 Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
 target's logits before the sampler moves on, for measurement such as bench's logit margins

@@ -113,6 +113,7 @@ class PolicyConfig:
 # curve never makes rows free; see DraftPolicy._verify)
 MARGINAL_FLOOR = 0.01
 
+
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
     """The drafter's most likely token and its softmax probability."""
     best = int(np.argmax(logits))
