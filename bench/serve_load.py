@@ -5,7 +5,8 @@ without its ``--spec-type ngram-mod``, at C = 1, 2, 4, 8 concurrent streaming cl
         [--prompts bench/chat.jsonl bench/coding.jsonl] [--servers localspec,llama-server,llama-server-ngram-mod] \\
         [--requests R] [--model NAME | --target T.gguf] [--ctx 2048] [--json results.json]
 
-Every server gets the same target GGUF (the model's, default: the embedded Q4_0 SmolLM2), the same
+Every server gets the same target GGUF (the model's, default: the embedded Q4_0 SmolLM2; localspec
+also its drafter, unless ``--target`` names a file alone), the same
 threads, the same slots and context per slot, and the same requests: the prompts as chat messages,
 streamed with the ``openai`` client, greedy (temperature 0), penalties off (``repeat_penalty`` 1),
 ``max_tokens`` = ``-n``. At each concurrency C, C clients take the next request from one shared
@@ -85,8 +86,9 @@ class Running:
 
 
 def start(name: str, args, target: Path, port: int, log: Path) -> Running:
-    if name == "localspec":
-        cmd = [sys.executable, "-m", "localspec", "serve", "--target", str(target), "--port", str(port),
+    if name == "localspec":   # the model (its drafter too), or --target alone
+        model = ["--target", str(args.target)] if args.target else ([args.model] if args.model else [])
+        cmd = [sys.executable, "-m", "localspec", "serve", *model, "--port", str(port),
                "--parallel", str(args.parallel), "--ctx", str(args.ctx), "--queue-size", "64"]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
