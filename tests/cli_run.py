@@ -41,6 +41,31 @@ def cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess
                           preexec_fn=default_sigint, **kwargs)
 
 
+def one_error_cli(*args, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """:func:`cli` with ``env`` added to this process's environment and undecodable output replaced."""
+    return subprocess.run([*LOCALSPEC, *args], capture_output=True, text=True, errors="replace", timeout=timeout,
+                          env={**os.environ, **(env or {})}, preexec_fn=default_sigint)
+
+
+def assert_one_error(proc: subprocess.CompletedProcess, code: int = 1, *, contains: str = "") -> str:
+    """Exactly one line on stderr, ``Error: ...``, the exit code, no traceback, no native crash."""
+    err = proc.stderr
+    assert proc.returncode == code, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "GGML_ASSERT" not in err, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    if code == 1:
+        assert len(lines) == 1 and lines[0].startswith("Error: "), err[-2000:]
+        assert contains in lines[0], (contains, lines[0])
+        return lines[0]
+    return err
+
+
+def works(target: Path, *extra: str) -> None:
+    """The next run works."""
+    proc = one_error_cli("generate", "--target", str(target), "-p", "hi", "--raw", "-n", "3", "--no-spec", *extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def cli_batch(*commands: list[str], timeout: int = 600) -> list[subprocess.CompletedProcess]:
     """``localspec ARGS`` for each command, in order, in one child process (:func:`run_cli` there);
     each result has ``seconds``, the time its command took. A child that dies (a native abort)

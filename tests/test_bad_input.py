@@ -25,28 +25,10 @@ from localspec.runtime.engine import GenerationConfig
 from localspec.formats.gguf_info import check_pair, read_gguf
 from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
-from cli_run import cli_batch
+from cli_run import assert_one_error, cli_batch, one_error_cli as cli, works
 from tiny_models import HEAD_DIM, build_drafter, build_target, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32
-
-
-def cli(*args, timeout: int = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], capture_output=True, text=True,
-                          errors="replace", timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def assert_one_error(proc: subprocess.CompletedProcess, code: int = 1, *, contains: str = "") -> str:
-    """Exactly one line on stderr, ``Error: ...``, the exit code, no traceback, no native crash."""
-    err = proc.stderr
-    assert proc.returncode == code, (proc.returncode, err[-2000:])
-    assert "Traceback" not in err and "GGML_ASSERT" not in err, err[-2000:]
-    lines = [line for line in err.splitlines() if line.strip()]
-    if code == 1:
-        assert len(lines) == 1 and lines[0].startswith("Error: "), err[-2000:]
-        assert contains in lines[0], (contains, lines[0])
-        return lines[0]
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +37,6 @@ def tiny(tmp_path_factory):
     target = build_target(d / "t.gguf", "repeat")
     drafter = build_drafter(d / "d.gguf", target, "repeat")
     return d, target, drafter
-
-
-def works(target: Path, *extra: str) -> None:
-    """The next run works."""
-    proc = cli("generate", "--target", str(target), "-p", "hi", "--raw", "-n", "3", "--no-spec", *extra)
-    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # -- values: one table, every entry point ----------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from localspec import LocalspecError
 from localspec.formats.gguf_info import check_pair, read_gguf
 from localspec.llama.gguf_native import GGUFHeader
-from test_bad_input import assert_one_error, cli, works
+from cli_run import assert_one_error, one_error_cli as cli, works
 from tiny_models import HEAD_DIM, N_HEAD_KV, N_LAYER, build_drafter, build_target, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32

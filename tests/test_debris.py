@@ -198,8 +198,8 @@ def test_read_only_home(tmp_path, tiny_pair):
         target, drafter = tiny_pair
         mf = tmp_path / "Modelfile"
         mf.write_text(f"FROM {target}\nDRAFT {drafter}\n")
-        line = one_error(run("create", "m", "-f", str(mf)))   # nor a record written
-        assert str(home / "models") in line and ("Read-only" in line or "Permission denied" in line)
+        line = one_error(run("create", "m", "-f", str(mf)))   # nor its lock taken, nor a record written
+        assert str(home / "locks") in line and ("Read-only" in line or "Permission denied" in line)
         proc = run("list")     # reading still works
         assert proc.returncode == 0 and "no models yet" in proc.stderr, proc.stderr
         proc = run("generate", "--target", str(target), "--prompt", "hi", "-n", "2", "--raw")

@@ -10,7 +10,7 @@ import pytest
 
 from localspec import LocalspecError
 from localspec.formats.quantize import requantize
-from test_bad_input import assert_one_error, cli
+from cli_run import assert_one_error, one_error_cli as cli
 from tiny_models import build_target
 
 

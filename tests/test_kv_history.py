@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import pytest
 
 from localspec.core.events import DoneEvent
 from localspec.formats.chat_format import Message
@@ -19,7 +18,7 @@ from localspec.formats.tool_calls import FORMATS, Tool, ToolRequest
 from localspec.runtime.config import GenerationConfig
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
 from localspec.speculation.policy import PolicyConfig
-from test_serve import reference  # noqa: F401  (a fixture: the engine as the server builds it)
+from serve_checks import reference  # noqa: F401  (a fixture: the engine as the server builds it)
 
 GREEDY = SamplingParams(**{**asdict(CHAT_SAMPLING), "temperature": 0.0})
 POLICY = PolicyConfig(name="fixed", draft_max=4)

@@ -4,136 +4,28 @@ output, and Prometheus metrics read with prometheus_client's own parser."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import asdict
-from pathlib import Path
-from typing import Callable, Iterator
 
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from cli_run import default_sigint
 
 from localspec.formats.chat_format import Message
-from localspec.runtime.engine import GenerationConfig
-from localspec.core.events import DoneEvent
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
-from localspec.speculation.policy import PolicyConfig
 
-KEY = "sk-test-localspec"
-MODEL = "smollm2-135m"
-CTX = 1024
-QUEUE = 2
-MAX_BODY = 256 * 1024
-# fixed drafting depth: the drafts (and so the sampler's random draws) depend only on the tokens,
-# which makes the server's output reproducible by a separate engine
-SERVE_ARGS = ["--policy", "fixed", "--draft-max", "4", "--ctx", str(CTX), "--queue-size", str(QUEUE),
-              "--max-body", "256K", "--api-key", KEY]
-POLICY = PolicyConfig(name="fixed", draft_max=4)
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", KEY), max_retries=0, timeout=120,
-                             **kw)
-
-    def metrics(self) -> dict[tuple, float]:
-        """{(sample name, sorted labels without model_name): value}"""
-        text = httpx.get(self.url + "/metrics", timeout=30).text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
-                out[(s.name, labels)] = s.value
-        return out
-
-
-@contextmanager
-def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None = None) -> Iterator[Server]:
-    """``localspec serve`` on a free port with LOCALSPEC_HOME ``home`` and ``args`` after the model
-    flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
-    env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
-    env.pop("LOCALSPEC_API_KEY", None)
-    if setup is not None:
-        setup(env)
-    log = home / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", "0", *(args or SERVE_ARGS)],
-                                stdout=sink, stderr=subprocess.STDOUT, env=env, preexec_fn=default_sigint)
-    try:
-        url = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"the server exited: {log.read_text()}"
-            if url is None and (m := re.search(r"Listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
-                url = m.group(1)
-            if url is not None:
-                try:
-                    if httpx.get(url + "/health", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"the server did not come up: {log.read_text()}")
-        srv = Server(proc, url, log)
-        yield srv
-        assert proc.poll() is None, f"the server died: {log.read_text()}"
-        srv.http.close()
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    assert "Traceback" not in log.read_text(), log.read_text()
+from serve_checks import CTX, KEY, MAX_BODY, MODEL, POLICY, engine_output, error_of, running_server
+from serve_checks import reference  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("serve_home")) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """The engine itself, built as the server builds it, in this process."""
-    from localspec.cli.common import open_engine
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALSPEC_THREADS", "1")
-        _, engine = open_engine(None, None, None, ctx=CTX, threads=None, gpu_layers=None, verbose=False)
-    with engine:
-        yield engine
-
-
-def engine_output(engine, prompt, *, max_tokens: int, **sampling) -> DoneEvent:
-    params = SamplingParams(**{**asdict(CHAT_SAMPLING), **sampling})   # what a request leaves out: the chat defaults
-    config = GenerationConfig(max_tokens=max_tokens, sampling=params, policy=POLICY)
-    return [e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent)][0]
-
-
-def error_of(response: httpx.Response) -> dict:
-    body = response.json()
-    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
-    assert "Traceback" not in response.text
-    return body["error"]
 
 
 SAMPLED = dict(temperature=0.8, top_p=0.95, seed=11, presence_penalty=0.3, frequency_penalty=0.2)

@@ -20,8 +20,8 @@ from localspec.formats.chat_format import Message
 from localspec.formats.json_grammar import schema_grammar
 from localspec.runtime.config import GenerationConfig
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
-from test_serve import MODEL, POLICY, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
-from test_tool_calls import HERMES_TEMPLATE
+from serve_checks import MODEL, POLICY, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
+from tool_templates import HERMES_TEMPLATE
 
 HERMES_MODEL = "smol-hermes"
 

@@ -5,7 +5,6 @@ the real CLI; ``tests/pause_child.py`` holds create at a known point while the o
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ pytest.importorskip("torch")   # the checkpoint writer of the tests
 
 from checkpoints import N_LAYER, make_reference, write_checkpoint  # noqa: E402
 from localspec.store import registry  # noqa: E402
-from test_bad_input import assert_one_error, cli  # noqa: E402
+from cli_run import assert_one_error, one_error_cli as cli  # noqa: E402
 from tiny_models import build_target  # noqa: E402
 
 PAUSE_CHILD = str(Path(__file__).with_name("pause_child.py"))

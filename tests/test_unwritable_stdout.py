@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from test_bad_input import assert_one_error
+from cli_run import assert_one_error
 from tiny_models import build_drafter, build_target
 
 FULL = "/dev/full"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from ..store.models import apply_model_defaults, resolve
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.options import check_text
-from ..llama.grammar import json_schema_grammar
+from ..formats.json_grammar import schema_grammar
 from ..runtime.generation_options import GenerationOptions
 from ..memory.live import memory_report
 from .app import app
@@ -42,6 +43,13 @@ def _read_text(flag: str, path: Path) -> str:
         raise LocalspecError(f"{flag} {path}: not UTF-8 text") from None
 
 
+def _json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise LocalspecError(f"the JSON schema is not JSON: {exc}") from None
+
+
 def structured_config(config: GenerationConfig, *, grammar: Path | None, json_schema: Path | None,
                       logprobs: int | None, prediction: Path | None) -> GenerationConfig:
     """``config`` with the structured-output, logprobs and Predicted Outputs flags."""
@@ -50,7 +58,7 @@ def structured_config(config: GenerationConfig, *, grammar: Path | None, json_sc
     gbnf = _read_text("--grammar", grammar) if grammar is not None else None
     if json_schema is not None:
         try:
-            gbnf = json_schema_grammar(_read_text("--json-schema", json_schema))
+            gbnf = schema_grammar(_json(_read_text("--json-schema", json_schema)))
         except LocalspecError as exc:
             raise LocalspecError(f"--json-schema {json_schema}: {exc}") from None
     if logprobs is not None:

@@ -253,23 +253,3 @@ class Grammar:
             self.close()
         except Exception:
             pass
-
-
-def json_schema_grammar(schema) -> str:
-    """A GBNF grammar for a JSON schema (text or a parsed object) through llama-cpp-python's own
-    converter (``llama_cpp.llama_grammar.json_schema_to_gbnf``); a schema it refuses is one error."""
-    import json
-
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise LocalspecError(f"the JSON schema is not JSON: {exc}") from None
-    if not isinstance(schema, dict):
-        raise LocalspecError(f"a JSON schema must be an object, got {type(schema).__name__}")
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except (AssertionError, KeyError, ValueError, TypeError, AttributeError, IndexError, RecursionError) as exc:
-        raise LocalspecError(f"the JSON schema cannot be turned into a grammar: {exc}") from None

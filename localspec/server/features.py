@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..core.errors import LocalspecError
+from ..core.options import TOP_LOGPROBS_MAX
 from ..core.events import TokenLogprob
 from ..formats.chat_format import ChatFormatter, Message, ToolCall
 from ..formats.json_grammar import any_json_grammar, schema_grammar
@@ -21,7 +22,6 @@ from ..runtime.config import GenerationConfig
 from .errors import bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, ContentPart
 
-TOP_LOGPROBS_MAX = 20
 # what a refused field's error adds (see schemas: an undeclared field is refused)
 REFUSAL_HINTS = {
     "functions": "the legacy form of tools: send tools instead; ",
