@@ -20,7 +20,8 @@ import openai
 import pytest
 
 from engine_checks import NEAR_TIE, run
-from test_serve_hostile import Served
+from cli_run import default_sigint
+from serve_checks import running_server
 from localspec import Engine
 from localspec.runtime.sampling import CHAT_SAMPLING
 
@@ -43,14 +44,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
-    served = Served(tmp_path_factory.mktemp("serve_slots_home"), "--target", str(tiny), *ARGS)
-    try:
-        assert f"{SLOTS} slots of context {CTX}" in served.text()
+    with running_server(tmp_path_factory.mktemp("serve_slots_home"), "--target", str(tiny), *ARGS) as served:
+        assert f"{SLOTS} slots of context {CTX}" in served.log.read_text()
         yield served.url
-        assert served.proc.poll() is None, f"the server died: {served.text()}"
-    finally:
-        served.stop()
-    assert "Traceback" not in served.text(), served.text()
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +186,18 @@ def test_shutdown_stops_every_running_slot_and_refuses_the_waiting(tiny, tmp_pat
     shutting-down error event and [DONE], the waiting one gets 503, one log line each."""
     import json
 
-    served = Served(tmp_path, "--target", str(tiny), "--parallel", "2", "--ctx", "4096", "--no-spec")
+    env = dict(os.environ, LOCALSPEC_HOME=str(tmp_path), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
+    log = tmp_path / "server.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--target", str(tiny), "--port", "0",
+                                 "--parallel", "2", "--ctx", "4096", "--no-spec"], stdout=sink,
+                                stderr=subprocess.STDOUT, env=env, preexec_fn=default_sigint)
     try:
-        url = served.url
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"Listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        url = m.group(1)
         body = {"model": MODEL, "prompt": "1, 2, 3, 4,", "max_tokens": 4000, "temperature": 0, "stream": True}
         outs = [{}, {}, {}]
 
@@ -209,13 +214,15 @@ def test_shutdown_stops_every_running_slot_and_refuses_the_waiting(tiny, tmp_pat
         threads[2].start()
         while health()["requests_deferred"] < 1:
             time.sleep(0.05)
-        served.proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
         for t in threads:
             t.join(60)
-        assert served.proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == 130
     finally:
-        served.stop()
-    text = served.text()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
     assert "Traceback" not in text, text
     for out in outs[:2]:
         assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]", out
