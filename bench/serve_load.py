@@ -2,7 +2,7 @@
 without its ``--spec-type ngram-mod``, at C = 1, 2, 4, 8 concurrent streaming clients.
 
     python bench/serve_load.py --parallel 4 --threads 2 -n 128 [--concurrency 1,2,4,8] \\
-        [--prompts bench/chat.jsonl bench/coding.jsonl] [--servers localspec,llama-server,llama-server-ngram-mod] \\
+        [--prompts bench/chat.jsonl bench/coding.jsonl] [--servers localspec,localspec-plain,llama-server,llama-server-ngram-mod] \\
         [--requests R] [--model NAME | --target T.gguf] [--ctx 2048] [--json results.json]
 
 Every server gets the same target GGUF (the model's, default: the embedded Q4_0 SmolLM2; localspec
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,7 +44,7 @@ import openai
 from localspec.runtime.bench import load_prompts
 from localspec.store.models import resolve
 
-SERVERS = ("localspec", "llama-server", "llama-server-ngram-mod")
+SERVERS = ("localspec", "localspec-plain", "llama-server", "llama-server-ngram-mod")
 NATIVE_SPEC = {"llama-server": [], "llama-server-ngram-mod": ["--spec-type", "ngram-mod"]}
 BENCH = Path(__file__).resolve().parent
 
@@ -86,12 +87,15 @@ class Running:
 
 
 def start(name: str, args, target: Path, port: int, log: Path) -> Running:
-    if name == "localspec":   # the model (its drafter too), or --target alone
+    if name.startswith("localspec"):   # the model (its drafter too), or --target alone; -plain: --no-spec
         model = ["--target", str(args.target)] if args.target else ([args.model] if args.model else [])
         cmd = [sys.executable, "-m", "localspec", "serve", *model, "--port", str(port),
                "--parallel", str(args.parallel), "--ctx", str(args.ctx), "--queue-size", "64"]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if name == "localspec-plain":
+            cmd += ["--no-spec"]
+        cmd += shlex.split(args.localspec_args)
         return Running(name, cmd, port, log, env=dict(os.environ, LOCALSPEC_THREADS=str(args.threads or "")))
     from peer_llamacpp import build_tool
 
@@ -193,6 +197,7 @@ def parse_args(argv=None):
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default: max(2 C, 8))")
     ap.add_argument("--prompts", nargs="+", type=Path, default=[BENCH / "chat.jsonl", BENCH / "coding.jsonl"])
     ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--localspec-args", default="", help="more flags for localspec serve (e.g. '--source lookup')")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
