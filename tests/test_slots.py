@@ -262,14 +262,13 @@ def test_speculation_stays_on_at_4_and_8_slots_where_rows_are_nearly_free(match)
 
 
 def test_speculation_turns_off_as_the_batch_grows_where_rows_cost_what_they_cost_alone():
-    """On the CPU curve a slot alone drafts a short match; among 2, 4 or 8 slots it does not (its
-    rows would cost more than the batch already makes per second); a better match drafts up to
-    8 slots and stops at 16; a copy (near-certain drafts) still pays."""
-    short = [_plan(CPU, n, 4) for n in (1, 2, 4, 8)]
-    assert short[0] > 0 and short[1:] == [0, 0, 0], short
-    medium = [_plan(CPU, n, 8) for n in (1, 2, 4, 8, 16)]
-    assert medium[0] > 0 and medium[-1] == 0 and medium == sorted(medium, reverse=True), medium
-    assert _plan(CPU, 8, 32) > 0
+    """On the CPU curve a slot alone drafts a short, a medium and a copy-long match; among 2, 4, 8
+    or 16 slots it drafts none of them: there rows of several sequences cost more than the curve
+    says (measured with bench/serve_load.py on 2 cores: auto with drafts 0.83-0.96x its own plain
+    decoding at 2-8 concurrent requests), so a batch drafts only where rows are nearly free."""
+    for match in (4, 8, 32):
+        depths = [_plan(CPU, n, match) for n in (1, 2, 4, 8, 16)]
+        assert depths[0] > 0 and depths[1:] == [0, 0, 0, 0], (match, depths)
 
 
 def test_alone_the_batch_price_is_the_calibrated_curve():

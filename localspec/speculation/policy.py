@@ -112,6 +112,8 @@ class PolicyConfig:
 # the least a draft row adds to a shared batch, relative to a slot's share of it (a flat or noisy
 # curve never makes rows free; see DraftPolicy._verify)
 MARGINAL_FLOOR = 0.01
+# a batch of several slots drafts only where V(8) <= this x V(1) (see DraftPolicy._rows_nearly_free)
+SHARED_ROWS_FREE = 2.2
 
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
@@ -284,7 +286,7 @@ class DraftPolicy:
                 return LOOKUP, min(k_max, lookup_len)
             return None, 0
         cost = self.cost
-        if cost is None:
+        if cost is None or (self.batch_rows and not self._rows_nearly_free()):
             return None, 0
         o = self.overhead
         plain = 1.0 / (self._verify(1) + o)
@@ -355,6 +357,16 @@ class DraftPolicy:
             return cost.verify(b)
         share = cost.verify(r + 1) / (r + 1)
         return share + max(cost.verify(r + b) - cost.verify(r + 1), MARGINAL_FLOOR * share * (b - 1))
+
+    def _rows_nearly_free(self) -> bool:
+        """Whether a batch of several slots may carry drafts at all: only where the one-sequence
+        curve says extra rows are nearly free (V(8) <= SHARED_ROWS_FREE x V(1): measured on an H200,
+        1.4-1.9 for an 8B target). On a compute-bound CPU (V(8) = 2.5-3.1 x V(1) for SmolLM2 on
+        2 cores) the rows of several sequences cost more than that curve says (each row's attention
+        spans every slot's cells), and auto with drafts served 0.83-0.96x its own plain decoding at
+        2-8 concurrent requests (bench/serve_load.py, localspec vs localspec-plain)."""
+        cost = self.cost
+        return cost.verify(8) <= SHARED_ROWS_FREE * cost.verify(1)
 
     def _cheapest(self) -> float:
         """A lower bound of :meth:`_verify` for 2 rows or more (plan's quick test)."""
