@@ -13,7 +13,7 @@ from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
 
 from engine_checks import PROMPTS
-from tiny_models import build_drafter, build_target
+from tiny_models import noisy_and_repeat
 
 POLICIES = [PolicyConfig("fixed", 6, source="lookup"), PolicyConfig("fixed", 4, source="eagle"),
             PolicyConfig("fixed", 4, source="eagle", tree="on", tree_width=3, tree_nodes=12)]
@@ -22,11 +22,7 @@ COPY = "a b c d e f g a b c d e f g a b c"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("logprobs")
-    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
-             "repeat": build_target(d / "repeat.gguf", "repeat")}
-    paths["d_repeat"] = build_drafter(d / "d_repeat.gguf", paths["repeat"], "repeat")
-    return paths
+    return noisy_and_repeat(tmp_path_factory.mktemp("logprobs"))
 
 
 def events(engine, prompt, **kw) -> tuple[list[TokenEvent], DoneEvent]:

@@ -18,18 +18,14 @@ from localspec.runtime.sampling import SamplingParams
 from localspec.runtime.scheduler import Scheduler
 from localspec.speculation.costmodel import CostModel, fit_curve
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
-from tiny_models import build_drafter, build_target
+from tiny_models import noisy_and_repeat
 
 LOOKUP4 = PolicyConfig("fixed", 4)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slots")
-    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
-             "repeat": build_target(d / "repeat.gguf", "repeat")}
-    paths["d_repeat"] = build_drafter(d / "d_repeat.gguf", paths["repeat"], "repeat")
-    return paths
+    return noisy_and_repeat(tmp_path_factory.mktemp("slots"))
 
 
 class Collect:

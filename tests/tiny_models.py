@@ -177,3 +177,12 @@ def rewrite_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = Non
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def noisy_and_repeat(d: Path) -> dict[str, Path]:
+    """A noisy target, a repeating target and its drafter in ``d`` (the pair the logprob and slot
+    tests run on): {"noisy", "repeat", "d_repeat"}."""
+    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
+             "repeat": build_target(d / "repeat.gguf", "repeat")}
+    paths["d_repeat"] = build_drafter(d / "d_repeat.gguf", paths["repeat"], "repeat")
+    return paths
