@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CycleEvent", "DoneEvent", "Engine", "GenerationConfig", "GenerationStats", "LocalspecError",
-    "Message", "PolicyConfig", "SamplingParams", "TokenEvent",
+    "Message", "PolicyConfig", "SamplingParams", "TokenEvent", "TokenLogprob",
 ]
 __version__ = "0.1.0"
 

@@ -57,8 +57,9 @@ def structured_config(config: GenerationConfig, *, grammar: Path | None, json_sc
         raise LocalspecError("--grammar and --json-schema exclude each other")
     gbnf = _read_text("--grammar", grammar) if grammar is not None else None
     if json_schema is not None:
+        text = _read_text("--json-schema", json_schema)   # its errors name the flag and file already
         try:
-            gbnf = schema_grammar(_json(_read_text("--json-schema", json_schema)))
+            gbnf = schema_grammar(_json(text))
         except LocalspecError as exc:
             raise LocalspecError(f"--json-schema {json_schema}: {exc}") from None
     if logprobs is not None:

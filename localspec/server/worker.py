@@ -218,7 +218,8 @@ class EngineWorker:
         try:
             self.scheduler.step()
         except LocalspecError as exc:
-            self._fail_all(lambda job: bad_request(str(exc), param=job.param))
+            message = str(exc)   # bound here: the name exc ends with this block
+            self._fail_all(lambda job: bad_request(message, param=job.param))
         except Exception:
             traceback.print_exc(file=sys.stderr)
             self._fail_all(lambda job: internal())
