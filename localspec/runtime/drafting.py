@@ -1,6 +1,7 @@
 """One draft per cycle, from whichever source the policy picks, and what the sources learn after it.
 
-Sources: n-gram lookup (a proposal from the history, free), Predicted Outputs (the user's
+Sources: n-gram lookup (a proposal from the history, free; where the history holds no copy,
+:mod:`localspec.speculation.recall` proposes from earlier generations' text), Predicted Outputs (the user's
 prediction from the point the output has reached in it, :mod:`localspec.speculation.prediction`;
 planned as a lookup proposal with statistics classes of its own, policy.prediction_class; whichever
 of the two matches longer is proposed), the EAGLE drafter as a chain (greedy
@@ -25,8 +26,9 @@ import numpy as np
 
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
-from ..speculation.lookup import NgramLookup, ShadowScore
-from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class,
+from ..speculation.lookup import LONG_N, NgramLookup, ShadowScore
+from ..speculation.recall import Recall
+from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class, recall_class,
                                   top1_probability)
 from ..speculation.prediction import PredictionSource
 from .verifier import Verified
@@ -73,8 +75,11 @@ class DraftStep:
 
     def __init__(self, policy: DraftPolicy, drafter: EagleDrafter | None, lookup: NgramLookup | None,
                  calibration: tree.Calibration, draft_max: int, grammar=None,
-                 prediction: PredictionSource | None = None) -> None:
+                 prediction: PredictionSource | None = None, recall: Recall | None = None) -> None:
         self.policy = policy
+        # earlier generations' text: with auto's lookup only (a fixed policy's drafts depend on
+        # nothing but the request, so a seeded sampled request repeats whatever the other traffic)
+        self.recall = recall if lookup is not None and not policy.fixed else None
         self.prediction = prediction        # Predicted Outputs (with the lookup source only)
         self.grammar = grammar              # the committed grammar state (the sampler's), or None
         self.drafter = drafter
@@ -112,6 +117,12 @@ class DraftStep:
             cls = prediction_class(run)
             tokens, _ = prediction.propose(self.policy.lookup_depth(room, cls))
             return allowed_chain(self.grammar, tokens), cls, PREDICTION
+        if match < LONG_N and self.recall is not None:   # no copy in this text: one from an earlier text?
+            at, recalled = self.recall.find(lookup.tokens)
+            if recalled:
+                cls = recall_class()
+                tokens = self.recall.continuation(at, self.policy.lookup_depth(room, cls))
+                return allowed_chain(self.grammar, tokens), cls, LOOKUP
         if not match:
             return [], 0, LOOKUP
         cls = lookup_class(match, len(lookup) - start)

@@ -43,6 +43,7 @@ from ..llama.process import set_verbose
 from ..speculation import costmodel, tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
+from ..speculation.recall import Recall
 from .calibration import calibrate
 from .config import GenerationConfig
 from .generation import GenerationLoop
@@ -110,6 +111,7 @@ class Engine:
         self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
+        self.recall = Recall()  # the recent generations' text, a draft source for the next ones
         # what the target KV cache holds, one verifier per slot (sequence); the first one is the
         # sequence a generation alone (generate) uses
         self.verifiers = self._verifiers()
@@ -247,7 +249,7 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, tick=tick, cancel=cancel)
+                              observers=observers, tick=tick, cancel=cancel, recall=self.recall)
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
         """Raise the LocalspecError a generation with this grammar would raise (a front end's
@@ -277,7 +279,9 @@ class Engine:
 
         The KV rows of a prompt prefilled in one large batch differ in the last bits from rows
         decoded one at a time (llama.cpp picks other kernels for large batches), so two generations
-        compare exactly only from the same cache state (bench clears it before every run)."""
+        compare exactly only from the same cache state (bench clears it before every run). The
+        recalled text of earlier generations goes too: the next one drafts only from its own."""
+        self.recall.clear()
         self.verifier.forget()
         if self.drafter is not None:
             self.drafter.reset(0)

@@ -33,6 +33,7 @@ from ..llama.grammar import Grammar
 from ..speculation.lookup import NgramLookup
 from ..speculation.policy import EAGLE, DraftPolicy
 from ..speculation.prediction import PredictionSource, prediction_tokens_used
+from ..speculation.recall import Recall
 from .config import GenerationConfig
 from .batch import Batch
 from .drafting import Draft, DraftChain, DraftStep
@@ -68,7 +69,7 @@ class GenerationLoop:
     def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
                  observers: Sequence[GenerationObserver] = (), tick: Callable[[], None] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, recall: Recall | None = None) -> None:
         self.verifier = verifier
         self.prompt = prompt
         self.config = config
@@ -78,6 +79,7 @@ class GenerationLoop:
         self.observers = list(observers)
         self.tick = tick
         self.cancel = cancel
+        self.recall = recall                      # earlier generations' text: drafts from it, this one's text to it
         grammar = (Grammar(verifier.model, config.grammar, config.grammar_triggers)
                    if config.grammar is not None else None)
         self.sampler = Sampler(config.sampling, prompt, grammar)  # the context penalties count, the grammar
@@ -147,6 +149,8 @@ class GenerationLoop:
         self._t_cycle = time.perf_counter()
         self._alone = batch.rows == 0 and batch.promised == 0
         limit = min(batch.rows_left(), batch.outputs_left()) - reserve - 1 - len(verifier.uncached)
+        if reserve:   # a fair share of the batch's logit rows: the slots after this one may draft too
+            limit = min(limit, batch.outputs_left() // (reserve + 1) - 1 - len(verifier.uncached))
         draft = self.drafting.draft(max(0, min(verifier.room(), self.output.remaining - 1, limit)), verifier.n_past,
                                     batched=batched)
         if isinstance(draft, DraftChain):
@@ -206,6 +210,8 @@ class GenerationLoop:
                                          logprobs=self.output.logprobs if self.logprobs is not None else None))
             self.done = True
             self.close()
+            if self.recall is not None:
+                self.recall.add(self.prompt + self.output.tokens)
         return self.done
 
     def _advance(self, pending: list[tuple[int, bool]], cycle: _Cycle | None) -> None:
@@ -235,7 +241,7 @@ class GenerationLoop:
             prediction = PredictionSource(self.predicted)
             prediction.extend([first])
         self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max,
-                                  self.sampler.grammar, prediction)
+                                  self.sampler.grammar, prediction, self.recall)
         self.stats.prompt_seconds = time.perf_counter() - self._t_start
         self._t_gen = time.perf_counter()
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
