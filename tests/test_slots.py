@@ -258,18 +258,13 @@ def test_speculation_stays_on_at_4_and_8_slots_where_rows_are_nearly_free(match)
 
 
 def test_speculation_turns_off_as_the_batch_grows_where_rows_cost_what_they_cost_alone():
-    """On the CPU curve a slot alone drafts a short and a medium match; among 2, 4, 8 or 16 slots
-    it drafts neither: there rows of several sequences cost more than the curve says (measured
-    with bench/serve_load.py on 2 cores: auto with such drafts 0.83-0.96x its own plain decoding
-    at 2-8 concurrent requests), so a batch drafts them only where rows are nearly free. A copy
-    (a match of 16+ tokens, nearly always right) still drafts in the batch, as deep as it pays
-    against the batch's price (served 4 at a time, copy requests ran 1.06x plain)."""
-    for match in (4, 8):
+    """On the CPU curve a slot alone drafts a short, a medium and a copy-long match; among 2, 4, 8
+    or 16 slots it drafts none of them: there rows of several sequences cost more than the curve
+    says (measured with bench/serve_load.py on 2 cores: auto with drafts 0.83-0.96x its own plain
+    decoding at 2-8 concurrent requests), so a batch drafts only where rows are nearly free."""
+    for match in (4, 8, 32):
         depths = [_plan(CPU, n, match) for n in (1, 2, 4, 8, 16)]
         assert depths[0] > 0 and depths[1:] == [0, 0, 0, 0], (match, depths)
-    for match in (16, 32, 64):
-        depths = [_plan(CPU, n, match) for n in (1, 2, 4, 8, 16)]
-        assert all(0 < k <= depths[0] for k in depths[1:]), (match, depths)
 
 
 def test_alone_the_batch_price_is_the_calibrated_curve():

@@ -73,9 +73,7 @@ PREDICTION_PRIORS = ((0.5, 0.8), (0.9, 0.97))
 # near-ties (another batch shape, another prefix cache). On repeated SmolLM2 chat requests served
 # 4 at a time, 46% of the drafts of a run's earlier text were accepted, about 1 in 40 tokens
 # diverging; the prior is that of a per-token continuation of 0.97, and the live outcomes
-# (one class for every slot) take over from it. A batch of several slots on a CPU does not draft
-# recalled text: there the runs' divergence cost more than the drafts saved (4 repeated requests at
-# a time: 0.94x plain; alone: 1.05x).
+# (one class for every slot) take over from it.
 RECALL_PRIOR = (0.95, 0.97)
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
@@ -303,13 +301,8 @@ class DraftPolicy:
                 return LOOKUP, min(k_max, lookup_len)
             return None, 0
         cost = self.cost
-        if cost is None:
+        if cost is None or (self.batch_rows and not self._rows_nearly_free()):
             return None, 0
-        if self.batch_rows and not self._rows_nearly_free():   # only a copy's drafts (see _rows_nearly_free)
-            if not (self.lookup and lookup_len and _long_class(lookup_cls)) or lookup_cls == recall_class():
-                return None, 0
-            plain = 1.0 / (self._verify(1) + self.overhead)
-            return self._plan_lookup(room, lookup_len, lookup_cls, MARGIN * plain, SHORT_MARGIN * plain)[1]
         o = self.overhead
         plain = 1.0 / (self._verify(1) + o)
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
