@@ -94,12 +94,13 @@ def test_smollm2_edit_with_the_original_code_as_prediction(smollm2):
 
 
 def test_predictions_have_their_own_statistics_classes():
-    from localspec.speculation.policy import PREDICTION_SURE, DraftPolicy, Learned, _long_class, prediction_class
+    from localspec.speculation.policy import (PREDICTION_SURE, DraftPolicy, Learned, _long_class, prediction_class,
+                                              recall_class)
 
     weak, sure = prediction_class(1), prediction_class(PREDICTION_SURE)
     assert weak != sure and not _long_class(weak) and _long_class(sure)
     learned = Learned()
-    assert len(learned.lookup) == sure + 1
+    assert recall_class() == sure + 1 and len(learned.lookup) == recall_class() + 1   # recall's class follows
     assert learned.lookup[sure].expected(4)[-1] > learned.lookup[weak].expected(4)[-1]
     assert prediction_class(START_MATCH) == sure        # the first alignment counts as followed
     policy = DraftPolicy(PolicyConfig("fixed", 4, source="lookup"), lookup=True, learned=learned)

@@ -9,6 +9,7 @@ import pytest
 
 from engine_checks import assert_lossless, run
 from localspec import Engine
+from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.lookup import LONG_N, MATCH_CAP
 from localspec.speculation.recall import Recall
 
@@ -66,7 +67,8 @@ QUESTION = [{"role": "user", "content": "Name the planets of the solar system, w
 @pytest.mark.slow
 def test_a_repeated_request_is_drafted_from_the_first_and_its_output_is_unchanged(smollm2):
     """The second of two identical greedy requests drafts most of its answer from the first one's
-    text (auto, the shipped pair), and its tokens are the first one's; clear_cache forgets it."""
+    text (auto, the shipped pair), and its tokens are the first one's; clear_cache forgets it; a
+    sampled request does not recall."""
     with Engine(smollm2, DRAFTER, n_ctx=1024) as engine:
         first = run(engine, QUESTION, max_tokens=96, record_margins=True)
         again = run(engine, QUESTION, max_tokens=96)
@@ -76,3 +78,7 @@ def test_a_repeated_request_is_drafted_from_the_first_and_its_output_is_unchange
         engine.clear_cache()
         fresh = run(engine, QUESTION, max_tokens=96)
         assert fresh.stats.accepted < 0.5 * fresh.stats.generated_tokens, fresh.stats
+        # a seeded sampled request does not recall: it repeats whatever ran before it
+        sampled = [run(engine, QUESTION, max_tokens=48, sampling=SamplingParams(temperature=0.8, seed=7)).tokens
+                   for _ in range(2)]
+        assert sampled[0] == sampled[1]

@@ -28,8 +28,8 @@ from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import LONG_N, NgramLookup, ShadowScore
 from ..speculation.recall import Recall
-from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class, recall_class,
-                                  top1_probability)
+from ..speculation.policy import (EAGLE, LOOKUP, PREDICTION, TREE, DraftPolicy, lookup_class, prediction_class,
+                                  recall_class, top1_probability)
 from ..speculation.prediction import PredictionSource
 from .verifier import Verified
 
@@ -77,8 +77,8 @@ class DraftStep:
                  calibration: tree.Calibration, draft_max: int, grammar=None,
                  prediction: PredictionSource | None = None, recall: Recall | None = None) -> None:
         self.policy = policy
-        # earlier generations' text: with auto's lookup only (a fixed policy's drafts depend on
-        # nothing but the request, so a seeded sampled request repeats whatever the other traffic)
+        # earlier generations' text: with auto's lookup only (a fixed policy's drafts depend on the
+        # request alone: an experiment repeats whatever ran before)
         self.recall = recall if lookup is not None and not policy.fixed else None
         self.prediction = prediction        # Predicted Outputs (with the lookup source only)
         self.grammar = grammar              # the committed grammar state (the sampler's), or None

@@ -240,8 +240,11 @@ class GenerationLoop:
         if lookup is not None and self.predicted:
             prediction = PredictionSource(self.predicted)
             prediction.extend([first])
+        # recalled drafts for greedy requests only: a sampled request's random draws follow its drafts,
+        # and a seeded one repeats only if they depend on nothing but the request
+        recall = self.recall if self.config.sampling.greedy else None
         self.drafting = DraftStep(self.policy, self.drafter, lookup, self.calibration, self.config.policy.draft_max,
-                                  self.sampler.grammar, prediction, self.recall)
+                                  self.sampler.grammar, prediction, recall)
         self.stats.prompt_seconds = time.perf_counter() - self._t_start
         self._t_gen = time.perf_counter()
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0

@@ -70,10 +70,9 @@ PREDICTION_PRIORS = ((0.5, 0.8), (0.9, 0.97))
 # Recall (speculation.recall: the text of an earlier generation, matched on LONG_N+ tokens) has a
 # class of its own after the predictions': a repeated request's text goes on as before until the
 # first token where the two runs differ, and greedy runs of one prompt do differ at numerical
-# near-ties (another batch shape, another prefix cache). On repeated SmolLM2 chat requests served
-# 4 at a time, 46% of the drafts of a run's earlier text were accepted, about 1 in 40 tokens
-# diverging; the prior is that of a per-token continuation of 0.97, and the live outcomes
-# (one class for every slot) take over from it.
+# near-ties (another batch shape, another prefix cache). On SmolLM2 chat requests repeated alone
+# or 4 at a time, 50-55% of the recalled drafts were accepted; the prior is that of a per-token
+# continuation of 0.97, and the live outcomes (one class for every slot) take over from it.
 RECALL_PRIOR = (0.95, 0.97)
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
@@ -248,7 +247,8 @@ class Learned:
         # first-draft priors by matched length: a long match (copying a passage) usually goes on
         # (modest: one deep draft that fails costs as much as several plain steps)
         # by lookup_class, then prediction_class, then recall_class
-        self.lookup = [Acceptance(_prior(*p)) for p in LOOKUP_PRIORS + LOOP_PRIORS + PREDICTION_PRIORS + (RECALL_PRIOR,)]
+        priors = LOOKUP_PRIORS + LOOP_PRIORS + PREDICTION_PRIORS + (RECALL_PRIOR,)
+        self.lookup = [Acceptance(_prior(*p)) for p in priors]
 
     def new_generation(self) -> None:
         self.eagle.carry()
@@ -301,7 +301,10 @@ class DraftPolicy:
                 return LOOKUP, min(k_max, lookup_len)
             return None, 0
         cost = self.cost
-        if cost is None or (self.batch_rows and not self._rows_nearly_free()):
+        if cost is None:
+            return None, 0
+        if self.batch_rows and not self._rows_nearly_free():
+            self.wants_features = False   # nothing drafts here: the drafter's rows are not worth copying
             return None, 0
         o = self.overhead
         plain = 1.0 / (self._verify(1) + o)
