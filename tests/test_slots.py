@@ -15,6 +15,7 @@ from localspec import DoneEvent, Engine, GenerationConfig
 from localspec.core.errors import LocalspecError
 from localspec.core.events import TokenEvent
 from localspec.runtime.sampling import SamplingParams
+from localspec.runtime.prompt_cache import PromptCache
 from localspec.runtime.scheduler import Scheduler
 from localspec.speculation.costmodel import CostModel, fit_curve
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
@@ -193,6 +194,57 @@ def test_a_follow_up_turn_reuses_its_slots_cache(models):
             # the last generated token was never decoded (it is the next batch's ``last``)
             cached = len(engine.prepare(p)) + len(first[p].done.tokens) - 1
             assert sink.done.stats.prompt_cached == cached < len(follow)
+
+
+@pytest.mark.parametrize("kind", ["noisy", "repeat"])
+def test_a_prompt_whose_slot_moved_on_is_loaded_back_from_the_prompt_cache(models, kind):
+    """Two slots, three long prompts and then the first again: its slot holds another text by
+    then, but the prompt cache kept its cells, so only its last token or two are decoded again,
+    and its output is the one it got the first time (EAGLE drafts with the repeating pair, starting again
+    from the rows after the prompt)."""
+    drafter = models["d_repeat"] if kind == "repeat" else None
+    prompts = [[100 + 7 * i + j % 50 for j in range(60)] for i in range(3)]
+    config = GenerationConfig(max_tokens=24,
+                              policy=PolicyConfig("fixed", 3, source="eagle") if drafter else LOOKUP4)
+    with Engine(models[kind], drafter, n_ctx=512, parallel=2) as engine:
+        scheduler = Scheduler(engine, prompt_cache=PromptCache(64 << 20))
+        sinks = [Collect() for _ in range(4)]
+        for prompt, sink in zip(prompts + [prompts[0]], sinks):
+            scheduler.admit(prompt, config, None, sink)
+            drain(scheduler)
+        assert len(scheduler.prompt_cache) >= 1
+        first, again = sinks[0].done, sinks[3].done
+        # the last prompt token is decoded again (its logits choose the first token); with a
+        # drafter the one before it too (as on any reused prefix: see TargetVerifier.begin)
+        assert again.stats.prompt_cached == len(prompts[0]) - (2 if drafter else 1)
+        assert first.stats.prompt_cached == 0
+        assert_lossless(first, again)
+        if drafter:
+            assert again.stats.drafted > 0
+        # without the cache the same sequence prefills it again
+        scheduler = Scheduler(engine)
+        for prompt in prompts[1:] + [prompts[0]]:
+            sink = Collect()
+            scheduler.admit(prompt, GenerationConfig(max_tokens=4), None, sink)
+            drain(scheduler)
+        assert sink.done.stats.prompt_cached < len(prompts[0]) - 1
+
+
+def test_the_prompt_cache_keeps_the_newest_texts_within_its_budget():
+    from localspec.runtime.prompt_cache import Kept
+
+    cache = PromptCache(100)
+    for i in range(5):
+        cache.put(Kept([i] * 40, bytes(30)))
+    assert len(cache) == 3 and cache.used == 90
+    assert cache.best([0] * 40) == (None, 0)                # the oldest went first
+    kept, n = cache.best([4] * 10 + [9])
+    assert kept.tokens == [4] * 40 and n == 10
+    cache.touch(cache.best([2] * 40)[0])                    # used again: now the newest
+    cache.put(Kept([7] * 40, bytes(30)))
+    assert cache.best([2] * 40)[1] == 40 and cache.best([3] * 40) == (None, 0)
+    cache.put(Kept([8] * 40, bytes(101)))            # larger than the budget: not kept
+    assert cache.best([8] * 40) == (None, 0)
 
 
 def test_a_seeded_sampled_request_repeats_whatever_the_other_traffic(models):

@@ -79,7 +79,7 @@ def slots(engine) -> str:
 
 
 @app.command()
-@with_options("max_tokens", *SPEC_OPTIONS, "n_ctx", "threads", "gpu_layers", "parallel",
+@with_options("max_tokens", *SPEC_OPTIONS, "n_ctx", "threads", "gpu_layers", "parallel", "cache_ram",
               max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
               parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: "
                                                "4 if they fit the memory budget, else fewer)."))
@@ -120,6 +120,7 @@ def serve(
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
+    cache_ram = flags.pop("cache_ram")
     values = apply_model_defaults(resolved, flags, is_default(cli))   # PARAMETERs are checked when parsed
     ctx, threads = values.pop("ctx"), values.pop("threads")
     from ..runtime.generation_options import GenerationOptions
@@ -141,7 +142,8 @@ def serve(
                                      ram=ram)
     from ..server.run import run
 
-    worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size)
+    worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size,
+                          cache_bytes=cache_ram << 20)
     state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
     server_app = create_app(state, on_shutdown=engine.close)
     announce(sock, f"{model_spec.name} ({drafting(engine, model_spec, no_spec)}), {slots(engine)}, "

@@ -341,6 +341,25 @@ class Context:
         shares the cells: no data moves)."""
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
+    def seq_state(self, seq: int):
+        """Sequence ``seq``'s KV cells as llama.cpp serialises them (a ctypes byte array), for
+        :meth:`set_seq_state`; None where llama.cpp gives nothing."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+        if size <= 0:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        n = int(llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        return buf if n == size else None
+
+    def set_seq_state(self, seq: int, state) -> bool:
+        """Load :meth:`seq_state` into sequence ``seq`` (emptied first); False where llama.cpp
+        could not (no free cells): the sequence is then empty."""
+        self.seq_rm(0, seq=seq)
+        if llama_cpp.llama_state_seq_set_data(self._ctx, state, len(state), seq) > 0:
+            return True
+        self.seq_rm(0, seq=seq)
+        return False
+
     def pos_max(self, seq: int = 0) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
 

@@ -59,8 +59,14 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
 
 
 def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
-    """Seconds of one drafter step, and a step of ``tree.WIDTH`` branches relative to it."""
+    """Seconds of one drafter step, and a step of ``tree.WIDTH`` branches relative to it. The
+    sequences it decodes on are emptied first: in an engine of several slots they are the slots'
+    drafter sequences, which may hold an earlier request's pairs (the scheduler counts them gone)."""
     g = np.zeros((1, d.n_embd), dtype=np.float32)
+    seqs = list(range(1, tree.WIDTH + 1))
+    d.reset(0)
+    for s in seqs:
+        d.forget(s)
 
     def step(_b: int) -> None:
         d.decode([tok], g, 0)
@@ -68,7 +74,6 @@ def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
 
     drafter_step = costmodel.measure(step, [1])[1]
     d.reset(0)
-    seqs = list(range(1, tree.WIDTH + 1))
     gw = np.zeros((tree.WIDTH, d.n_embd), dtype=np.float32)
 
     def branches(_b: int) -> None:

@@ -32,16 +32,8 @@ from .batch import Batch
 from .drafting import Draft, DraftChain
 from .config import GenerationConfig
 from .generation import GenerationLoop
+from .prompt_cache import MIN_TOKENS, Kept, PromptCache, common_prefix
 from .verifier import TargetVerifier
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Slot:
@@ -62,10 +54,11 @@ class Slot:
 class Scheduler:
     """The slots of an engine (``Engine(parallel=N)``), driven one batch per :meth:`step`."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, prompt_cache: PromptCache | None = None) -> None:
         self.engine = engine
         self.slots = [Slot(i, v) for i, v in enumerate(engine.verifiers)]
         self._admissions = 0
+        self.prompt_cache = prompt_cache   # the texts of slots that moved on (runtime.prompt_cache)
 
     @property
     def active(self) -> int:
@@ -100,10 +93,41 @@ class Scheduler:
         if self.engine.cost is not calibrated:
             for other in self.slots:
                 other.verifier.drafter_pairs = 0
+        if self.prompt_cache is not None:   # the prompt starts at the slot's next step (GenerationLoop.plan)
+            self._swap(slot, prompt)
         slot.sink = sink
         self._admissions += 1
         slot.admitted = self._admissions
         return slot.index
+
+    def _swap(self, slot: Slot, prompt: list[int]) -> None:
+        """Before ``slot`` takes ``prompt``: keep its text in the prompt cache if the prompt would
+        drop MIN_TOKENS of it or more, and load a kept text sharing MIN_TOKENS more with the prompt."""
+        verifier, cache = slot.verifier, self.prompt_cache
+        have = common_prefix(verifier.kv_tokens, prompt)
+        kept, length = cache.best(prompt)
+        if len(verifier.kv_tokens) - have >= MIN_TOKENS:
+            self._keep(slot)
+        if kept is not None and length >= have + MIN_TOKENS:
+            self._load(slot, kept)
+
+    def _keep(self, slot: Slot) -> None:
+        target = self.engine.ctx.seq_state(slot.verifier.seq)
+        if target is not None:
+            self.prompt_cache.put(Kept(list(slot.verifier.kv_tokens), target))
+
+    def _load(self, slot: Slot, kept: Kept) -> None:
+        """The kept cells into the slot's sequence. The drafter's sequence is emptied: it starts
+        again from the rows after the prompt (as after plain stretches, see EagleDrafter.catch_up),
+        so the drafter does not bound the prefix the prompt reuses."""
+        verifier = slot.verifier
+        if not self.engine.ctx.set_seq_state(verifier.seq, kept.target):
+            verifier.forget()
+            return
+        if self.engine.drafter is not None:
+            self.engine.drafters[slot.index].reset(0)
+        verifier.loaded(kept.tokens, len(kept.tokens))
+        self.prompt_cache.touch(kept)
 
     def step(self) -> None:
         """One decode of every active slot's rows; then each slot's events to its sink, and the

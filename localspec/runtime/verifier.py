@@ -291,6 +291,12 @@ class TargetVerifier:
             self.drafter_pairs = self.n_past
 
     # -- cache -----------------------------------------------------------------------------------
+    def loaded(self, tokens: list[int], drafter_pairs: int) -> None:
+        """The sequence's cells were loaded with ``tokens``' rows (positions 0..); the drafter
+        counts its pairs below ``drafter_pairs`` as written or skipped (see runtime.prompt_cache)."""
+        self.kv_tokens = list(tokens)
+        self.drafter_pairs = drafter_pairs
+
     def forget(self) -> None:
         """Empty the target KV cache (the drafter's pairs count as gone too)."""
         self.ctx.seq_rm(0, seq=self.seq)

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from ..formats.chat_format import Message
 from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
+from ..runtime.prompt_cache import PromptCache
 from ..runtime.scheduler import Scheduler
 from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
@@ -98,12 +99,12 @@ class _Sink:
 class EngineWorker:
     """The engine thread: admits queued jobs into the scheduler's free slots (FIFO) and steps it."""
 
-    def __init__(self, engine: Engine, metrics_factory, *, queue_size: int) -> None:
+    def __init__(self, engine: Engine, metrics_factory, *, queue_size: int, cache_bytes: int = 0) -> None:
         if queue_size < 1:
             raise LocalspecError("--queue-size must be at least 1")
         self.engine = engine
         self.queue_size = queue_size
-        self.scheduler = Scheduler(engine)
+        self.scheduler = Scheduler(engine, prompt_cache=PromptCache(cache_bytes) if cache_bytes > 0 else None)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._running: list[Job] = []
         self._closing = False

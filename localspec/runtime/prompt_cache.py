@@ -1,0 +1,79 @@
+"""The slots' texts kept in host memory after their slot moved on: llama-server's ``--cache-ram``.
+
+A slot keeps one text's KV cells, its last request's; the next request with that prefix reads
+only its new tokens (the scheduler sends it to that slot). With more conversations, or repeated
+requests, than slots, a slot's text is overwritten while it is still wanted. Before a slot takes
+a request that would drop ``MIN_TOKENS`` or more of its cached text, its cells are serialised
+into this cache (``llama_state_seq_get_data``); a request
+whose prompt shares at least ``MIN_TOKENS`` more with a kept text than with its slot's has that
+text loaded into the slot first (``llama_state_seq_set_data``), and prefills only the rest.
+Least recently used texts go first once ``budget`` bytes are held.
+
+Loaded cells are the very rows computed before, so the output is that of the request on the
+slot that first computed them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+MIN_TOKENS = 32     # a text worth keeping, and a load worth doing: at least this many tokens gained
+
+
+def common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Kept:
+    tokens: list[int]
+    target: object            # the target sequence's cells (Context.seq_state)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.target)
+
+
+class PromptCache:
+    def __init__(self, budget: int) -> None:
+        self.budget = budget            # bytes
+        self.used = 0
+        self._kept: OrderedDict[tuple[int, ...], Kept] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def best(self, prompt: list[int]) -> tuple[Kept | None, int]:
+        """The kept text sharing the longest prefix with ``prompt``, and that prefix's length."""
+        best, length = None, 0
+        for kept in self._kept.values():
+            n = common_prefix(kept.tokens, prompt)
+            if n > length:
+                best, length = kept, n
+        return best, length
+
+    def put(self, kept: Kept) -> None:
+        key = tuple(kept.tokens)
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.used -= old.nbytes
+        if kept.nbytes > self.budget:
+            return
+        while self._kept and self.used + kept.nbytes > self.budget:
+            _, gone = self._kept.popitem(last=False)
+            self.used -= gone.nbytes
+        self._kept[key] = kept
+        self.used += kept.nbytes
+
+    def touch(self, kept: Kept) -> None:
+        self._kept.move_to_end(tuple(kept.tokens))
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self.used = 0
