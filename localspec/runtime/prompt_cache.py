@@ -17,17 +17,21 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 MIN_TOKENS = 32     # a text worth keeping, and a load worth doing: at least this many tokens gained
 
 
 def common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens ``a`` and ``b`` (lists or arrays) share; vectorised, since the
+    engine thread compares long prompts (thousands of tokens) with every kept text."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 @dataclass
@@ -38,6 +42,10 @@ class Kept:
     @property
     def nbytes(self) -> int:
         return len(self.target)
+
+    @cached_property
+    def array(self) -> np.ndarray:
+        return np.asarray(self.tokens)
 
 
 class PromptCache:
@@ -52,8 +60,9 @@ class PromptCache:
     def best(self, prompt: list[int]) -> tuple[Kept | None, int]:
         """The kept text sharing the longest prefix with ``prompt``, and that prefix's length."""
         best, length = None, 0
+        prompt = np.asarray(prompt)
         for kept in self._kept.values():
-            n = common_prefix(kept.tokens, prompt)
+            n = common_prefix(kept.array, prompt)
             if n > length:
                 best, length = kept, n
         return best, length

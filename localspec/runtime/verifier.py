@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import LocalspecError
 from ..speculation import tree
+from .prompt_cache import common_prefix
 from .sampling import Sampler
 
 
@@ -108,11 +109,7 @@ class TargetVerifier:
         """Start a generation from ``prompt``: keep the cached prefix, drop the rest of the
         sequence; :meth:`prefill_chunk` and :meth:`prefill_done` then decode the rest."""
         n = len(prompt)
-        common = 0
-        for a, b in zip(self.kv_tokens, prompt):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(self.kv_tokens, prompt)
         # Keep at least one prompt token to decode: its logits choose the first token.
         start = min(common, n - 1)
         self.drafter_pairs = min(self.drafter_pairs, max(0, start - 1))
