@@ -15,7 +15,7 @@ import typer
 from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
 from .app import app
-from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt, open_engine
+from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt
 from .flags import check_flags, is_default, with_options
 from .spec_options import NoSpecOpt, SPEC_OPTIONS
 
@@ -98,13 +98,21 @@ def serve(
     vram: Optional[str] = VramOpt,
     ram: Optional[str] = typer.Option(None, "--ram", show_default=False,
                                       help="System RAM budget of the memory plan (default: available RAM)."),
+    max_loaded: Optional[int] = typer.Option(None, "--max-loaded", show_default=False,
+                                             help="Most models loaded at once (default: as many as the memory "
+                                                  "budget holds)."),
+    keep_alive: str = typer.Option("5m", "--keep-alive",
+                                   help="How long a model a request loaded stays loaded after its last request "
+                                        "(Ollama's keep_alive: 5m, 1h, seconds, 0, -1: keep)."),
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
-    /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
-    the others wait in arrival order."""
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
+    Ollama's (/api/chat, /api/generate, /api/tags...), /health and Prometheus /metrics. A request
+    naming another model in the store loads it (within the memory budget). Up to --parallel
+    requests per model run at once, decoded in one batch; the others wait in arrival order."""
     from ..core.units import parse_size
+    from ..server.models_manager import parse_keep_alive
 
     resolved = resolve(model, target=target, draft=draft)
     for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
@@ -115,41 +123,74 @@ def serve(
         raise LocalspecError(f"--port must be between 0 and 65535, got {port}")
     if queue_size < 1:
         raise LocalspecError("--queue-size must be at least 1")
+    if max_loaded is not None and max_loaded < 1:
+        raise LocalspecError("--max-loaded must be at least 1")
+    try:
+        keep_seconds = parse_keep_alive(keep_alive)
+    except ValueError:
+        raise LocalspecError(f"--keep-alive must be a duration (5m, 1h), seconds, 0 or -1, got '{keep_alive}'") from None
     check_flags(flags)
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
     cache_ram = flags.pop("cache_ram")
-    values = apply_model_defaults(resolved, flags, is_default(cli))   # PARAMETERs are checked when parsed
-    ctx, threads = values.pop("ctx"), values.pop("threads")
-    from ..runtime.generation_options import GenerationOptions
+    given = is_default(cli)
 
-    policy_config = GenerationOptions.from_values(values).policy_config()
+    def settings(spec):
+        """A model's context, threads and request defaults: the flags given, else its PARAMETERs."""
+        values = apply_model_defaults(spec, flags, given)   # PARAMETERs are checked when parsed
+        ctx, threads = values.pop("ctx"), values.pop("threads")
+        from ..runtime.generation_options import GenerationOptions
 
-    from ..runtime.engine import GenerationConfig
-    from ..server.app import ServerState, create_app
-    from ..server.metrics import ServerMetrics
-    from ..server.params import ServeDefaults
-    from ..server.worker import EngineWorker
+        policy_config = GenerationOptions.from_values(values).policy_config()
+        from ..runtime.engine import GenerationConfig
+        from ..server.params import ServeDefaults
 
-    GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
-    defaults = ServeDefaults.for_model(resolved, n_ctx=ctx, max_tokens=max_tokens, spec_enabled=not no_spec,
-                                       policy=policy_config)
+        GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
+        return ctx, threads, ServeDefaults.for_model(spec, n_ctx=ctx, max_tokens=max_tokens,
+                                                     spec_enabled=not no_spec, policy=policy_config)
+
+    settings(resolved)
     sock = bind(host, port)
-    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
-                                     verbose=verbose, vram=vram, model_spec=resolved, parallel=parallel,
-                                     ram=ram)
+    state = _serve_state(resolved, settings, queue_size=queue_size, cache_ram=cache_ram, gpu_layers=gpu_layers,
+                         parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram, vram=vram,
+                         keep_alive=keep_seconds, api_key=api_key, max_body=body_limit)
+    from ..server.app import create_app
     from ..server.run import run
 
-    worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size,
-                          cache_bytes=cache_ram << 20)
-    state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
-    server_app = create_app(state, on_shutdown=engine.close)
-    announce(sock, f"{model_spec.name} ({drafting(engine, model_spec, no_spec)}), {slots(engine)}, "
+    primary = state.models.loaded[resolved.name]
+    engine = primary.engine
+    server_app = create_app(state)
+    announce(sock, f"{resolved.name} ({drafting(engine, resolved, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
-    stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)
+    stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=state.models.abort, on_exit=state.close)
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt   # "Interrupted.", exit 130
     if stopped_by == signal.SIGTERM:
         raise typer.Exit(128 + signal.SIGTERM)   # 143, as a shell reports a process ended by SIGTERM
+
+
+def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, parallel, verbose, max_loaded, ram, vram,
+                 keep_alive, api_key, max_body):
+    """The server's state with MODEL loaded (kept loaded until a request says otherwise or it is
+    evicted); the other models in the store load on demand."""
+    from ..core.options import check_cli, threads_warning
+    from ..core.units import parse_size
+    from ..memory.probe import device_budgets
+    from ..server.app import ServerState
+    from ..server.models_manager import ModelManager, Settings
+
+    ctx, threads, _ = settings(resolved)
+    check_cli(dict(n_ctx=ctx, threads=threads, gpu_layers=gpu_layers))   # before any file or llama.cpp
+    warning = threads_warning(threads)
+    if warning:
+        print(warning, file=sys.stderr)
+    ram_b = parse_size(ram) if ram is not None else None
+    vram_b = parse_size(vram) if vram is not None else None
+    config = Settings(settings, queue_size=queue_size, cache_bytes=cache_ram << 20, gpu_layers=gpu_layers,
+                      parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram_b, vram=vram_b,
+                      keep_alive=keep_alive)
+    manager = ModelManager(config, device_budgets(vram_b, ram_b), default=resolved)
+    manager.load_now(resolved)   # a plan that does not fit: one Error line
+    return ServerState(manager, api_key=api_key, max_body=max_body)

@@ -21,39 +21,42 @@ from .. import __version__
 from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
-from ..store.models import ModelSpec
-from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized, unknown_model
+from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized
 from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
 from .params import ServeDefaults, chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .worker import EngineWorker, Failed, Finished, Job, Started, Text, log
+from .models_manager import Loaded, ModelManager, openai_models
+from .ollama import add_ollama_routes
+from .ollama_common import is_ollama, ollama_error
+from .worker import Failed, Finished, Job, Started, Text, log
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
 
 class ServerState:
-    """What the routes share: the worker, the model and its names, the settings."""
+    """What the routes share: the loaded models (:mod:`.models_manager`), the settings."""
 
-    def __init__(self, worker: EngineWorker, model: ModelSpec, defaults: ServeDefaults, *,
-                 api_key: Optional[str], max_body: int) -> None:
-        self.worker = worker
-        self.model = model
-        self.defaults = defaults
+    def __init__(self, models: ModelManager, *, api_key: Optional[str], max_body: int) -> None:
+        self.models = models
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
-        # the names a request's "model" may give: the model's own, and its target file's
-        self.names = [model.name] + [n for n in dict.fromkeys((model.target.name, model.target.stem)) if n != model.name]
         self.fingerprint = f"localspec-{__version__}"
         self.on_close: Optional[Callable[[], None]] = None
         self._closed = False
 
+    @property
+    def names(self) -> list[str]:
+        """The default model's names (the one a request without ``model`` gets)."""
+        return [self.models.default_name()]
+
     def close(self) -> None:
-        """Stop the worker, then (once its thread has ended) call ``on_close``; once."""
+        """Stop the workers and close their engines, then call ``on_close``; once."""
         if self._closed:
             return
         self._closed = True
-        if self.worker.stop() and self.on_close is not None:
+        self.models.close()
+        if self.on_close is not None:
             self.on_close()
 
 
@@ -121,7 +124,7 @@ class QuietShutdown:
     or a second Ctrl-C cut the wait short) still ends properly: a stream with an error event and
     ``[DONE]``, a response not yet begun with a 503; one log line, no traceback."""
 
-    def __init__(self, app, worker: EngineWorker) -> None:
+    def __init__(self, app, worker) -> None:   # worker: what says whether shutdown has begun (``closing``)
         self.app = app
         self.worker = worker
 
@@ -198,9 +201,9 @@ def check_api_key(state: ServerState, request: Request) -> None:
         raise unauthorized(bool(header))
 
 
-def check_model(state: ServerState, name: Optional[str]) -> None:
-    if name is not None and name not in state.names:
-        raise unknown_model(name, state.names[:1])
+async def serving(state: ServerState, name: Optional[str]) -> Loaded:
+    """The loaded model a request's ``model`` names (loaded now if need be; 404 if the store has none)."""
+    return await state.models.acquire(name)
 
 
 # -- answers ---------------------------------------------------------------------------------------
@@ -364,9 +367,9 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
         job.cancel.set()   # a no-op once finished; otherwise the engine stops at its next cycle
 
 
-async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *, streaming: bool,
+async def answer(served: Loaded, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
-    state.worker.submit(job)   # 429 when the queue is full
+    served.submit(job)   # 429 when the queue is full
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
         first = await job.events.get()
@@ -396,24 +399,26 @@ async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *
 
 # -- the app ---------------------------------------------------------------------------------------
 def _error_handlers(app: FastAPI) -> None:
-    """Every error is OpenAI's error shape; a client that went away gets nothing and logs nothing."""
+    """Every error is OpenAI's error shape (Ollama's ``{"error": ...}`` under ``/api/``); a client
+    that went away gets nothing and logs nothing."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_request, exc: APIError):
-        return exc.response()
+    async def _api_error(request, exc: APIError):
+        return ollama_error(exc) if is_ollama(request) else exc.response()
 
     @app.exception_handler(Disconnected)
     async def _gone(_request, _exc: Disconnected):
         return Response(status_code=499)   # goes nowhere (the connection is closed), logs nothing
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request, exc: StarletteHTTPException):
+    async def _http_error(request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return APIError(exc.status_code, str(exc.detail), code=code).response()
+        error = APIError(exc.status_code, str(exc.detail), code=code)
+        return ollama_error(error) if is_ollama(request) else error.response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request, _exc: Exception):
-        return internal().response()
+    async def _unexpected(request, _exc: Exception):
+        return ollama_error(internal()) if is_ollama(request) else internal().response()
 
 
 def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] = None) -> FastAPI:
@@ -422,7 +427,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
 
     @asynccontextmanager
     async def lifespan(_app):
-        state.worker.start()
+        state.models.start()
         try:
             yield
         finally:
@@ -431,53 +436,50 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     app = FastAPI(title="localspec", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.add_middleware(BodyLimit, limit=state.max_body)
-    app.add_middleware(QuietShutdown, worker=state.worker)
+    app.add_middleware(QuietShutdown, worker=state.models)
     _error_handlers(app)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_api_key(state, request)
         body = await read_body(request, ChatCompletionRequest)
-        check_model(state, body.model)
-        prompt, config, tools = chat_request(body, state.model, state.defaults, state.worker.engine.formatter)
+        served = await serving(state, body.model)
+        prompt, config, tools = chat_request(body, served.spec, served.defaults, served.engine.formatter)
         include = bool(body.stream_options and body.stream_options.include_usage)
         offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
-        reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None,
+        reply = Reply(state, True, body.model or served.name, offered, with_logprobs=config.logprobs is not None,
                       predicted=config.prediction is not None)
         job = Job(prompt, config, param="messages", id=reply.id)
-        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
+        return await answer(served, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         check_api_key(state, request)
         body = await read_body(request, CompletionRequest)
-        check_model(state, body.model)
-        prompt, config = completion_request(body, state.defaults)
-        reply = Reply(state, False, body.model, with_logprobs=config.logprobs is not None)
+        served = await serving(state, body.model)
+        prompt, config = completion_request(body, served.defaults)
+        reply = Reply(state, False, body.model or served.name, with_logprobs=config.logprobs is not None)
         job = Job(prompt, config, param="prompt", id=reply.id)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
+        return await answer(served, request, job, reply, streaming=body.stream, include_usage=include,
                             prefix=prompt if body.echo else "")
 
     @app.get("/v1/models")
     async def models(request: Request):
         check_api_key(state, request)
-        model = state.model
-        return {"object": "list", "data": [{
-            "id": state.names[0], "object": "model", "created": state.created, "owned_by": "localspec",
-            "meta": {"target": str(model.target), "drafter": str(model.drafter) if model.drafter else None,
-                     "n_ctx": state.defaults.n_ctx, "speculative": state.defaults.spec},
-        }]}
+        return {"object": "list", "data": openai_models(state.models, state.created)}
 
     @app.get("/health")
     async def health():
-        worker = state.worker
-        return {"status": "ok", "model": state.names[0], "requests_processing": worker.running_count(),
-                "requests_deferred": worker.waiting_count(), "queue_size": worker.queue_size}
+        models = state.models
+        return {"status": "ok", "model": state.names[0], "requests_processing": models.running_count(),
+                "requests_deferred": models.waiting_count(), "queue_size": models.settings.queue_size,
+                "loaded": list(models.loaded)}
 
     @app.get("/metrics")
     async def metrics():
-        content, media_type = state.worker.metrics.exposition()
+        content, media_type = state.models.metrics.exposition()
         return Response(content, media_type=media_type)
 
+    add_ollama_routes(app, state)
     return app

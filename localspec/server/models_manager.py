@@ -1,0 +1,438 @@
+"""Every model in the store, loaded on demand: one :class:`~.worker.EngineWorker` per loaded model.
+
+A request names a model (``name`` or ``name:latest``; none: the model ``serve`` was started with);
+:meth:`ModelManager.acquire` gives its :class:`Loaded` at once when it is loaded, else loads it.
+Loads run one at a time on a thread of their own (never on the event loop, never on an engine's
+thread), so the requests of the loaded models go on meanwhile; the requests for a model being
+loaded wait for it, at most ``queue_size`` of them (429 beyond).
+
+Memory: the device budgets (``--ram``, ``--vram`` or the free memory at start) are shared. A model
+is planned (:func:`localspec.memory.pair.plan_engine`) in what the loaded models leave of them;
+when it does not fit there at its full context, or ``--max-loaded`` models are already loaded, the
+least recently used idle model is unloaded first, and the plan is made again. A model that does
+not fit even alone is one clear error.
+
+A model stays loaded for its ``keep_alive`` after its last request ends (Ollama's: 5 minutes by
+default, 0: unload at once, negative: keep); the model ``serve`` was started with is kept until a
+request says otherwise or it is evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..core.errors import LocalspecError
+from ..runtime.engine import Engine
+from ..store import registry
+from ..store.models import DEFAULT_MODEL, ModelSpec, resolve
+from .errors import APIError, queue_full
+from .metrics import ServerMetrics
+from .params import ServeDefaults
+from .worker import EngineWorker, Job, log
+
+DEFAULT_KEEP_ALIVE = 300.0   # seconds (Ollama's 5m)
+EXPIRY_TICK = 0.25           # how often expired models are looked for (seconds)
+
+
+class DoesNotFit(LocalspecError):
+    """The model's plan does not fit what the loaded models leave of the budget."""
+
+
+@dataclass
+class Settings:
+    """What ``serve``'s command line gives every model it loads."""
+
+    settings: Callable[[ModelSpec], tuple[int, Optional[int], ServeDefaults]]   # spec -> (ctx, threads, defaults)
+    queue_size: int
+    cache_bytes: int = 0
+    gpu_layers: Optional[int] = None
+    parallel: Optional[int] = None
+    verbose: bool = False
+    max_loaded: Optional[int] = None
+    ram: Optional[int] = None
+    vram: Optional[int] = None
+    keep_alive: Optional[float] = DEFAULT_KEEP_ALIVE
+
+
+@dataclass
+class Loaded:
+    """One loaded model: its engine, its worker thread, its request defaults and memory."""
+
+    name: str
+    spec: ModelSpec
+    engine: Engine
+    worker: EngineWorker
+    defaults: ServeDefaults
+    device_bytes: dict          # device name -> bytes the plan uses there
+    gpu_bytes: int
+    load_seconds: float
+    keep_alive: Optional[float]  # seconds after the last request (None: keep)
+    loaded_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    idle_since: float = field(default_factory=time.monotonic)
+    jobs: list = field(default_factory=list)
+    first_request: bool = True   # the first request since the load (its answer reports the load)
+
+    @property
+    def names(self) -> list[str]:
+        """The names a request may give it: its own, and its target file's."""
+        target = self.spec.target
+        return [self.name] + [n for n in dict.fromkeys((target.name, target.stem)) if n != self.name]
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(self.device_bytes.values())
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` on this model's worker (429 when its queue is full)."""
+        self.worker.submit(job)
+        self.jobs.append(job)
+        self.last_used = time.monotonic()
+
+    def busy(self) -> bool:
+        """A request runs or waits (a job's response ends by setting its ``cancel``)."""
+        self.jobs = [j for j in self.jobs if not j.cancel.is_set()]
+        if self.jobs or self.worker.running_count() or self.worker.waiting_count():
+            self.idle_since = time.monotonic()
+            return True
+        return False
+
+    def expires_at(self) -> Optional[float]:
+        """Wall-clock time it unloads if nothing uses it (None: never)."""
+        if self.keep_alive is None:
+            return None
+        if self.busy():
+            return time.time() + self.keep_alive
+        return time.time() + max(0.0, self.keep_alive - (time.monotonic() - self.idle_since))
+
+
+def parse_keep_alive(value) -> Optional[float]:
+    """Ollama's ``keep_alive``: a Go duration ("5m", "1h30m", "10s"), seconds (number or digits),
+    0 (unload now) or negative (keep); None: keep. ValueError when it is none of those."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = _go_duration(text)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(value)
+    return None if seconds < 0 else seconds
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _go_duration(text: str) -> float:
+    import re
+
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", body)
+    if not body or "".join(n + u for n, u in parts) != body:
+        raise ValueError(text)
+    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+class ModelManager:
+    """The loaded models, loads, evictions and keep-alive expiry (see the module's docstring)."""
+
+    def __init__(self, settings: Settings, budgets: list, *, default: ModelSpec) -> None:
+        self.settings = settings
+        self.budgets = {b.name: b.budget_bytes for b in budgets}    # device -> bytes, shared by the models
+        self.gpus = [b.name for b in budgets if b.is_gpu]
+        self.default = default
+        self.loaded: dict[str, Loaded] = {}
+        self.metrics = ServerMetrics(default.name, running=self.running_count, waiting=self.waiting_count)
+        self._loading: dict[str, asyncio.Future] = {}
+        self._waiters: dict[str, int] = {}
+        self._lock = threading.Lock()           # one load or unload at a time
+        self._closing = False
+        self._expiry: Optional[asyncio.Task] = None
+
+    # -- state --
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def running_count(self) -> int:
+        return sum(m.worker.running_count() for m in list(self.loaded.values()))
+
+    def waiting_count(self) -> int:
+        return sum(m.worker.waiting_count() for m in list(self.loaded.values()))
+
+    def default_name(self) -> str:
+        return self.default.name
+
+    # -- names --
+    def canonical(self, name: Optional[str]) -> str:
+        """The store's name a request's ``model`` means (404 when the store has none by it)."""
+        if name is None or name == "":
+            return self.default.name
+        for m in list(self.loaded.values()):
+            if name in m.names:
+                return m.name
+        bare = name[: -len(":latest")] if name.endswith(":latest") else name
+        if bare == self.default.name or bare in self.loaded:
+            return bare
+        if not registry.NAME_RE.match(bare):
+            raise unknown(name)
+        try:
+            if registry.load(bare) is not None:
+                return bare
+        except LocalspecError as exc:
+            raise APIError(400, f"The model '{bare}' cannot be read: {exc}", param="model") from None
+        entry = registry.catalog_entry(bare)
+        if (entry is not None and entry.embedded) or bare == DEFAULT_MODEL:
+            return bare
+        raise unknown(name)
+
+    def spec(self, name: str) -> ModelSpec:
+        if name == self.default.name:
+            return self.default
+        try:
+            return resolve(name)
+        except LocalspecError as exc:
+            raise APIError(404, f"The model '{name}' cannot be loaded: {exc}", param="model",
+                           code="model_not_found") from None
+
+    # -- acquiring --
+    async def acquire(self, name: Optional[str], keep_alive=...) -> Loaded:
+        """The loaded model ``name`` means, loading it first if need be. ``keep_alive`` (seconds,
+        None: keep; ``...``: leave as it is) applies from this request on."""
+        key = self.canonical(name)
+        loaded = self.loaded.get(key)
+        if loaded is None:
+            loaded = await self._wait_load(key)
+        if keep_alive is not ...:
+            loaded.keep_alive = keep_alive
+        loaded.last_used = time.monotonic()
+        return loaded
+
+    async def _wait_load(self, key: str) -> Loaded:
+        if self._closing:
+            from .errors import shutting_down
+
+            raise shutting_down()
+        future = self._loading.get(key)
+        if future is None:
+            spec = self.spec(key)
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(None, self._load_blocking, key, spec)
+            self._loading[key] = future
+            future.add_done_callback(lambda _f: self._loading.pop(key, None))
+        if self._waiters.get(key, 0) >= self.settings.queue_size:
+            self.metrics.rejected.inc()
+            raise queue_full(self.settings.queue_size)
+        self._waiters[key] = self._waiters.get(key, 0) + 1
+        try:
+            return await asyncio.shield(future)
+        except LocalspecError as exc:   # the plan or the files: this request's error, the server goes on
+            fits = "fit" not in str(exc)
+            raise APIError(400 if fits else 507, f"The model '{key}' cannot be loaded: {exc}", param="model",
+                           type="invalid_request_error" if fits else "server_error",
+                           code="model_load_failed") from None
+        finally:
+            self._waiters[key] -= 1
+
+    # -- loading (on a loader thread, one at a time) --
+    def load_now(self, spec: ModelSpec, keep_alive: Optional[float] = None) -> Loaded:
+        """Load ``spec`` in this thread (``serve MODEL``'s preload): LocalspecError when it does not fit."""
+        loaded = self._load_blocking(spec.name, spec)
+        loaded.keep_alive = keep_alive
+        return loaded
+
+    def _load_blocking(self, key: str, spec: ModelSpec) -> Loaded:
+        with self._lock:
+            if key in self.loaded:
+                return self.loaded[key]
+            while True:
+                others = [m for m in self.loaded.values()]
+                if self.settings.max_loaded is not None and len(others) >= self.settings.max_loaded:
+                    self._evict_one(key, f"--max-loaded {self.settings.max_loaded}")
+                    continue
+                try:
+                    loaded = self._open(key, spec, strict=bool(others))
+                except DoesNotFit as exc:
+                    self._evict_one(key, str(exc))
+                    continue
+                self.loaded[key] = loaded
+                return loaded
+
+    def _evict_one(self, key: str, why: str) -> None:
+        idle = [m for m in self.loaded.values() if not m.busy()]
+        if not idle:
+            busy = ", ".join(self.loaded)
+            raise APIError(503, f"The model '{key}' does not fit beside the loaded models ({busy}), which are "
+                                f"all busy: {why}. Retry shortly.", type="server_error",
+                           code="model_busy", headers={"Retry-After": "5"})
+        victim = min(idle, key=lambda m: m.last_used)
+        log(f"unloading {victim.name} to make room for {key} ({why})")
+        self._unload_locked(victim)
+
+    def _remaining(self) -> dict[str, int]:
+        left = dict(self.budgets)
+        for m in self.loaded.values():
+            for device, used in m.device_bytes.items():
+                if device in left:
+                    left[device] -= used
+        return left
+
+    def _open(self, key: str, spec: ModelSpec, *, strict: bool) -> Loaded:
+        from ..memory.pair import plan_engine
+
+        s = self.settings
+        for label, path in (("target", spec.target), ("drafter", spec.drafter)):
+            if path is not None and not Path(path).is_file():
+                raise LocalspecError(f"the {label} file {path} does not exist")
+        ctx, threads, defaults = s.settings(spec)
+        left = self._remaining()
+        ram = max(0, left.get("CPU", 0)) if (s.ram is not None or len(self.loaded)) else None
+        vram = max(0, left[self.gpus[0]]) if self.gpus and (s.vram is not None or len(self.loaded)) else None
+        start = time.monotonic()
+        try:
+            options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
+                                  parallel=s.parallel, ram=ram)
+        except LocalspecError as exc:
+            if strict and "does not fit" in str(exc):
+                raise DoesNotFit(str(exc)) from None
+            raise
+        plan = options["memory_plan"]
+        if strict and plan.context_note:
+            raise DoesNotFit(plan.context_note)
+        if plan.context_note:
+            log(f"{key}: {plan.context_note}")
+        engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
+                        chat_template=spec.template, **options)
+        try:
+            _warm_up(engine, defaults)
+            worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,
+                                  cache_bytes=s.cache_bytes)
+            worker.start()
+        except BaseException:
+            engine.close()
+            raise
+        used = {d.name: d.used_bytes for d in plan.devices}
+        gpu = sum(d.used_bytes for d in plan.devices if d.is_gpu)
+        seconds = time.monotonic() - start
+        log(f"loaded {key} in {seconds:.2f} s ({_mib(sum(used.values()))} planned)")
+        return Loaded(key, spec, engine, worker, defaults, used, gpu, seconds, s.keep_alive)
+
+    # -- unloading --
+    def _unload_locked(self, loaded: Loaded) -> None:
+        self.loaded.pop(loaded.name, None)
+        if loaded.worker.stop():
+            loaded.engine.close()
+        else:
+            log(f"{loaded.name}: its engine thread did not stop; its memory is kept until exit")
+
+    def unload_blocking(self, name: str) -> bool:
+        """Unload ``name`` now (its running requests end with 503); False when it is not loaded."""
+        with self._lock:
+            loaded = self.loaded.get(name)
+            if loaded is None:
+                return False
+            log(f"unloading {name}")
+            self._unload_locked(loaded)
+            return True
+
+    async def unload(self, name: str) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(None, self.unload_blocking, name)
+
+    def _expired(self) -> list[str]:
+        now = time.monotonic()
+        return [m.name for m in list(self.loaded.values())
+                if m.keep_alive is not None and not m.busy() and now - m.idle_since >= m.keep_alive]
+
+    async def _expire_forever(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(EXPIRY_TICK)
+            for name in self._expired():
+                if name not in self._loading:
+                    log(f"{name}: keep_alive expired")
+                    await self.unload(name)
+
+    # -- life --
+    def start(self) -> None:
+        """On the event loop (the app's lifespan): keep-alive expiry begins."""
+        self._expiry = asyncio.ensure_future(self._expire_forever())
+
+    def abort(self) -> None:
+        """Shutdown begins: every worker refuses new and queued requests and stops its running ones."""
+        self._closing = True
+        for m in list(self.loaded.values()):
+            m.worker.abort()
+
+    def close(self) -> None:
+        """Stop every worker and close its engine."""
+        self._closing = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+        with self._lock:
+            for m in list(self.loaded.values()):
+                self._unload_locked(m)
+
+
+def _warm_up(engine: Engine, defaults: ServeDefaults) -> None:
+    """What a first request would otherwise wait for: the cost model (from the calibration cache,
+    or measured now), which the auto policy needs before it drafts."""
+    if defaults.spec and defaults.policy.name == "auto":
+        engine.cost_model()
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def unknown(name: str) -> APIError:
+    return APIError(404, f"model '{name}' not found (see /api/tags or /v1/models for the models this server has)",
+                    param="model", code="model_not_found")
+
+
+def store_names() -> list[str]:
+    """Every model a request may name: the user's models, then the catalog's embedded ones and the default."""
+    names = [m.name for m in registry.list_models()]
+    for name, entry in registry.load_catalog().items():
+        if entry.embedded and name not in names:
+            names.append(name)
+    if DEFAULT_MODEL not in names:
+        names.append(DEFAULT_MODEL)
+    return names
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def openai_models(manager: ModelManager, created: int) -> list[dict]:
+    """``/v1/models``' ``data``: every model in the store (a request's ``model`` loads it)."""
+    out = []
+    for name in store_names():
+        try:
+            spec = manager.default if name == manager.default.name else resolve(name)
+        except LocalspecError:
+            continue   # a damaged record or a catalog entry not downloaded: not servable
+        loaded = manager.loaded.get(name)
+        out.append({"id": name, "object": "model", "created": created, "owned_by": "localspec", "meta": {
+            "target": str(spec.target), "drafter": str(spec.drafter) if spec.drafter else None,
+            "n_ctx": loaded.engine.n_ctx if loaded else None,
+            "speculative": loaded.defaults.spec if loaded else None, "loaded": loaded is not None}})
+    if manager.default.name not in {m["id"] for m in out}:   # a --target file: served under its own name
+        loaded = manager.loaded.get(manager.default.name)
+        out.insert(0, {"id": manager.default.name, "object": "model", "created": created, "owned_by": "localspec",
+                       "meta": {"target": str(manager.default.target),
+                                "drafter": str(manager.default.drafter) if manager.default.drafter else None,
+                                "n_ctx": loaded.engine.n_ctx if loaded else None,
+                                "speculative": loaded.defaults.spec if loaded else None,
+                                "loaded": loaded is not None}})
+    return out
