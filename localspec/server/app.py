@@ -23,7 +23,7 @@ from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized
 from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
-from .params import ServeDefaults, chat_request, completion_request
+from .params import chat_request, completion_request
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .models_manager import Loaded, ModelManager, openai_models
 from .ollama import add_ollama_routes

@@ -20,7 +20,6 @@ request says otherwise or it is evicted.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -408,10 +407,6 @@ def store_names() -> list[str]:
     if DEFAULT_MODEL not in names:
         names.append(DEFAULT_MODEL)
     return names
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def openai_models(manager: ModelManager, created: int) -> list[dict]:

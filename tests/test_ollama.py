@@ -1,0 +1,265 @@
+"""Ollama's API on ``localspec serve``, as Ollama's own clients meet it: the real server in a
+subprocess, the official ``ollama`` Python client, raw HTTP (httpx) for every error shape. Two
+models: the embedded default, preloaded, and a second name created over the same files with a
+Hermes-style tool template (loaded when a request names it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Literal
+
+import httpx
+import ollama
+import pytest
+from pydantic import BaseModel
+
+from serve_checks import KEY, MODEL, running_server
+from tool_templates import HERMES_TEMPLATE
+
+SECOND = "smol-tools"
+ARGS = ["--ctx", "1024", "--parallel", "1", "--policy", "fixed", "--draft-max", "4", "--queue-size", "2",
+        "--api-key", KEY]
+ASK = [{"role": "user", "content": "Name three colours of the rainbow."}]
+GREEDY = {"temperature": 0, "num_predict": 16}
+
+
+class Weather(BaseModel):
+    city: Literal["Paris", "London", "Tokyo"]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                                 "parameters": Weather.model_json_schema()}}
+
+
+def create_second(home):
+    """``setup`` for running_server: SECOND = the default's files with a tool template."""
+    from localspec.store.models import resolve
+
+    modelfile = home / "Modelfile"
+    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
+
+    def setup(env):
+        proc = subprocess.run([sys.executable, "-m", "localspec", "create", SECOND, "-f", str(modelfile)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    return setup
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("ollama_home")
+    with running_server(home, *ARGS, setup=create_second(home)) as srv:
+        yield srv
+
+
+def client(srv) -> ollama.Client:
+    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
+def ollama_error(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+# -- generation ------------------------------------------------------------------------------------
+def test_chat_streamed_and_not_give_the_same_text_and_ollamas_fields(server):
+    c = client(server)
+    whole = c.chat(model=MODEL, messages=ASK, options=GREEDY)
+    parts = list(c.chat(model=f"{MODEL}:latest", messages=ASK, options=GREEDY, stream=True))
+    assert whole.message.role == "assistant" and whole.message.content
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    last = parts[-1]
+    assert last.done_reason in ("stop", "length") and last.eval_count == whole.eval_count <= 16
+    for r in (whole, last):
+        assert r.prompt_eval_count > 0 and r.eval_count > 0
+        assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration > 0   # nanoseconds
+        assert r.total_duration > 1e6
+    spec = whole["speculative"]
+    assert spec["enabled"] is True and 0 <= spec["accepted"] <= spec["drafted"]
+
+
+def test_generate_streamed_and_not(server):
+    c = client(server)
+    whole = c.generate(model=MODEL, prompt="The capital of France is", options=GREEDY)
+    parts = list(c.generate(model=MODEL, prompt="The capital of France is", options=GREEDY, stream=True))
+    assert whole.response and "".join(p.response for p in parts) == whole.response
+    assert whole.done and whole.eval_count > 0 and whole.created_at.endswith("Z")
+    raw = c.generate(model=MODEL, prompt="1, 2, 3, 4,", raw=True, options=GREEDY)
+    assert raw.response and raw.prompt_eval_count < whole.prompt_eval_count   # no template around it
+
+
+def test_greedy_api_chat_equals_v1_chat_completions(server):
+    messages = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2 + 2?"}]
+    for _ in range(2):   # the second of each: both prefill after the same request (see test_serve_agents)
+        ours = client(server).chat(model=MODEL, messages=messages,
+                                   options={"temperature": 0, "num_predict": 24, "seed": 3, "top_k": 20})
+        v1 = server.http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 24, "seed": 3, "top_k": 20}).json()
+    assert ours.message.content == v1["choices"][0]["message"]["content"] and ours.message.content
+    assert ours.eval_count == v1["usage"]["completion_tokens"]
+
+
+def test_tools_round_trip(server):
+    c = client(server)
+    ask = [{"role": "user", "content": "What is the weather like in Paris right now? Use the tool."}]
+    reply = c.chat(model=SECOND, messages=ask, tools=[WEATHER_TOOL], options={"temperature": 0, "num_predict": 80})
+    calls = reply.message.tool_calls
+    assert calls, reply.message
+    call = calls[0].function
+    assert call.name == "get_weather" and isinstance(call.arguments, dict)
+    Weather.model_validate(call.arguments)
+    streamed = list(c.chat(model=SECOND, messages=ask, tools=[WEATHER_TOOL], stream=True,
+                           options={"temperature": 0, "num_predict": 80}))
+    assert [p.message.tool_calls for p in streamed if p.message.tool_calls][0][0].function.arguments == call.arguments
+    history = ask + [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": call.name,
+                                                                                       "arguments": call.arguments}}]},
+                     {"role": "tool", "tool_name": "get_weather", "content": '{"temp": 21, "sky": "clear"}'}]
+    answer = c.chat(model=SECOND, messages=history, tools=[WEATHER_TOOL], options={"temperature": 0, "num_predict": 24})
+    assert answer.done and (answer.message.content or answer.message.tool_calls)
+
+
+def test_format_schema_gives_valid_json(server):
+    reply = client(server).chat(model=MODEL, messages=[{"role": "user", "content": "The weather in Tokyo, as JSON."}],
+                                format=Weather.model_json_schema(), options={"temperature": 0, "num_predict": 60})
+    Weather.model_validate_json(reply.message.content)
+    loose = client(server).generate(model=MODEL, prompt="A JSON object with a name:", format="json",
+                                    options={"temperature": 0, "num_predict": 40})
+    assert isinstance(json.loads(loose.response), dict)
+
+
+# -- models ----------------------------------------------------------------------------------------
+def test_version_list_show(server):
+    c = client(server)
+    assert [int(x) for x in httpx.get(server.url + "/api/version").json()["version"].split(".")] >= [0, 6, 4]
+    names = {m.model for m in c.list().models}
+    assert {f"{MODEL}:latest", f"{SECOND}:latest"} <= names
+    listed = {m.model: m for m in c.list().models}[f"{MODEL}:latest"]
+    assert listed.size > 0 and listed.digest and listed.details.format == "gguf" and listed.details.family == "llama"
+    plain, tools = c.show(MODEL), c.show(f"{SECOND}:latest")
+    assert plain.capabilities == ["completion"] and tools.capabilities == ["completion", "tools"]
+    assert plain.details.quantization_level and plain.details.parameter_size.endswith("M")
+    assert plain.modelinfo["general.architecture"] == "llama" and plain.modelinfo["llama.context_length"] > 0
+    assert "FROM " in plain.modelfile and tools.template == HERMES_TEMPLATE
+    draft = plain["draft"]
+    assert draft["drafter"]["variant"] and "eagle" in draft["sources"] and draft["policy"]["draft_max"] == 4
+
+
+def test_two_models_in_turn_with_keep_alive_expiring(server):
+    c = client(server)
+    c.chat(model=MODEL, messages=ASK, options=GREEDY)
+    first = c.chat(model=SECOND, messages=ASK, options=GREEDY, keep_alive="2s")
+    loaded = {m.model: m for m in c.ps().models}
+    assert set(loaded) == {f"{MODEL}:latest", f"{SECOND}:latest"}
+    assert loaded[f"{SECOND}:latest"].size > 0 and loaded[f"{SECOND}:latest"].context_length == 1024
+    assert loaded[f"{SECOND}:latest"].expires_at.timestamp() - time.time() < 3
+    deadline = time.monotonic() + 20
+    while f"{SECOND}:latest" in {m.model for m in c.ps().models}:
+        assert time.monotonic() < deadline, "keep_alive did not expire"
+        time.sleep(0.2)
+    again = c.chat(model=SECOND, messages=ASK, options=GREEDY, keep_alive=0)   # loads again, unloads after
+    assert again.load_duration > 0 and again.message.content == first.message.content
+    deadline = time.monotonic() + 10
+    while f"{SECOND}:latest" in {m.model for m in c.ps().models}:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # an empty request loads a model; with keep_alive 0 it unloads it (Ollama's load / unload)
+    assert c.generate(model=SECOND, keep_alive=-1).done_reason == "load"
+    assert f"{SECOND}:latest" in {m.model for m in c.ps().models}
+    assert c.generate(model=SECOND, keep_alive=0).done_reason == "unload"
+    assert f"{SECOND}:latest" not in {m.model for m in c.ps().models}
+
+
+def test_copy_create_delete(server):
+    c = client(server)
+    c.copy(MODEL, "smol-copy")
+    assert c.show("smol-copy").details.family == "llama"
+    progress = list(c.create(model="smol-pirate", from_="smol-copy", system="You are a pirate.",
+                             parameters={"temperature": 0.2, "stop": ["Arr"]}, stream=True))
+    assert progress[-1].status == "success"
+    shown = c.show("smol-pirate")
+    assert shown["system"] == "You are a pirate." and "temperature" in shown.parameters and '"Arr"' in shown.parameters
+    assert c.chat(model="smol-pirate", messages=ASK, options=GREEDY, keep_alive=0).message.content
+    c.delete("smol-pirate")
+    c.delete("smol-copy:latest")
+    assert not {"smol-pirate:latest", "smol-copy:latest"} & {m.model for m in c.list().models}
+    with pytest.raises(ollama.ResponseError) as err:
+        c.show("smol-pirate")
+    assert err.value.status_code == 404
+
+
+def test_a_cancelled_stream_leaves_the_other_models_stream_untouched(server):
+    c = client(server)
+    long = {"temperature": 0, "num_predict": 200}
+    alone = c.chat(model=SECOND, messages=ASK, options=GREEDY).message.content
+    got: dict = {}
+
+    def other():
+        got["text"] = "".join(p.message.content for p in client(server).chat(
+            model=SECOND, messages=ASK, options=GREEDY, stream=True))
+
+    stream = c.chat(model=MODEL, messages=ASK, options=long, stream=True)
+    next(stream)
+    thread = threading.Thread(target=other)
+    thread.start()
+    next(stream)
+    stream.close()   # the client goes away mid-stream
+    thread.join(120)
+    assert got["text"] == alone
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok"
+
+
+# -- errors, raw HTTP ------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "no-such-model", "messages": ASK}, 404, "not found"),
+    ({"model": MODEL, "messages": ASK, "options": {"temperature": -1}}, 400, "option temperature must be"),
+    ({"model": MODEL, "messages": ASK, "options": {"mirostat": 2}}, 400, "option mirostat"),
+    ({"model": MODEL, "messages": ASK, "options": {"num_thread": 3}}, 400, "option num_thread"),
+    ({"model": MODEL, "messages": ASK, "options": {"bogus": 1}}, 400, "option bogus"),
+    ({"model": MODEL, "messages": ASK, "options": {"num_ctx": 100000}}, 400, "option num_ctx"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, "images"),
+    ({"model": MODEL, "messages": ASK, "think": True}, 400, "thinking"),
+    ({"model": MODEL, "messages": ASK, "keep_alive": "soon"}, 400, "keep_alive"),
+    ({"model": MODEL, "messages": ASK, "format": "yaml"}, 400, "format"),
+    ({"model": MODEL, "messages": ASK, "unknown_field": 1}, 400, "unknown_field"),
+    ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+])
+def test_chat_errors_in_ollamas_shape(server, body, status, words):
+    assert words in ollama_error(server.http.post("/api/chat", json=body), status)
+
+
+def test_no_op_defaults_are_accepted(server):
+    options = {"mirostat": 0, "typical_p": 1.0, "num_gpu": -1, "num_thread": 0, "num_keep": 5, "num_ctx": 512,
+               "num_predict": 4, "temperature": 0}
+    r = server.http.post("/api/chat", json={"model": MODEL, "messages": ASK, "options": options, "stream": False})
+    assert r.status_code == 200 and r.json()["done"] is True
+
+
+def test_other_errors_in_ollamas_shape(server):
+    http = server.http
+    assert "embedding" in ollama_error(http.post("/api/embed", json={"model": MODEL, "input": "x"}), 400)
+    assert "embedding" in ollama_error(http.post("/api/embeddings", json={"model": MODEL, "prompt": "x"}), 400)
+    ollama_error(http.post("/api/generate", content=b"{not json"), 400)
+    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "suffix": "y"}), 400)
+    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "context": [1, 2]}), 400)
+    ollama_error(http.get("/api/nothing-here"), 404)
+    ollama_error(http.get("/api/chat"), 405)
+    ollama_error(http.post("/api/show", json={"model": "no-such-model"}), 404)
+    ollama_error(http.request("DELETE", "/api/delete", json={"model": "no-such-model"}), 404)
+    ollama_error(http.post("/api/copy", json={"source": "no-such-model", "destination": "x"}), 404)
+    ollama_error(http.post("/api/create", json={"model": "x"}), 400)
+    ollama_error(http.post("/api/create", json={"model": "x", "from": MODEL, "quantize": "q4_K_M"}), 400)
+    ollama_error(http.post("/api/create", json={"model": "x", "from": MODEL, "parameters": {"top_p": 7}}), 400)
+    ollama_error(http.post("/api/pull", json={"model": "not-in-catalog", "stream": False}), 404)
+    ollama_error(httpx.post(server.url + "/api/chat", json={"model": MODEL, "messages": ASK}), 401)
+    lines = [json.loads(x) for x in http.post("/api/pull", json={"model": "not-in-catalog"}).text.splitlines()]
+    assert "error" in lines[-1]

@@ -1,0 +1,147 @@
+"""Models loaded on demand within the memory budget (``serve --ram``): the least recently used
+idle model is unloaded when the next one does not fit beside it, a model that does not fit even
+alone is one clear error, ``--max-loaded``; and ``/api/pull`` from a local stand-in of the Hub
+(tests/hub_stub.py), with Ollama's NDJSON progress. The real server, the ``ollama`` client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+
+from hub_stub import FakeHub, _listing_handler
+from serve_checks import KEY, MODEL, running_server
+
+ASK = [{"role": "user", "content": "Say hello."}]
+GREEDY = {"temperature": 0, "num_predict": 8}
+ARGS = ["--ctx", "1024", "--parallel", "1", "--queue-size", "2", "--api-key", KEY]
+
+
+def client(srv) -> ollama.Client:
+    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
+def loaded(c) -> set[str]:
+    return {m.model.removesuffix(":latest") for m in c.ps().models}
+
+
+def _create(env, name: str, *lines: str) -> None:
+    from localspec.store.models import resolve
+
+    modelfile = Path(env["LOCALSPEC_HOME"]) / f"{name}.Modelfile"
+    modelfile.write_text(f"FROM {resolve(None).target}\n" + "".join(f"{line}\n" for line in lines))
+    proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def one_model_bytes() -> int:
+    """What the plan of the default model at ARGS' context uses (the budget is sized from it)."""
+    from localspec.memory.pair import plan_engine
+    from localspec.store.models import resolve
+
+    plan = plan_engine(resolve(None), n_ctx=1024, parallel=1)["memory_plan"]
+    return sum(d.used_bytes for d in plan.devices)
+
+
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory):
+    """A RAM budget that holds one model (not two); ``big`` (context 8192 in 2 slots) not even alone."""
+    home = tmp_path_factory.mktemp("budget_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_THREADS", "1")
+        one = one_model_bytes()
+    ram = int(one / 0.95 * 1.3)
+
+    def setup(env):
+        _create(env, "smol-b", "SYSTEM You are brief.")
+        _create(env, "big", "PARAMETER num_ctx 8192")
+
+    with running_server(home, *ARGS, "--ram", str(ram), setup=setup) as srv:
+        yield srv
+
+
+def test_the_lru_idle_model_is_unloaded_when_the_next_does_not_fit(budget_server):
+    c = client(budget_server)
+    assert loaded(c) == {MODEL}
+    assert c.chat(model="smol-b", messages=ASK, options=GREEDY).message.content
+    assert loaded(c) == {"smol-b"}
+    assert c.chat(model=MODEL, messages=ASK, options=GREEDY).message.content
+    assert loaded(c) == {MODEL}
+    log = budget_server.log.read_text()
+    assert "unloading smollm2-135m to make room for smol-b" in log and "unloading smol-b to make room" in log
+
+
+def test_a_model_that_does_not_fit_alone_is_one_clear_error(budget_server):
+    r = budget_server.http.post("/api/chat", json={"model": "big", "messages": ASK, "stream": False})
+    assert r.status_code == 507 and set(r.json()) == {"error"}
+    assert "cannot be loaded" in r.json()["error"] and "fit" in r.json()["error"]
+    v1 = budget_server.http.post("/v1/chat/completions", json={"model": "big", "messages": ASK})
+    assert v1.status_code == 507 and v1.json()["error"]["code"] == "model_load_failed"
+    assert client(budget_server).chat(model=MODEL, messages=ASK, options=GREEDY).message.content   # still serving
+
+
+def test_v1_lists_every_model_and_selects_one(budget_server):
+    http = budget_server.http
+    ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
+    assert {MODEL, "smol-b", "big"} <= set(ids)
+    r = http.post("/v1/chat/completions", json={"model": "smol-b", "messages": ASK, "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["model"] == "smol-b"
+    assert loaded(client(budget_server)) == {"smol-b"}
+
+
+def test_max_loaded_caps_the_models(tmp_path):
+    with running_server(tmp_path, *ARGS, "--max-loaded", "1", setup=lambda env: _create(env, "smol-c")) as srv:
+        c = client(srv)
+        c.generate(model="smol-c", prompt="Hi", options=GREEDY)
+        assert loaded(c) == {"smol-c"}
+
+
+# -- pull ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    import tiny_models
+
+    d = tmp_path_factory.mktemp("hub_files")
+    target = tiny_models.build_target(d / "tiny-target.gguf")
+    fake = FakeHub()
+    fake.add("test/tiny-GGUF", "tiny-target.gguf", target.read_bytes())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _listing_handler(fake))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", fake
+    server.shutdown()
+    server.server_close()
+
+
+def test_pull_from_the_registry_with_ollamas_progress(hub, tmp_path):
+    url, fake = hub
+    (tmp_path / "models.toml").write_text(
+        'schema = 1\n[models.tiny]\ndescription = "tiny test target"\n'
+        '[models.tiny.target]\nrepo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n', encoding="utf-8")
+
+    def online(env):
+        env.update(HF_ENDPOINT=url, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="0")
+        env.pop("HF_HUB_CACHE", None)
+        env.pop("HF_TOKEN", None)
+
+    with running_server(tmp_path, *ARGS, setup=online) as srv:
+        c = client(srv)
+        progress = list(c.pull("tiny:latest", stream=True))
+        assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
+        files = [p for p in progress if p.status.startswith("pulling ") and p.total]
+        assert files and files[0].completed == files[0].total > 0 and files[0].digest.startswith("sha256:")
+        assert "tiny:latest" in {m.model for m in c.list().models}
+        assert c.pull("tiny", stream=False).status == "success"   # already there
+        assert c.show("tiny").details.family == "llama"
+        assert c.generate(model="tiny", prompt="Hi", options={"num_predict": 4}).done
+        assert any("/test/tiny-GGUF/" in path for _, path, _ in fake.log)
+        r = httpx.post(srv.url + "/api/pull", json={"model": "absent", "stream": False},
+                       headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 404 and "catalog" in r.json()["error"]
