@@ -348,18 +348,24 @@ class ModelManager:
     async def unload(self, name: str) -> bool:
         return await asyncio.get_running_loop().run_in_executor(None, self.unload_blocking, name)
 
-    def _expired(self) -> list[str]:
-        now = time.monotonic()
-        return [m.name for m in list(self.loaded.values())
-                if m.keep_alive is not None and not m.busy() and now - m.idle_since >= m.keep_alive]
+    @staticmethod
+    def _is_expired(m: Loaded) -> bool:
+        return m.keep_alive is not None and not m.busy() and time.monotonic() - m.idle_since >= m.keep_alive
+
+    def _expire_blocking(self, name: str) -> None:
+        with self._lock:   # checked again here: a request may have come since
+            loaded = self.loaded.get(name)
+            if loaded is not None and self._is_expired(loaded):
+                log(f"unloading {name} (keep_alive expired)")
+                self._unload_locked(loaded)
 
     async def _expire_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._closing:
             await asyncio.sleep(EXPIRY_TICK)
-            for name in self._expired():
-                if name not in self._loading:
-                    log(f"{name}: keep_alive expired")
-                    await self.unload(name)
+            for m in list(self.loaded.values()):
+                if self._is_expired(m):
+                    await loop.run_in_executor(None, self._expire_blocking, m.name)
 
     # -- life --
     def start(self) -> None:

@@ -22,7 +22,7 @@ from ..core.events import DoneEvent
 from ..formats.tool_calls import CallStream
 from .errors import APIError
 from .models_manager import Loaded
-from .ollama_common import NDJSON, check_key, keep_alive_of, ndjson, now_iso, read_json
+from .ollama_common import NDJSON, check_key, keep_alive_of, ndjson, now_iso, ollama_error, read_json
 from .ollama_models import add_model_routes
 from .ollama_params import chat_body, generate_body, read_options, with_policy
 from .ollama_schemas import ChatRequest, GenerateRequest
@@ -49,6 +49,7 @@ class Answer:
         self.model, self.chat = model, chat
         self.calls = CallStream(tools.format) if tools is not None and tools.request is not None else None
         self.started, self.load_seconds = started, load_seconds
+        self.failed: APIError | None = None   # the error that ended it
 
     def chunk(self, text: str, calls=None) -> dict:
         if self.chat:
@@ -99,6 +100,7 @@ async def _events(job: Job, answer: Answer) -> AsyncIterator[dict]:
             if text:
                 yield answer.chunk(text)
             if isinstance(end, Failed):
+                answer.failed = end.error
                 yield {"error": end.error.message}
                 return
     finally:
@@ -131,8 +133,8 @@ async def respond(served: Loaded, request: Request, job: Job, answer: Answer, st
             return StreamingResponse(_stream(job, answer), media_type=NDJSON)
         whole, last = "", None
         async for obj in _events(job, answer):
-            if "error" in obj:
-                return JSONResponse(obj, status_code=500)
+            if answer.failed is not None:
+                return ollama_error(answer.failed)
             last = obj
             key = "message" if answer.chat else "response"
             if not obj["done"]:
