@@ -31,69 +31,75 @@ def loaded(c) -> set[str]:
     return {m.model.removesuffix(":latest") for m in c.ps().models}
 
 
-def _create(env, name: str, *lines: str) -> None:
+def _create(env, name: str, *lines: str, source=None) -> None:
     from localspec.store.models import resolve
 
     modelfile = Path(env["LOCALSPEC_HOME"]) / f"{name}.Modelfile"
-    modelfile.write_text(f"FROM {resolve(None).target}\n" + "".join(f"{line}\n" for line in lines))
+    modelfile.write_text(f"FROM {source or resolve(None).target}\n" + "".join(f"{line}\n" for line in lines))
     proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
-def one_model_bytes() -> int:
-    """What the plan of the default model at ARGS' context uses (the budget is sized from it)."""
+def plan_bytes(target) -> int:
+    """What the plan of ``target`` at ARGS' context uses (the budget is sized from it)."""
     from localspec.memory.pair import plan_engine
-    from localspec.store.models import resolve
+    from localspec.store.models import ModelSpec
 
-    plan = plan_engine(resolve(None), n_ctx=1024, parallel=1)["memory_plan"]
+    plan = plan_engine(ModelSpec("x", target), n_ctx=1024, parallel=1)["memory_plan"]
     return sum(d.used_bytes for d in plan.devices)
 
 
 @pytest.fixture(scope="module")
 def budget_server(tmp_path_factory):
-    """A RAM budget that holds one model (not two); ``big`` (context 8192 in 2 slots) not even alone."""
+    """Two tiny models over the same file, and a RAM budget that holds one of them, not two; the
+    embedded default does not fit it even alone."""
+    import tiny_models
+    from localspec.store.models import resolve
+
     home = tmp_path_factory.mktemp("budget_home")
+    tiny = tiny_models.build_target(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALSPEC_THREADS", "1")
-        one = one_model_bytes()
+        one = plan_bytes(tiny)
+        assert plan_bytes(resolve(None).target) > 2 * one
     ram = int(one / 0.95 * 1.3)
 
     def setup(env):
-        _create(env, "smol-b", "SYSTEM You are brief.")
-        _create(env, "big", "PARAMETER num_ctx 8192")
+        _create(env, "tiny-a", source=tiny)
+        _create(env, "tiny-b", "SYSTEM You are brief.", source=tiny)
 
-    with running_server(home, *ARGS, "--ram", str(ram), setup=setup) as srv:
+    with running_server(home, "tiny-a", *ARGS, "--ram", str(ram), setup=setup) as srv:
         yield srv
 
 
 def test_the_lru_idle_model_is_unloaded_when_the_next_does_not_fit(budget_server):
     c = client(budget_server)
-    assert loaded(c) == {MODEL}
-    assert c.chat(model="smol-b", messages=ASK, options=GREEDY).message.content
-    assert loaded(c) == {"smol-b"}
-    assert c.chat(model=MODEL, messages=ASK, options=GREEDY).message.content
-    assert loaded(c) == {MODEL}
+    assert loaded(c) == {"tiny-a"}
+    assert c.chat(model="tiny-b", messages=ASK, options=GREEDY).done
+    assert loaded(c) == {"tiny-b"}
+    assert c.chat(model="tiny-a:latest", messages=ASK, options=GREEDY).done
+    assert loaded(c) == {"tiny-a"}
     log = budget_server.log.read_text()
-    assert "unloading smollm2-135m to make room for smol-b" in log and "unloading smol-b to make room" in log
+    assert "unloading tiny-a to make room for tiny-b" in log and "unloading tiny-b to make room for tiny-a" in log
 
 
 def test_a_model_that_does_not_fit_alone_is_one_clear_error(budget_server):
-    r = budget_server.http.post("/api/chat", json={"model": "big", "messages": ASK, "stream": False})
+    r = budget_server.http.post("/api/chat", json={"model": MODEL, "messages": ASK, "stream": False})
     assert r.status_code == 507 and set(r.json()) == {"error"}
-    assert "cannot be loaded" in r.json()["error"] and "fit" in r.json()["error"]
-    v1 = budget_server.http.post("/v1/chat/completions", json={"model": "big", "messages": ASK})
+    assert "cannot be loaded" in r.json()["error"] and "does not fit" in r.json()["error"]
+    v1 = budget_server.http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK})
     assert v1.status_code == 507 and v1.json()["error"]["code"] == "model_load_failed"
-    assert client(budget_server).chat(model=MODEL, messages=ASK, options=GREEDY).message.content   # still serving
+    assert client(budget_server).chat(model="tiny-a", messages=ASK, options=GREEDY).done   # still serving
 
 
 def test_v1_lists_every_model_and_selects_one(budget_server):
     http = budget_server.http
     ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
-    assert {MODEL, "smol-b", "big"} <= set(ids)
-    r = http.post("/v1/chat/completions", json={"model": "smol-b", "messages": ASK, "max_tokens": 4})
-    assert r.status_code == 200 and r.json()["model"] == "smol-b"
-    assert loaded(client(budget_server)) == {"smol-b"}
+    assert {MODEL, "tiny-a", "tiny-b"} <= set(ids)
+    r = http.post("/v1/chat/completions", json={"model": "tiny-b", "messages": ASK, "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["model"] == "tiny-b"
+    assert loaded(client(budget_server)) == {"tiny-b"}
 
 
 def test_max_loaded_caps_the_models(tmp_path):

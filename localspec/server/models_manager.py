@@ -289,6 +289,7 @@ class ModelManager:
 
     def _open(self, key: str, spec: ModelSpec, *, strict: bool) -> Loaded:
         from ..memory.pair import plan_engine
+        from ..memory.planner import KV_PREFERENCE
 
         s = self.settings
         for label, path in (("target", spec.target), ("drafter", spec.drafter)):
@@ -299,9 +300,11 @@ class ModelManager:
         ram = max(0, left.get("CPU", 0)) if (s.ram is not None or len(self.loaded)) else None
         vram = max(0, left[self.gpus[0]]) if self.gpus and (s.vram is not None or len(self.loaded)) else None
         start = time.monotonic()
+        # beside other models: the full context at the best KV type, or the LRU idle model goes first
+        kv = KV_PREFERENCE[0] if strict else None
         try:
             options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
-                                  parallel=s.parallel, ram=ram)
+                                  parallel=s.parallel, ram=ram, kv_type=kv)
         except LocalspecError as exc:
             if strict and "does not fit" in str(exc):
                 raise DoesNotFit(str(exc)) from None
