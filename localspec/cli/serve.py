@@ -111,13 +111,15 @@ def serve(
     Ollama's (/api/chat, /api/generate, /api/tags...), /health and Prometheus /metrics. A request
     naming another model in the store loads it (within the memory budget). Up to --parallel
     requests per model run at once, decoded in one batch; the others wait in arrival order."""
-    resolved = resolve(model, target=target, draft=draft)
-    for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
-        if path is not None and not Path(path).is_file():
-            raise LocalspecError(f"the {label} file {path} does not exist")
+    from ..core.units import parse_size
+
+    resolved = _resolved(model, target, draft)
     api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
-    keep_seconds, body_limit = _checked_args(port, queue_size, max_loaded, keep_alive, max_body)
+    keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
     check_flags(flags)
+    body_limit = parse_size(max_body)
+    if body_limit < 1024:
+        raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
     cache_ram = flags.pop("cache_ram")
     given = is_default(cli)
@@ -156,10 +158,16 @@ def serve(
         raise typer.Exit(128 + signal.SIGTERM)   # 143, as a shell reports a process ended by SIGTERM
 
 
-def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_alive: str,
-                  max_body: str) -> tuple[Optional[float], int]:
-    """(--keep-alive in seconds, --max-body in bytes), or one Error line for any value out of range."""
-    from ..core.units import parse_size
+def _resolved(model: Optional[str], target: Optional[Path], draft: Optional[Path]):
+    resolved = resolve(model, target=target, draft=draft)
+    for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
+        if path is not None and not Path(path).is_file():
+            raise LocalspecError(f"the {label} file {path} does not exist")
+    return resolved
+
+
+def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_alive: str) -> Optional[float]:
+    """--keep-alive in seconds (None: keep), or one Error line for any value out of range."""
     from ..server.models_manager import parse_keep_alive
 
     if not 1 <= port <= 65535 and port != 0:
@@ -172,10 +180,7 @@ def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_al
         keep_seconds = parse_keep_alive(keep_alive)
     except ValueError:
         raise LocalspecError(f"--keep-alive must be a duration (5m, 1h), seconds, 0 or -1, got '{keep_alive}'") from None
-    body_limit = parse_size(max_body)
-    if body_limit < 1024:
-        raise LocalspecError("--max-body must be at least 1K")
-    return keep_seconds, body_limit
+    return keep_seconds
 
 
 def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, parallel, verbose, max_loaded, ram, vram,
