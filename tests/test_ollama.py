@@ -183,6 +183,28 @@ def test_two_models_in_turn_with_keep_alive_expiring(server):
     assert f"{SECOND}:latest" not in {m.model for m in c.ps().models}
 
 
+def test_requests_for_a_model_being_loaded_wait_under_the_queue_bound(server):
+    """QUEUE (2) requests may wait for a load; more at once get 429 in Ollama's shape."""
+    assert f"{SECOND}:latest" not in {m.model for m in client(server).ps().models}
+    results: list = []
+    body = {"model": SECOND, "messages": ASK, "options": {"temperature": 0, "num_predict": 2}, "stream": False,
+            "keep_alive": 0}
+    barrier = threading.Barrier(5)
+
+    def ask():
+        barrier.wait()
+        results.append(server.http.post("/api/chat", json=body))
+
+    threads = [threading.Thread(target=ask) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(200) >= 2 and 429 in codes, codes
+    assert all("busy" in ollama_error(r, 429) for r in results if r.status_code == 429)
+
+
 def test_copy_create_delete(server):
     c = client(server)
     c.copy(MODEL, "smol-copy")
