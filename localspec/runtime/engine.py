@@ -262,13 +262,16 @@ class Engine:
         ``user_dir()/calibration.json`` or measured now (a few hundred ms; ``cancel`` cuts it short)."""
         if self.cost is not None and not refresh:
             return self.cost
-        key = "|".join((costmodel.machine_key(self.ctx.n_threads, self._n_gpu_layers),
-                        f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
-                        costmodel._file_key(self.drafter_info.path if self.drafter is not None else None)))
-        self.cost = costmodel.load_or_calibrate(key, user_dir() / "calibration.json",
+        self.cost = costmodel.load_or_calibrate(self.cost_key(), user_dir() / "calibration.json",
                                                 lambda: calibrate(self.verifier, self.drafter, cancel), refresh=refresh,
                                                 note=self._verbose_note)
         return self.cost
+
+    def cost_key(self) -> str:
+        """What the cost model's figures hold for: this machine, thread count, offload, KV type and files."""
+        return "|".join((costmodel.machine_key(self.ctx.n_threads, self._n_gpu_layers),
+                         f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
+                         costmodel._file_key(self.drafter_info.path if self.drafter is not None else None)))
 
     def _verbose_note(self, text: str) -> None:
         if self._verbose:

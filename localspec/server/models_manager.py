@@ -20,6 +20,7 @@ request says otherwise or it is evicted.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class ModelManager:
         self._waiters: dict[str, int] = {}
         self._lock = threading.Lock()           # one load or unload at a time
         self._closing = False
+        self._costs: dict = {}                  # cost-model key -> the figures a loaded engine had
         self._expiry: Optional[asyncio.Task] = None
 
     # -- state --
@@ -317,7 +319,7 @@ class ModelManager:
         engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
                         chat_template=spec.template, **options)
         try:
-            _warm_up(engine, defaults)
+            self._warm_up(engine, defaults)
             worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,
                                   cache_bytes=s.cache_bytes)
             worker.start()
@@ -330,10 +332,26 @@ class ModelManager:
         log(f"loaded {key} in {seconds:.2f} s ({_mib(sum(used.values()))} planned)")
         return Loaded(key, spec, engine, worker, defaults, used, gpu, seconds, s.keep_alive)
 
+    def _warm_up(self, engine: Engine, defaults: ServeDefaults) -> None:
+        """What a first request would otherwise wait for: the cost model the auto policy needs
+        before it drafts: from a model loaded earlier over the same files and settings (also a
+        calibration that an overloaded machine cut short, which the calibration cache does not
+        keep), else from the calibration cache, else measured now."""
+        if not (defaults.spec and defaults.policy.name == "auto"):
+            return
+        key = engine.cost_key()
+        known = self._costs.get(key)
+        if known is not None:
+            engine.cost = copy.deepcopy(known)
+        else:
+            self._costs[key] = copy.deepcopy(engine.cost_model())
+
     # -- unloading --
     def _unload_locked(self, loaded: Loaded) -> None:
         self.loaded.pop(loaded.name, None)
         if loaded.worker.stop():
+            if loaded.engine.cost is not None:   # its live figures, for the next load of these files
+                self._costs[loaded.engine.cost_key()] = copy.deepcopy(loaded.engine.cost)
             loaded.engine.close()
         else:
             log(f"{loaded.name}: its engine thread did not stop; its memory is kept until exit")
@@ -389,13 +407,6 @@ class ModelManager:
         with self._lock:
             for m in list(self.loaded.values()):
                 self._unload_locked(m)
-
-
-def _warm_up(engine: Engine, defaults: ServeDefaults) -> None:
-    """What a first request would otherwise wait for: the cost model (from the calibration cache,
-    or measured now), which the auto policy needs before it drafts."""
-    if defaults.spec and defaults.policy.name == "auto":
-        engine.cost_model()
 
 
 def _mib(n: int) -> str:
