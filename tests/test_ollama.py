@@ -183,6 +183,30 @@ def test_two_models_in_turn_with_keep_alive_expiring(server):
     assert f"{SECOND}:latest" not in {m.model for m in c.ps().models}
 
 
+def test_a_loaded_model_answers_while_another_loads(server):
+    assert f"{SECOND}:latest" not in {m.model for m in client(server).ps().models}
+    finished: dict = {}
+
+    def load():
+        client(server).chat(model=SECOND, messages=ASK, options={"num_predict": 1}, keep_alive=0)
+        finished["second"] = time.monotonic()
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while SECOND not in httpx.get(server.url + "/health").json()["loading"]:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.01)
+    assert client(server).chat(model=MODEL, messages=ASK, options={"temperature": 0, "num_predict": 2}).done
+    answered = time.monotonic()
+    thread.join(120)
+    assert answered < finished["second"]
+    wait_unloaded = time.monotonic() + 10
+    while f"{SECOND}:latest" in {m.model for m in client(server).ps().models}:
+        assert time.monotonic() < wait_unloaded
+        time.sleep(0.1)
+
+
 def test_requests_for_a_model_being_loaded_wait_under_the_queue_bound(server):
     """QUEUE (2) requests may wait for a load; more at once get 429 in Ollama's shape."""
     assert f"{SECOND}:latest" not in {m.model for m in client(server).ps().models}

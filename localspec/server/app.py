@@ -474,7 +474,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         models = state.models
         return {"status": "ok", "model": state.names[0], "requests_processing": models.running_count(),
                 "requests_deferred": models.waiting_count(), "queue_size": models.settings.queue_size,
-                "loaded": list(models.loaded)}
+                "loaded": list(models.loaded), "loading": models.loading()}
 
     @app.get("/metrics")
     async def metrics():

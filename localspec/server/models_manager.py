@@ -172,6 +172,10 @@ class ModelManager:
     def waiting_count(self) -> int:
         return sum(m.worker.waiting_count() for m in list(self.loaded.values()))
 
+    def loading(self) -> list[str]:
+        """The models being loaded now."""
+        return list(self._loading)
+
     def default_name(self) -> str:
         return self.default.name
 
