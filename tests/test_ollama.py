@@ -277,6 +277,8 @@ def test_a_cancelled_stream_leaves_the_other_models_stream_untouched(server):
     ({"model": MODEL, "messages": ASK, "options": {"mirostat": 2}}, 400, "option mirostat"),
     ({"model": MODEL, "messages": ASK, "options": {"num_thread": 3}}, 400, "option num_thread"),
     ({"model": MODEL, "messages": ASK, "options": {"bogus": 1}}, 400, "option bogus"),
+    ({"model": MODEL, "messages": ASK, "options": {"draft_max": 999}}, 400, "option draft_max must be"),
+    ({"model": MODEL, "messages": ASK, "options": {"top_k": 1.5}}, 400, "option top_k expects an integer"),
     ({"model": MODEL, "messages": ASK, "options": {"num_ctx": 100000}}, 400, "option num_ctx"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, "images"),
     ({"model": MODEL, "messages": ASK, "think": True}, 400, "thinking"),
@@ -291,7 +293,7 @@ def test_chat_errors_in_ollamas_shape(server, body, status, words):
 
 def test_no_op_defaults_are_accepted(server):
     options = {"mirostat": 0, "typical_p": 1.0, "num_gpu": -1, "num_thread": 0, "num_keep": 5, "num_ctx": 512,
-               "num_predict": 4, "temperature": 0}
+               "num_predict": 4, "temperature": 0, "draft_max": 2, "draft_policy": "fixed"}
     r = server.http.post("/api/chat", json={"model": MODEL, "messages": ASK, "options": options, "stream": False})
     assert r.status_code == 200 and r.json()["done"] is True
 

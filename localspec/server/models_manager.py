@@ -77,7 +77,6 @@ class Loaded:
     last_used: float = field(default_factory=time.monotonic)
     idle_since: float = field(default_factory=time.monotonic)
     jobs: list = field(default_factory=list)
-    first_request: bool = True   # the first request since the load (its answer reports the load)
 
     @property
     def names(self) -> list[str]:
