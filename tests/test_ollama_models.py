@@ -1,6 +1,6 @@
 """Models loaded on demand within the memory budget (``serve --ram``): the least recently used
 idle model is unloaded when the next one does not fit beside it, a model that does not fit even
-alone is one clear error, ``--max-loaded``; and ``/api/pull`` from a local stand-in of the Hub
+alone is one clear error, ``--max-loaded`` (with the pull test); and ``/api/pull`` from a local stand-in of the Hub
 (tests/hub_stub.py), with Ollama's NDJSON progress. The real server, the ``ollama`` client."""
 
 from __future__ import annotations
@@ -102,13 +102,6 @@ def test_v1_lists_every_model_and_selects_one(budget_server):
     assert loaded(client(budget_server)) == {"tiny-b"}
 
 
-def test_max_loaded_caps_the_models(tmp_path):
-    with running_server(tmp_path, *ARGS, "--max-loaded", "1", setup=lambda env: _create(env, "smol-c")) as srv:
-        c = client(srv)
-        c.generate(model="smol-c", prompt="Hi", options=GREEDY)
-        assert loaded(c) == {"smol-c"}
-
-
 # -- pull ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
@@ -126,7 +119,7 @@ def hub(tmp_path_factory):
     server.server_close()
 
 
-def test_pull_from_the_registry_with_ollamas_progress(hub, tmp_path):
+def test_pull_from_the_registry_with_ollamas_progress_and_max_loaded(hub, tmp_path):
     url, fake = hub
     (tmp_path / "models.toml").write_text(
         'schema = 1\n[models.tiny]\ndescription = "tiny test target"\n'
@@ -137,7 +130,7 @@ def test_pull_from_the_registry_with_ollamas_progress(hub, tmp_path):
         env.pop("HF_HUB_CACHE", None)
         env.pop("HF_TOKEN", None)
 
-    with running_server(tmp_path, *ARGS, setup=online) as srv:
+    with running_server(tmp_path, *ARGS, "--max-loaded", "1", setup=online) as srv:
         c = client(srv)
         progress = list(c.pull("tiny:latest", stream=True))
         assert progress[0].status == "pulling manifest" and progress[-1].status == "success"
@@ -146,7 +139,9 @@ def test_pull_from_the_registry_with_ollamas_progress(hub, tmp_path):
         assert "tiny:latest" in {m.model for m in c.list().models}
         assert c.pull("tiny", stream=False).status == "success"   # already there
         assert c.show("tiny").details.family == "llama"
+        assert loaded(c) == {MODEL}
         assert c.generate(model="tiny", prompt="Hi", options={"num_predict": 4}).done
+        assert loaded(c) == {"tiny"}   # --max-loaded 1: the default went first, though both fit
         assert any("/test/tiny-GGUF/" in path for _, path, _ in fake.log)
         r = httpx.post(srv.url + "/api/pull", json={"model": "absent", "stream": False},
                        headers={"Authorization": f"Bearer {KEY}"})
