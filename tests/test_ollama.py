@@ -240,6 +240,15 @@ def test_copy_create_delete(server):
     assert "temperature" in shown.parameters and '"Arr"' in shown.parameters and "You are a pirate." in shown.modelfile
     assert server.http.post("/api/show", json={"model": "smol-pirate"}).json()["system"] == "You are a pirate."
     assert c.chat(model="smol-pirate", messages=ASK, options=GREEDY, keep_alive=0).message.content
+    from localspec.store.models import default_model
+
+    default = default_model()   # localspec's own field: the drafter
+    r = server.http.post("/api/create", json={"model": "smol-drafted", "from": str(default.target),
+                                              "draft": str(default.drafter), "stream": False})
+    assert r.json() == {"status": "success"}
+    drafted = server.http.post("/api/show", json={"model": "smol-drafted"}).json()["draft"]
+    assert drafted["drafter"]["file"] == default.drafter.name and "eagle" in drafted["sources"]
+    c.delete("smol-drafted")
     c.delete("smol-pirate")
     c.delete("smol-copy:latest")
     assert not {"smol-pirate:latest", "smol-copy:latest"} & {m.model for m in c.list().models}
@@ -268,6 +277,17 @@ def test_a_cancelled_stream_leaves_the_other_models_stream_untouched(server):
     assert got["text"] == alone
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok"
+
+
+def test_keep_alive_values():
+    from localspec.server.models_manager import parse_keep_alive
+
+    assert [parse_keep_alive(v) for v in ("5m", "1h30m", "10s", "1.5s", "300", 300, 0, "0")] == \
+        [300.0, 5400.0, 10.0, 1.5, 300.0, 300.0, 0.0, 0.0]
+    assert parse_keep_alive(-1) is None and parse_keep_alive("-1m") is None   # negative: keep
+    for bad in ("soon", "5x", "", True, "m5"):
+        with pytest.raises(ValueError):
+            parse_keep_alive(bad)
 
 
 # -- errors, raw HTTP ------------------------------------------------------------------------------
