@@ -20,6 +20,7 @@ from ..store.models import resolve
 from ..core.options import DEFAULT_CTX, check_cli
 from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
+from .flags import option
 
 
 @app.command()
@@ -31,16 +32,14 @@ def fit(
                                        "llama.cpp sees; on a CPU-only build it simulates a GPU).", show_default=False),
     ram: Optional[str] = typer.Option(None, "--ram", help="System RAM budget (default: available RAM).",
                                       show_default=False),
-    ctx: Optional[int] = typer.Option(None, "--ctx", help=f"Context size (default: the largest up to {DEFAULT_CTX} that fits).",
-                                      show_default=False),
+    ctx: Optional[int] = option("n_ctx", default=None,
+                                help=f"Context size (default: the largest up to {DEFAULT_CTX} that fits)."),
     kv_type: Optional[str] = typer.Option(None, "--kv-type", help=f"KV cache type ({', '.join(KV_TYPES)}; "
                                           "default: f16, smaller if needed).", show_default=False),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Draft depth (default: chosen).",
-                                            show_default=False),
-    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers on the GPU (default: chosen).",
-                                             show_default=False),
+    draft_max: Optional[int] = option("draft_max", help="Draft depth (default: chosen)."),
+    gpu_layers: Optional[int] = option("gpu_layers", help="Target layers on the GPU (default: chosen)."),
     threads: Optional[int] = ThreadsOpt,
-    parallel: int = typer.Option(1, "--parallel", help="Slots served at once (`serve --parallel`), each of --ctx."),
+    parallel: int = option("parallel", help="Slots served at once (`serve --parallel`), each of --ctx."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Plan memory for the target and drafter together, on the GPU and in RAM."""

@@ -249,7 +249,8 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, tick=tick, cancel=cancel, recall=self.recall)
+                              observers=observers, tick=tick, cancel=cancel,
+                              recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
         """Raise the LocalspecError a generation with this grammar would raise (a front end's
