@@ -15,6 +15,7 @@ from ..llama import backends
 from ..core.errors import LocalspecError
 from ..core.units import format_size, parse_size
 from ..llama.contexts import KV_TYPES
+from ..formats.gguf_info import mtp_heads, read_gguf
 from ..memory.pair import plan_files
 from ..store.models import resolve
 from ..core.options import DEFAULT_CTX, check_cli
@@ -58,14 +59,19 @@ def fit(
                       n_threads=threads, slots=parallel)
     per_slot = plan.n_ctx // parallel
     info = backends.detect()
+    # the target's own draft heads (no drafter file): the planner counts their blocks with the target's
+    heads = mtp_heads(read_gguf(model_spec.target)) if model_spec.drafter is None else 0
     if as_json:
         out = plan.to_dict()
         out.update(model=model_spec.name, backends=info.built_with, gpu_offload=info.gpu_offload, parallel=parallel,
-                   n_ctx_per_slot=per_slot)
+                   n_ctx_per_slot=per_slot, mtp_heads=heads)
         print(json.dumps(out))
     else:
         slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
         _print_tables(plan, f"{model_spec.name} ({slots}", info)
+        if heads:
+            print(f"note: the target's {heads} MTP head(s) draft (source mtp); their weights and KV are "
+                  "counted in the target's row")
     if not plan.fits:
         raise typer.Exit(2)
 

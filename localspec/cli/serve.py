@@ -70,6 +70,8 @@ def drafting(engine, model_spec, no_spec: bool) -> str:
         return "speculation off"
     if engine.drafter is None:
         return "no drafter: n-gram lookup drafts only"
+    if engine.mtp_heads:
+        return f"its own MTP heads ({engine.mtp_heads})"
     return f"drafter {model_spec.drafter.name}"
 
 
@@ -139,7 +141,7 @@ def serve(
     sock = bind(host, port)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers,
                                      verbose=verbose, vram=vram, model_spec=resolved, parallel=parallel,
-                                     ram=ram)
+                                     ram=ram, source=values.get("source"))
     from ..server.run import run
 
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size,
