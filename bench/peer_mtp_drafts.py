@@ -35,7 +35,7 @@ _ACC = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is:
 def native_drafts(tool: Path, target: Path, n: int, k: int) -> tuple[list[list[int]], list[int]]:
     """llama.cpp's drafts, one list per draft call, and each cycle's accepted count."""
     cmd = [str(tool), "-m", str(target), "-p", PROMPT, "-n", str(n), "--temp", "0", "--spec-type", "draft-mtp",
-           "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "-c", "512", "-lv", "4", "-t", "2"]
+           "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "-c", "512", "-lv", "5", "-t", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:

@@ -260,10 +260,11 @@ class Engine:
                   cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
         """A generation of ``prompt`` on ``verifier``'s sequence, not started; it drafts with the
         drafter's sequence of the same number. Draft trees (their branches are sequences of their
-        own) only in an engine of one slot. ``cost=False``: no calibration now (the policy plans
-        plain steps until a cost model exists)."""
+        own) only in an engine of one slot, and not with chained MTP heads. ``cost=False``: no
+        calibration now (the policy plans plain steps until a cost model exists)."""
         pcfg = config.policy
-        if self.n_slots > 1 and pcfg.tree != "off":
+        chained = self.drafter is not None and self.drafter.max_depth is not None
+        if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
         drafter = (self.drafters[verifier.seq]
                    if self.drafter is not None and config.spec and pcfg.source in ("auto", self.drafter.name) else None)

@@ -58,6 +58,7 @@ class EagleDrafter:
 
     name = "eagle"
     shift = 0
+    max_depth: int | None = None   # the longest chain it can draft (None: as long as asked)
 
     def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int,
                  n_threads: int | None = None, n_gpu_layers: int = 0, slots: int = 1) -> None:

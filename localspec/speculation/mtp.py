@@ -22,9 +22,13 @@ instead of three layer features and no ``fc``. So :class:`MtpDrafter` is an
 with it unchanged: the policy prices its step with the calibrated drafter curve, chains are
 batched across slots, trees grow in its sequences.
 
-Drafts are greedy top-1 (``draft-mtp`` takes the first of its top-10 candidates too). Heads that
-llama.cpp chains (step35: head ``k`` drafts step ``k``) draft here with the first head at every
-step; shared-KV heads (Gemma 4's assistant) are a separate model (see docs/speculation.md).
+Drafts are greedy top-1 (``draft-mtp`` takes the first of its top-10 candidates too). Several
+heads that are not memory-shared are chained as ``draft-mtp`` chains them (step35): the committed
+rows are written once per head (``llama_set_nextn_layer_offset``; each pass drops the cells and
+writes them again, so the cells keep every head's layer), draft ``k`` comes from head ``k``
+decoding the whole draft prefix again (``[id_last, d1..dk]`` after dropping the draft region),
+and a chain is at most as deep as there are heads (no trees). Shared-KV heads (Gemma 4's
+assistant) are a separate model (see docs/speculation.md).
 """
 
 from __future__ import annotations
@@ -57,11 +61,10 @@ class MtpDrafter(EagleDrafter):
             raise LocalspecError("internal: the target was loaded without its MTP heads")
         self.info, self.target, self.seq, self.model = None, target, 0, target.model
         self.heads = heads
-        # llama.cpp's draft context settings (common_speculative_init_from_params): the target's
-        # cache types and attention, a sequence per slot, plus the tree branches
+        # as draft-mtp's context (common_speculative_init_result): the default cache type and
+        # attention, the target as ctx_other; a sequence per slot, plus the tree branches
         self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
                            mtp=True, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
-        self._shared = False   # set before anything can fail: close() reads it
         self.tree_seqs = TREE_SEQS
         self.layers: list[int] = []
         llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)
@@ -78,6 +81,10 @@ class MtpDrafter(EagleDrafter):
         self.seconds = 0.0
         self._shared = False
         self._first: int | None = None   # the prompt's first token: its pair has no target state
+        self.max_depth = heads if heads > 1 else None
+        self._every_head = False           # catch_up under way: committed rows go to every head
+        self._chain: tuple[list[int], list[np.ndarray], int] | None = None   # chained heads: the draft prefix
+        self._views = {0: self}            # chained heads: each sequence's drafter (decode_steps)
 
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The target's ``h`` of the first ``n_rows`` rows of its last batch (or of rows ``rows``)."""
@@ -87,6 +94,59 @@ class MtpDrafter(EagleDrafter):
             raise LocalspecError("llama.cpp returned no hidden states of the target for its MTP head")
         src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd))
         return np.array(src if rows is None else src[rows], dtype=np.float32)
+
+    def for_sequence(self, seq: int) -> "MtpDrafter":
+        view = super().for_sequence(seq)
+        if view is not self:
+            view._chain = None
+            self._views[seq] = view
+        return view
+
+    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        self._every_head = self.heads > 1
+        try:
+            return super().catch_up(max_rows)
+        finally:
+            self._every_head = False
+
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """One head: EAGLE's decode. Chained heads: committed rows (catch_up) under every head,
+        the first last (its output drafts the first token); a chain step ``k`` under head ``k``
+        over the whole draft prefix."""
+        if self.heads == 1:
+            return super().decode(tokens, g, start_pos)
+        if self._every_head:
+            for head in reversed(range(self.heads)):
+                llama_ext.set_nextn_layer_offset(self.ctx.ptr, head)
+                if head != self.heads - 1:
+                    self._rm(start_pos)
+                out = super().decode(tokens, g, start_pos)
+            self._chain = ([tokens[-1]], [np.array(g[-1], dtype=np.float32)], start_pos + len(tokens) - 1)
+            return out
+        chain = self._chain
+        step = start_pos - chain[2] if chain is not None else -1
+        if chain is None or step != len(chain[0]) or step >= self.heads or len(tokens) != 1:
+            self._chain = None   # not a chain step (calibration's timing): the first head
+            return super().decode(tokens, g, start_pos)
+        chain[0].append(tokens[0])
+        chain[1].append(np.array(g[0], dtype=np.float32))
+        llama_ext.set_nextn_layer_offset(self.ctx.ptr, step)
+        try:
+            self._rm(chain[2])
+            return super().decode(chain[0], np.stack(chain[1]), chain[2])
+        finally:
+            llama_ext.set_nextn_layer_offset(self.ctx.ptr, 0)
+
+    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Chained heads: each sequence's step alone (its prefix under its own head)."""
+        if self.heads == 1:
+            return super().decode_steps(rows)
+        out = []
+        for seq, tok, state, pos in rows:
+            view = self._views[seq]
+            logits, nxt = view.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
+            out.append((np.array(logits), nxt))
+        return out
 
     def encode(self, features: np.ndarray) -> np.ndarray:
         """The head takes the target's state as it is (no fc)."""
