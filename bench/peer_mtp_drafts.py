@@ -56,13 +56,17 @@ def native_drafts(tool: Path, target: Path, n: int, k: int) -> tuple[list[list[i
     return calls, accepted
 
 
-def localspec_draft(engine, prefix: list[int], k: int) -> list[int]:
-    """MtpDrafter's greedy chain after the target prefilled ``prefix`` (its first token is id_last)."""
+def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = None) -> list[int]:
+    """The target's next token after ``prefix``, then MtpDrafter's greedy chain from ``id_last``
+    (default: that token; speculative-simple's first id_last is the prompt's last token instead)."""
     from localspec.runtime.sampling import SamplingParams, Sampler
 
     engine.clear_cache()
     drafter = engine.drafter
     first = engine.verifier.prefill(prefix, Sampler(SamplingParams(), prefix), drafter)
+    if not k:
+        return [first]
+    drafter._pending_tokens[-1] = first if id_last is None else id_last   # the pair (id_last, h_{n-1})
     logits, state = drafter.catch_up()
     out = []
     for i in range(k):
@@ -92,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             same = steps = 0
             for call, acc in zip(calls, accepted + [0]):
                 prefix = tokens[:n_past]
-                got = localspec_draft(engine, prefix, len(call))
-                if got[0] != tokens[n_past]:
-                    print(f"n_past {n_past}: localspec's target chose {got[0]}, llama.cpp's id_last is {tokens[n_past]}")
-                mine = got[1:]
+                mine = localspec_draft(engine, prefix, len(call), tokens[n_past])[1:]
                 agree = sum(1 for a, b in zip(mine, call) if a == b)
                 same += agree
                 steps += len(call)

@@ -45,6 +45,10 @@ def test_mtp_heads_are_recognised_from_the_target_s_metadata(mtp_files):
     proc = run_cli("inspect", str(mtp_files["one"]), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mtp_heads"] == 1
+    for name, heads in (("one", 1), ("none", 0)):   # fit names them (their blocks count with the target)
+        proc = run_cli("fit", "--target", str(mtp_files[name]), "--ctx", "256", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["mtp_heads"] == heads
 
 
 @pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("fixed", 3, tree="on"),
