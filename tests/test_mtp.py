@@ -137,3 +137,24 @@ def test_source_mtp_needs_heads_and_is_one_error_line(mtp_files):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["mtp_heads"] == 1 and set(out["sources"]) <= {"mtp", "lookup"}, out
+
+
+def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_files, tmp_path):
+    """``serve`` on a target with heads and no drafter file: the official client's answer is plain
+    decoding's text, usage counts the drafts under source ``mtp``, and so does ``/metrics``."""
+    from serve_checks import running_server
+
+    with Engine(mtp_files["one"], n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=24, spec=False))
+    args = ("--target", str(mtp_files["one"]), "--ctx", "256", "--parallel", "1", "--policy", "fixed",
+            "--draft-max", "3", "--tree", "off")
+    with running_server(tmp_path, *args) as srv:
+        reply = srv.client().completions.create(model=mtp_files["one"].stem, prompt=PROMPT, max_tokens=24,
+                                                temperature=0, extra_body={"repeat_penalty": 1.0})
+        speculative = reply.usage.model_extra["speculative"]
+        metrics = srv.metrics()
+    assert reply.choices[0].text == plain.text
+    assert speculative["sources"]["mtp"]["drafted"] > 0, speculative
+    drafted = [v for (name, labels), v in metrics.items()
+               if name.endswith("draft_tokens_by_source_total") and ("source", "mtp") in labels]
+    assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
