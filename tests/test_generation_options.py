@@ -4,7 +4,7 @@ chat's settings, a server request and ``bench``/``serve``'s policy give equal co
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -62,8 +62,10 @@ def test_fixed_drafts_four_by_default_everywhere_the_chat_included():
 def test_defaults_are_the_engines_and_ranges_are_checked_once():
     assert GenerationOptions().to_config() == GenerationConfig()
     policy = PolicyConfig(name="fixed", draft_max=3, p_min=0.5, probe_every=8, source="eagle", tree="on",
-                          tree_width=2, tree_nodes=10)          # every policy field survives the round trip
+                          tree_width=2, tree_nodes=10, lookup_max=40, recall=False)   # every field survives
+    assert {f.name for f in fields(PolicyConfig) if getattr(policy, f.name) == getattr(PolicyConfig(), f.name)} == set()
     assert GenerationOptions.from_config(SamplingParams(), policy).policy_config() == policy
+    assert GenerationOptions(lookup_max=12).policy_config().lookup_max == 12   # it was dropped on the way
     with pytest.raises(LocalspecError, match="draft_max"):
         GenerationOptions(draft_max=33).to_config()
     with pytest.raises(LocalspecError, match="min_p"):

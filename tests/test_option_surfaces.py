@@ -43,7 +43,7 @@ OWN_DEFAULTS = {
     ("fit", "n_ctx"): None,             # fit chooses the largest context that fits
     ("train", "seed"): 0,               # training is always seeded
     ("serve", "parallel"): None,        # serve: as many slots as fit the memory budget, up to 4
-    ("fit", "parallel"): 1,             # fit: one slot unless asked
+    ("train", "parallel"): 16,          # train: sequences generated together while making its data
 }
 CHAT_COMMANDS = {"chat"}
 # special values a command refuses on purpose
@@ -62,6 +62,8 @@ def inside(opt) -> list:
     """Values the option accepts: each closed end, a value next to each open end, the specials."""
     if opt.kind is str:
         return list(opt.choices)
+    if opt.kind is bool:
+        return [True, False]
     out = list(opt.special)
     for end, is_open, sign in ((opt.lo, opt.lo_open, 1), (opt.hi, opt.hi_open, -1)):
         if end is not None:
@@ -73,6 +75,8 @@ def outside(opt) -> list:
     """Values the option refuses: just past each end (the end itself when open), not a special."""
     if opt.kind is str:
         return ["nope"]
+    if opt.kind is bool:
+        return []
     out = []
     for end, is_open, sign in ((opt.lo, opt.lo_open, -1), (opt.hi, opt.hi_open, 1)):
         if end is not None:
@@ -85,7 +89,7 @@ def outside(opt) -> list:
 def test_every_option_has_a_range_a_probe_and_a_default_that_is_in_range():
     for opt in OPTIONS.values():
         assert inside(opt), opt.name
-        assert opt.kind is str or outside(opt), f"{opt.name}: no end to probe"
+        assert opt.kind in (str, bool) or outside(opt), f"{opt.name}: no end to probe"
         for value in inside(opt):
             assert opt.problem(value)[1] is None, (opt.name, value)
         for value in outside(opt):
@@ -104,9 +108,14 @@ def cli():
     return typer.main.get_command(app)
 
 
+def _switches(opt) -> set[str]:
+    """The option's flags: its flag (a bool's two switches, "--recall/--no-recall") and short flag."""
+    return set(opt.flag.split("/")) | ({opt.short} if opt.short else set())
+
+
 def _declared_params(command):
     """(option, click parameter) for each declared option the command takes."""
-    by_flag = {opt.flag: opt for opt in OPTIONS.values() if opt.flag}
+    by_flag = {f: opt for opt in OPTIONS.values() if opt.flag for f in opt.flag.split("/")}
     for param in command.params:
         if getattr(param, "param_type_name", None) == "option":   # typer's own click, or click
             hits = [by_flag[f] for f in param.opts if f in by_flag]
@@ -122,7 +131,7 @@ def _parsed_as(param):
         return tuple(m.value for m in kind)
     if hasattr(kind, "choices"):                          # click.Choice
         return tuple(kind.choices)
-    return {"integer": int, "float": float}.get(getattr(kind, "name", None), kind)
+    return {"integer": int, "float": float, "boolean": bool}.get(getattr(kind, "name", None), kind)
 
 
 def test_cli_flags_agree_with_the_declarations(cli):
@@ -132,13 +141,34 @@ def test_cli_flags_agree_with_the_declarations(cli):
             seen.add(opt.name)
             where = f"localspec {name} {opt.flag}"
             assert param.name == opt.cli_name, where
-            assert set(param.opts) == {opt.flag} | ({opt.short} if opt.short else set()), where
+            assert set(param.opts) | set(getattr(param, "secondary_opts", ())) == _switches(opt), where
             default = param.default.value if isinstance(param.default, Enum) else param.default
             want = OWN_DEFAULTS.get((name, opt.name), opt.chat_default if name in CHAT_COMMANDS else opt.default)
             assert default == want, f"{where}: default {default!r}, declared {want!r}"
             assert _parsed_as(param) == (opt.choices or opt.kind), where
     assert {"max_tokens", "temperature", "min_p", "repeat_penalty", "policy", "draft_max", "n_ctx",
             "lr"} <= seen
+
+
+def test_no_command_declares_a_table_flag_by_hand():
+    """A flag of the table comes from it (``option(NAME)`` / ``with_options``), never from a
+    ``typer.Option(..., "--flag")`` of a command's own, whose range and default the table cannot see
+    (``fit --parallel`` was one)."""
+    import ast
+    from pathlib import Path
+
+    import localspec
+
+    flags = {f for opt in OPTIONS.values() for f in (opt.flag, opt.short) if f}
+    root = Path(localspec.__file__).parent
+    by_hand = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option":
+                named = [a.value for a in node.args if isinstance(a, ast.Constant) and a.value in flags]
+                by_hand += [f"{path.relative_to(root)}:{node.lineno} {f}" for f in named]
+    assert len(list(root.rglob("cli/*.py"))) >= 10
+    assert not by_hand, f"flags of the option table declared by hand: {by_hand}"
 
 
 def test_help_texts_take_the_depths_from_the_constants(cli):
@@ -176,6 +206,11 @@ def test_cli_accepts_each_range_and_names_the_flag_past_it(cli, command, isolate
     else:
         base, reached = PROBES[command]
     for opt, _ in _declared_params(cli.commands[command]):
+        if opt.kind is bool:   # a switch takes no value: each one reaches the command's own error
+            for switch in _switches(opt):
+                code, exc = _run(cli, [command, *base, switch])
+                assert isinstance(exc, LocalspecError) and reached in str(exc), (command, switch, exc)
+            continue
         for value in inside(opt):
             code, exc = _run(cli, [command, *base, opt.flag, _show(value)])
             if value in OWN_REFUSALS.get((command, opt.name), ()):
@@ -206,7 +241,7 @@ def test_request_fields_take_the_declared_ranges():
         props = schema.model_json_schema()["properties"]
         for field, opt in declared.items():
             shape = next(s for s in props[field]["anyOf"] if s.get("type") != "null")
-            assert shape["type"] == {int: "integer", float: "number"}[opt.kind], field
+            assert shape["type"] == {int: "integer", float: "number", bool: "boolean"}[opt.kind], field
             bounds = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
             assert {k: shape[v] for k, v in bounds.items() if v in shape} == opt.constraints(), field
             for value in inside(opt):
@@ -241,7 +276,7 @@ def test_modelfile_parameters_are_generated_from_the_declarations():
             continue
         entry = PARAMETERS[opt.parameter]
         assert entry.cli == opt.cli_name, opt.parameter
-        if entry.kind is bool:        # draft_tree: true or false, setting --tree on or off
+        if entry.kind is bool and opt.kind is str:   # draft_tree: true or false, setting --tree on or off
             assert set(opt.choices) >= {"on", "off"}
             continue
         assert (entry.kind, entry.option, entry.automatic) == (opt.kind, opt.name, opt.automatic), opt.parameter

@@ -82,3 +82,40 @@ def test_a_repeated_request_is_drafted_from_the_first_and_its_output_is_unchange
         sampled = [run(engine, QUESTION, max_tokens=48, sampling=SamplingParams(temperature=0.8, seed=7)).tokens
                    for _ in range(2)]
         assert sampled[0] == sampled[1]
+
+
+def test_recall_off_through_the_request_field_and_serve_s_switch():
+    """``"recall": false`` turns it off for one request; ``serve --no-recall`` (the server's policy)
+    for every one, and a request's ``true`` cannot turn it back on."""
+    from localspec.server.params import ServeDefaults, generation_config
+    from localspec.server.schemas import CompletionRequest
+    from localspec.speculation.policy import PolicyConfig
+
+    def recall(defaults_on: bool, field):
+        body = {"prompt": "hi"} if field is None else {"prompt": "hi", "recall": field}
+        defaults = ServeDefaults(n_ctx=1024, policy=PolicyConfig(recall=defaults_on))
+        return generation_config(CompletionRequest.model_validate(body), defaults, 8).policy.recall
+
+    assert recall(True, None) and recall(True, True) and not recall(True, False)
+    assert not recall(False, None) and not recall(False, True) and not recall(False, False)
+    with pytest.raises(Exception, match="recall"):
+        CompletionRequest.model_validate({"prompt": "hi", "recall": "no"})   # a bool, not a word
+
+
+@pytest.mark.slow
+def test_with_recall_off_no_text_is_kept_and_a_repeat_is_not_drafted_from_it(smollm2):
+    """policy recall=False (``--no-recall``, ``PARAMETER draft_recall false``, a request's
+    ``"recall": false``): the generation adds nothing to the store and drafts nothing from it; its
+    output is that of a generation with recall on."""
+    from localspec.speculation.policy import PolicyConfig
+
+    off = PolicyConfig(recall=False)
+    with Engine(smollm2, DRAFTER, n_ctx=1024) as engine:
+        first = run(engine, QUESTION, max_tokens=96, policy=off, record_margins=True)
+        assert len(engine.recall) == 0
+        again = run(engine, QUESTION, max_tokens=96, policy=off)
+        assert len(engine.recall) == 0
+        assert_lossless(first, again)
+        assert again.stats.accepted < 0.5 * again.stats.generated_tokens, again.stats   # as after clear_cache
+        run(engine, QUESTION, max_tokens=8)   # recall on: its text is kept for the next request
+        assert len(engine.recall) > 0

@@ -291,6 +291,20 @@ def test_logprobs_spell_the_content_and_equal_plain_decoding(clean, reference):
     assert all(len(top) <= 2 and top for top in lp.top_logprobs)
 
 
+def test_streamed_completion_logprobs_count_text_offset_across_chunks(clean):
+    """Each chunk's ``text_offset`` goes on from the text already streamed (it restarted at 0 in
+    every chunk): the offsets of all chunks are those of one whole answer, and spell its text."""
+    cli = client(clean)
+    kw = dict(model=MODEL, prompt="Count: one, two, three,", max_tokens=32, temperature=0, logprobs=1)
+    chunks = [c.choices[0] for c in cli.completions.create(stream=True, **kw) if c.choices]
+    parts = [c.logprobs for c in chunks if c.logprobs and c.logprobs.tokens]
+    assert len(parts) > 1, "the answer came in one chunk: nothing to check across chunks"
+    tokens = [t for p in parts for t in p.tokens]
+    offsets = [o for p in parts for o in p.text_offset]
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert "".join(tokens) == "".join(c.text for c in chunks)
+
+
 EDIT = '''def area(width, height):
     """The area of a rectangle."""
     return width * height

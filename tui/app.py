@@ -444,7 +444,9 @@ class ChatApp(App):
         rows.append(("target", f"{t.path.name}"))
         rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} layers, {t.weight_type}"))
         d = engine.drafter_info
-        if d is None or engine.drafter is None:
+        if engine.drafter is not None and getattr(engine, "mtp_heads", 0):
+            rows.append(("drafter", f"the target's own MTP heads ({engine.mtp_heads}): source mtp"))
+        elif d is None or engine.drafter is None:
             rows.append(("drafter", f"none: {LOOKUP_NOTE}"))
         else:
             rows.append(("drafter", d.path.name))

@@ -260,6 +260,12 @@ class Layout:
     def read(self, target: TargetShape) -> DrafterWeights:
         self.check_supported()
         self.extra_checks()
+        self._check_known_tensors()
+        cfg = self._config(target)
+        absolute, draft_vocab = self._draft_vocab(cfg.vocab_size)
+        return DrafterWeights(cfg, self._tensors(cfg, draft_vocab, target), absolute)
+
+    def _check_known_tensors(self) -> None:
         known = {"fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight", "d2t", "enc_norm.weight"}
         known |= {f"fc_norm.{i}.weight" for i in range(3)} | {f"midlayer.{m}" for m in _MIDLAYER}
         unknown = [self.names[r] for r in self.names if r not in known and r not in _IGNORED
@@ -269,16 +275,17 @@ class Layout:
                 f"{self.ckpt.root}: unexpected tensors for a {self.name} drafter: {', '.join(sorted(unknown)[:5])}"
                 + (" ..." if len(unknown) > 5 else "")
             )
+
+    def _shape(self, target: TargetShape) -> dict[str, Any]:
+        """The config's sizes, checked against each other and against the target."""
         hp = self.hp
         h = self._int("hidden_size")
         n_head = self._int("num_attention_heads")
         n_kv = self._int("num_key_value_heads", n_head)
-        head_dim = hp.get("head_dim") or h // n_head
-        head_dim = int(head_dim)
+        head_dim = int(hp.get("head_dim") or h // n_head)
         ff = self._int("intermediate_size")
         vocab = self._int("vocab_size")
         ht = int(hp.get("target_hidden_size") or h)
-        eps = float(hp.get("rms_norm_eps", 1e-6))
         if n_head % n_kv:
             raise LocalspecError(f"{self.ckpt.root}/config.json: {n_head} heads are not a multiple of {n_kv} kv heads")
         if head_dim % 2:
@@ -293,8 +300,12 @@ class Layout:
                 f"{self.ckpt.root}: drafter was made for a {vocab}-token vocabulary, {target.name} has "
                 f"{target.n_vocab}: wrong target?"
             )
-        layers = self.layer_ids(target)
-        theta, factors = self.rope(head_dim)
+        return dict(hidden_size=h, intermediate_size=ff, num_heads=n_head,
+                    num_kv_heads=n_kv, head_dim=head_dim, target_hidden_size=ht, vocab_size=vocab)
+
+    def _norms(self) -> tuple[bool, bool, bool]:
+        """(fc_norm, norm_before_fc, norm_output), checked against the weights present."""
+        hp = self.hp
         has_fc_norm = any(f"fc_norm.{i}.weight" in self.names for i in range(3))
         if "fc_norm" in hp or "fc_norm" in (hp.get("eagle_config") or {}):
             fc_norm = self.flag("fc_norm")
@@ -303,7 +314,6 @@ class Layout:
             if has_fc_norm and self.name != "localspec":
                 self.warnings.append("fc_norm weights present but config.json has no fc_norm key: applied")
         norm_before_fc = self.flag("norm_before_fc")
-        norm_output = self.flag("norm_output")
         if fc_norm and not all(f"fc_norm.{i}.weight" in self.names for i in range(3)):
             raise LocalspecError(f"{self.ckpt.root}: config sets fc_norm but fc_norm.{{0,1,2}}.weight are missing")
         if not fc_norm and has_fc_norm:
@@ -313,51 +323,64 @@ class Layout:
                 f"{self.ckpt.root}: norm_before_fc is {norm_before_fc} in config.json but input_norm.weight is "
                 f"{'absent' if norm_before_fc else 'present'}"
             )
-        cfg = DrafterConfig(
-            hidden_size=h, intermediate_size=ff, num_heads=n_head, num_kv_heads=n_kv, head_dim=head_dim,
-            rms_eps=eps, rope_theta=theta, max_position=int(hp.get("max_position_embeddings") or 4096),
-            target_hidden_size=ht, target_layers=layers, vocab_size=vocab,
-            variant=K.VARIANT_EAGLE31 if (fc_norm or norm_output) else K.VARIANT_EAGLE3,
+        return fc_norm, norm_before_fc, self.flag("norm_output")
+
+    def _config(self, target: TargetShape) -> DrafterConfig:
+        hp = self.hp
+        shape = self._shape(target)
+        eps = float(hp.get("rms_norm_eps", 1e-6))
+        layers = self.layer_ids(target)
+        theta, factors = self.rope(shape["head_dim"])
+        fc_norm, norm_before_fc, norm_output = self._norms()
+        return DrafterConfig(
+            **shape, rms_eps=eps, rope_theta=theta, max_position=int(hp.get("max_position_embeddings") or 4096),
+            target_layers=layers, variant=K.VARIANT_EAGLE31 if (fc_norm or norm_output) else K.VARIANT_EAGLE3,
             norm_before_fc=norm_before_fc, norm_before_residual=self.flag("norm_before_residual"),
             fc_norm=fc_norm, fc_norm_eps=float(hp.get("fc_norm_eps", eps)) if fc_norm else None,
             norm_output=norm_output, source_layout=self.name, source=self.ckpt.provenance,
             source_revision=self.ckpt.revision,
             rope_freq_factors=factors,
         )
-        # draft vocabulary
+
+    def _draft_vocab(self, vocab: int) -> tuple[np.ndarray | None, int]:
+        """(the draft tokens' absolute target ids, None for the whole vocabulary; the draft vocabulary's size)."""
         lm_name = self.names.get("lm_head.weight")
         if lm_name is None:
             raise LocalspecError(f"{self.ckpt.root}: missing tensor lm_head.weight (tied heads are not supported)")
-        dv_cfg = hp.get("draft_vocab_size") or vocab
+        dv_cfg = self.hp.get("draft_vocab_size") or vocab
         dv = self.ckpt.shapes[lm_name][0]
         if dv != dv_cfg:
             raise LocalspecError(f"{self.ckpt.files[lm_name]}: lm_head has {dv} rows, config.json says draft_vocab_size {dv_cfg}")
         d2t = self._get("d2t", (dv,), required=False)
-        if d2t is not None:
-            absolute = np.arange(dv, dtype=np.int64) + d2t.astype(np.int64)
-            if absolute.min() < 0 or absolute.max() >= vocab:
-                raise LocalspecError(f"{self.ckpt.files[self.names['d2t']]}: d2t maps draft tokens outside the target vocabulary 0..{vocab - 1}")
-            if len(np.unique(absolute)) != dv:
-                raise LocalspecError(f"{self.ckpt.files[self.names['d2t']]}: d2t maps two draft tokens to the same target token")
-            t2d_name = self.names.get("t2d")
-            if t2d_name is not None and self.ckpt.shapes[t2d_name] == (vocab,):
-                t2d = self.ckpt.tensor(t2d_name).astype(bool)
-                if int(t2d.sum()) != dv or not t2d[absolute].all():
-                    self.warnings.append("t2d disagrees with d2t; d2t (what runtimes use) was kept")
-        elif dv != vocab:
-            raise LocalspecError(f"{self.ckpt.root}: lm_head has {dv} rows (a reduced vocabulary) but there is no d2t mapping")
-        else:
-            absolute = None
+        if d2t is None:
+            if dv != vocab:
+                raise LocalspecError(f"{self.ckpt.root}: lm_head has {dv} rows (a reduced vocabulary) but there is no d2t mapping")
+            return None, dv
+        absolute = np.arange(dv, dtype=np.int64) + d2t.astype(np.int64)
+        if absolute.min() < 0 or absolute.max() >= vocab:
+            raise LocalspecError(f"{self.ckpt.files[self.names['d2t']]}: d2t maps draft tokens outside the target vocabulary 0..{vocab - 1}")
+        if len(np.unique(absolute)) != dv:
+            raise LocalspecError(f"{self.ckpt.files[self.names['d2t']]}: d2t maps two draft tokens to the same target token")
+        t2d_name = self.names.get("t2d")
+        if t2d_name is not None and self.ckpt.shapes[t2d_name] == (vocab,):
+            t2d = self.ckpt.tensor(t2d_name).astype(bool)
+            if int(t2d.sum()) != dv or not t2d[absolute].all():
+                self.warnings.append("t2d disagrees with d2t; d2t (what runtimes use) was kept")
+        return absolute, dv
 
+    def _tensors(self, cfg: DrafterConfig, dv: int, target: TargetShape) -> dict[str, np.ndarray]:
+        """The GGUF tensors by llama.cpp name (q/k rows permuted, fc_norm folded into fc)."""
+        h, ht, ff, vocab = cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size, cfg.vocab_size
+        n_head, n_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         t: dict[str, np.ndarray] = {}
         fc = self._get("fc.weight", (h, 3 * ht))
-        if fc_norm:
+        if cfg.fc_norm:
             fc = fc.copy()
             for i in range(3):
                 w = self._get(f"fc_norm.{i}.weight", (ht,))
                 fc[:, i * ht:(i + 1) * ht] *= w[None, :]
         t[K.T_FC] = fc
-        if norm_before_fc:
+        if cfg.norm_before_fc:
             t[K.T_ENC_NORM] = self._get("enc_norm.weight", (3 * ht,))
         m = "midlayer."
         t[K.T_ATTN_NORM] = self._get(m + "input_layernorm.weight", (h,))
@@ -380,6 +403,6 @@ class Layout:
                 f"{self.ckpt.root}: drafter has no embed_tokens and its hidden size {h} differs from "
                 f"{target.name}'s {target.n_embd}, so it cannot borrow the target's embeddings"
             )
-        if factors is not None:
-            t[K.T_ROPE_FREQS] = np.asarray(factors, dtype=np.float32)
-        return DrafterWeights(cfg, t, absolute)
+        if cfg.rope_freq_factors is not None:
+            t[K.T_ROPE_FREQS] = np.asarray(cfg.rope_freq_factors, dtype=np.float32)
+        return t

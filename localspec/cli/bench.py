@@ -56,7 +56,8 @@ def bench(
     mode_list = list(DEFAULT_MODES) if modes == "all" else parse_modes(modes) if modes else []
     if repeats < 1:
         raise LocalspecError("--repeats must be at least 1")
-    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose)
+    model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
+                                     source=source)
     report_mode = policy.value if source.value == "auto" else f"{policy.value}-{source.value}"
     with engine:
         report = run_bench(engine, items, config, _progress(report_mode, len(items), quiet=as_json),

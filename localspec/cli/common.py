@@ -38,8 +38,10 @@ VramOpt = typer.Option(None, "--vram", show_default=False,
 def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Path], *, ctx: int,
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
                 vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None,
-                parallel: Optional[int] = 1, ram: Optional[str] = None) -> tuple[ModelSpec, Engine]:
-    """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan."""
+                parallel: Optional[int] = 1, ram: Optional[str] = None,
+                source=None) -> tuple[ModelSpec, Engine]:
+    """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan;
+    ``source`` mtp: the target's MTP heads must be there (they draft whenever no drafter file is given)."""
     import sys
 
     from ..core.options import check_cli, threads_warning
@@ -57,6 +59,7 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
+    mtp = True if getattr(source, "value", source) == "mtp" else None
     engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
-                    **options)
+                    mtp=mtp, **options)
     return model_spec, engine

@@ -15,11 +15,13 @@ from ..llama import backends
 from ..core.errors import LocalspecError
 from ..core.units import format_size, parse_size
 from ..llama.contexts import KV_TYPES
+from ..formats.gguf_info import mtp_heads, read_gguf
 from ..memory.pair import plan_files
 from ..store.models import resolve
 from ..core.options import DEFAULT_CTX, check_cli
 from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
+from .flags import option
 
 
 @app.command()
@@ -31,16 +33,14 @@ def fit(
                                        "llama.cpp sees; on a CPU-only build it simulates a GPU).", show_default=False),
     ram: Optional[str] = typer.Option(None, "--ram", help="System RAM budget (default: available RAM).",
                                       show_default=False),
-    ctx: Optional[int] = typer.Option(None, "--ctx", help=f"Context size (default: the largest up to {DEFAULT_CTX} that fits).",
-                                      show_default=False),
+    ctx: Optional[int] = option("n_ctx", default=None,
+                                help=f"Context size (default: the largest up to {DEFAULT_CTX} that fits)."),
     kv_type: Optional[str] = typer.Option(None, "--kv-type", help=f"KV cache type ({', '.join(KV_TYPES)}; "
                                           "default: f16, smaller if needed).", show_default=False),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Draft depth (default: chosen).",
-                                            show_default=False),
-    gpu_layers: Optional[int] = typer.Option(None, "--gpu-layers", help="Target layers on the GPU (default: chosen).",
-                                             show_default=False),
+    draft_max: Optional[int] = option("draft_max", help="Draft depth (default: chosen)."),
+    gpu_layers: Optional[int] = option("gpu_layers", help="Target layers on the GPU (default: chosen)."),
     threads: Optional[int] = ThreadsOpt,
-    parallel: int = typer.Option(1, "--parallel", help="Slots served at once (`serve --parallel`), each of --ctx."),
+    parallel: int = option("parallel", help="Slots served at once (`serve --parallel`), each of --ctx."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Plan memory for the target and drafter together, on the GPU and in RAM."""
@@ -59,14 +59,19 @@ def fit(
                       n_threads=threads, slots=parallel)
     per_slot = plan.n_ctx // parallel
     info = backends.detect()
+    # the target's own draft heads (no drafter file): the planner counts their blocks with the target's
+    heads = mtp_heads(read_gguf(model_spec.target)) if model_spec.drafter is None else 0
     if as_json:
         out = plan.to_dict()
         out.update(model=model_spec.name, backends=info.built_with, gpu_offload=info.gpu_offload, parallel=parallel,
-                   n_ctx_per_slot=per_slot)
+                   n_ctx_per_slot=per_slot, mtp_heads=heads)
         print(json.dumps(out))
     else:
         slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
         _print_tables(plan, f"{model_spec.name} ({slots}", info)
+        if heads:
+            print(f"note: the target's {heads} MTP head(s) draft (source mtp); their weights and KV are "
+                  "counted in the target's row")
     if not plan.fits:
         raise typer.Exit(2)
 

@@ -136,11 +136,13 @@ def generate(
     config = structured_config(build_config(**values, no_spec=no_spec, no_special=no_special),
                                grammar=grammar, json_schema=json_schema, logprobs=logprobs, prediction=prediction)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
-                                     vram=vram, model_spec=resolved)
+                                     vram=vram, model_spec=resolved, source=values.get("source"))
     with engine:
         request = prompt if raw else _messages(prompt, system, model_spec)
         if not as_json and engine.drafter is None and not no_spec:
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
+        elif not as_json and engine.mtp_heads and not no_spec:
+            print(f"note: {model_spec.name} drafts with its own MTP heads ({engine.mtp_heads})", file=sys.stderr)
         done = None
         for event in engine.generate(request, config):
             if isinstance(event, TokenEvent) and not as_json:
@@ -170,6 +172,7 @@ def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
             "model": model_spec.name,
             "target": str(model_spec.target),
             "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
+            "mtp_heads": engine.mtp_heads,   # the target's own draft heads it drafted with (source mtp)
             **stats.to_dict(),
             **({"logprobs": [_logprob_json(lp) for lp in done.logprobs]} if done.logprobs is not None else {}),
             "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)

@@ -10,7 +10,7 @@ import typer
 
 from ..formats import gguf_consts as K
 from ..core.units import format_size
-from ..formats.gguf_info import GGUFInfo, read_gguf
+from ..formats.gguf_info import GGUFInfo, mtp_heads, read_gguf
 from .app import app
 
 
@@ -72,6 +72,8 @@ def describe_gguf(info: GGUFInfo) -> dict[str, Any]:
         "context_length": info.n_ctx_train,
         "chat_template": info.chat_template is not None,
         "eagle_features": info.arch in K.FEATURE_ARCHS,
+        # the draft heads the file ships (localspec.speculation.mtp): `--source mtp`, no drafter file
+        "mtp_heads": mtp_heads(info),
     }
 
 

@@ -70,6 +70,8 @@ def drafting(engine, model_spec, no_spec: bool) -> str:
         return "speculation off"
     if engine.drafter is None:
         return "no drafter: n-gram lookup drafts only"
+    if engine.mtp_heads:
+        return f"its own MTP heads ({engine.mtp_heads})"
     return f"drafter {model_spec.drafter.name}"
 
 

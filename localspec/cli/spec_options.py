@@ -13,7 +13,7 @@ __all__ = ["Policy", "Source", "Tree", "default_draft_max", "TreeOpt", "NoSpecOp
            "SourceOpt", "PMinOpt", "SPEC_OPTIONS"]
 
 # the declared speculation options a command that runs a model takes (with_options(*SPEC_OPTIONS))
-SPEC_OPTIONS = ("policy", "draft_max", "source", "tree", "p_min")
+SPEC_OPTIONS = ("policy", "draft_max", "source", "tree", "p_min", "recall")
 
 
 def default_draft_max(policy: Policy, draft_max: Optional[int]) -> int:

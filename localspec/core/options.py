@@ -72,7 +72,7 @@ class Option:
     hi_open: bool = False
     special: tuple = ()                # values accepted outside the range (e.g. seed -1)
     choices: tuple = ()                # str options: the accepted words
-    flag: str | None = None            # the CLI flag that sets it
+    flag: str | None = None            # the CLI flag that sets it (a bool: "--on/--off", the two switches)
     note: str = ""                     # what the special values mean, shown with the rule
     label: str = ""                    # the words errors use for it (default: its name)
     default: Any = None                # the Python API's and `generate`'s default (None: none, automatic)
@@ -124,7 +124,7 @@ class Option:
         elif hi is not None:
             text = f"{'<' if self.hi_open else '<='} {fmt(hi)}"
         else:
-            text = "a finite number" if self.kind is float else f"a {self.kind.__name__}"
+            text = {float: "a finite number", bool: "true or false"}.get(self.kind, f"a {self.kind.__name__}")
         return f"{text} ({self.note})" if self.note else text
 
     def problem(self, value: Any) -> tuple[Any, str | None]:
@@ -227,8 +227,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # speculation (PolicyConfig)
     Option("policy", str, choices=("auto", "fixed"), flag="--policy", default="auto",
            help="auto: adaptive; fixed: always draft --draft-max.", parameter="draft_policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup"), flag="--source", label="draft source", default="auto",
-           help="Draft source: auto (drafter and n-gram lookup), eagle, lookup."),
+    Option("source", str, choices=("auto", "eagle", "lookup", "mtp"), flag="--source", label="draft source",
+           default="auto", help="Draft source: auto (the model drafter and n-gram lookup), eagle (the drafter file), "
+                                "lookup, mtp (the target's own MTP heads)."),
     Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting", default="auto",
            help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
                 "on (always), off (chains only).", parameter="draft_tree"),
@@ -240,6 +241,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("probe_every", 1, default=16),
     _int("tree_width", 1, TREE_MAX_WIDTH, label="tree width", default=4),
     _int("tree_nodes", 1, TREE_MAX_NODES, label="tree nodes", default=24),
+    Option("recall", bool, flag="--recall/--no-recall", default=True, parameter="draft_recall", field="recall",
+           help="Draft from the text of this engine's earlier generations, every client's (--no-recall: from "
+                "each generation's own text only, so that no client's answer times depend on another's text)."),
     # model and context (Engine, the memory plan)
     _int("n_ctx", N_CTX_MIN, flag="--ctx", arg="ctx", default=DEFAULT_CTX, help="Context size in tokens.",
          parameter="num_ctx"),
@@ -252,9 +256,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("cache_ram", 0, flag="--cache-ram", label="prompt cache size", note="0: off", default=1024,
          help="MiB of memory for the prompts of slots that moved on, loaded again when a request "
               "repeats them (0: off)."),
+    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel", default=1,
+         help="Sequences decoded together in one batch, each in a slot (a llama.cpp sequence) of its own."),
     # drafter training (localspec train)
-    _int("parallel", 1, MAX_SEQUENCES, flag="--parallel", default=16,
-         help="Sequences per llama.cpp batch while generating."),
     _int("max_new", 1, flag="--max-new", default=320, help="Response length limit while generating."),
     _int("draft_vocab", 16, flag="--draft-vocab", default=8192, help="Draft vocabulary size."),
     _int("ttt_steps", 1, 64, flag="--ttt-steps", default=4, help="Training-time test unroll depth."),

@@ -60,6 +60,7 @@ VARIANT_EAGLE31 = "eagle3.1"
 
 # eagle3 tensors
 T_FC = "fc.weight"
+T_NEXTN_EH_PROJ = "nextn.eh_proj.weight"   # an MTP head's block: blk.{n}.nextn.eh_proj.weight
 T_ENC_NORM = "enc.output_norm.weight"
 T_D2T = "d2t"
 T_TOKEN_EMBD = "token_embd.weight"

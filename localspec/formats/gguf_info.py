@@ -378,3 +378,13 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
         raise LocalspecError(f"{d}: lm_head has {head.shape[-1]} rows but no d2t mapping to {t}'s {target.n_vocab} tokens")
     if drafter.norm_output and K.T_OUTPUT_NORM not in drafter.tensors:
         raise LocalspecError(f"{d}: norm_output needs output_norm.weight")
+
+
+def mtp_heads(info: GGUFInfo) -> int:
+    """How many MTP heads a target GGUF carries, as llama.cpp recognises them
+    (``common_speculative_types_from_gguf``): ``{arch}.nextn_predict_layers`` and the last block's
+    ``nextn.eh_proj`` tensor; 0: none (or a GGUF that declares heads it does not hold)."""
+    n = info.metadata.get(K.key(K.KEY_NEXTN_PREDICT_LAYERS, info.arch))
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= info.n_layer:
+        return 0
+    return int(n) if f"blk.{info.n_layer - 1}.{K.T_NEXTN_EH_PROJ}" in info.tensors else 0

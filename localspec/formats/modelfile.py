@@ -10,7 +10,7 @@ Syntax (as Ollama defines it)::
     PARAMETER temperature 0.6
     # stop may be repeated
     PARAMETER stop "<|eot_id|>"
-    # speculative parameters: draft_max (depth), draft_policy, draft_tree, draft_p_min
+    # speculative parameters: draft_max (depth), draft_policy, draft_tree, draft_p_min, draft_recall
     PARAMETER draft_max 6
     # TEMPLATE: a Jinja chat template, as a GGUF stores one (Ollama's Go templates are refused)
     TEMPLATE """{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}

@@ -1,7 +1,7 @@
 """Bindings for the llama.cpp functions that llama-cpp-python does not expose.
 
 llama.cpp declares its EAGLE-3 plumbing (layer-input extraction, the drafter's pre-norm state, the
-drafter's target layer ids) in the C++ staging header ``src/llama-ext.h``, so ``libllama`` exports
+drafter's target layer ids, the MTP heads' state and head selection) in the C++ staging header ``src/llama-ext.h``, so ``libllama`` exports
 them under Itanium-mangled names (Linux, macOS). This module binds exactly those, by both their C and
 mangled names, and nothing else. A library without them (another llama-cpp-python release) gives a
 :class:`~localspec.core.errors.LocalspecError` naming what is missing, at first use.
@@ -47,6 +47,11 @@ _SIGNATURES: dict[str, tuple[str, list[Any], Any]] = {
         "_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
         [_ctx_p, ctypes.c_int32],
         _float_p,
+    ),
+    "llama_set_nextn_layer_offset": (   # which MTP head an MTP context's graph runs (0: the first)
+        "_Z28llama_set_nextn_layer_offsetP13llama_contexti",
+        [_ctx_p, ctypes.c_int32],
+        None,
     ),
     "llama_model_target_layer_ids": (
         "_Z28llama_model_target_layer_idsPK11llama_model",
@@ -109,6 +114,10 @@ def get_embeddings_nextn(ctx: Any) -> Any:
 
 def get_embeddings_nextn_ith(ctx: Any, i: int) -> Any:
     return _function("llama_get_embeddings_nextn_ith")(ctx, i)
+
+
+def set_nextn_layer_offset(ctx: Any, offset: int) -> None:
+    _function("llama_set_nextn_layer_offset")(ctx, offset)
 
 
 def model_target_layer_ids(model: Any) -> list[int]:

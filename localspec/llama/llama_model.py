@@ -64,11 +64,14 @@ def gpu_offload_supported() -> bool:
 class Model:
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, no_alloc: bool = False) -> None:
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, no_alloc: bool = False,
+                 load_mtp: bool = False) -> None:
         init_backend()
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp   # the MTP (NextN) heads past the trunk: skipped unless asked for
+        self.load_mtp = load_mtp
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP  # as llama-cpp-python's Llama loads (not "auto")
         # weights read into huge-page memory: faster decodes on the CPU (localspec.llama.weights_memory)
         self.weights_read = not no_alloc and read_weights(n_gpu_layers)
@@ -170,9 +173,11 @@ class Context:
         precise_attention: bool = False,
         kv_type: int | None = None,
         n_outputs_max: int = 0,
+        mtp: bool = False,
     ) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP if mtp else params.ctx_type   # mtp: the MTP heads' graph
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch

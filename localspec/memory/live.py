@@ -27,8 +27,9 @@ def actual_memory(engine) -> dict:
     per role, weights (model buffers, mapped + repacked), KV and compute, per device."""
     out: dict = {}
     parts = [("target", engine.model, engine.ctx)]
-    if engine.drafter is not None:
-        parts.append(("drafter", engine.drafter.model, engine.drafter.ctx))
+    if engine.drafter is not None:   # MTP heads: weights of the target's model, a context of their own
+        model = None if engine.drafter.model is engine.model else engine.drafter.model
+        parts.append(("drafter", model, engine.drafter.ctx))
     for role, model, ctx in parts:
         bufs = parse_buffers(getattr(model, "load_log", [])) + parse_buffers(getattr(ctx, "load_log", []))
         entry = {"weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0, "output_bytes": 0, "buffers": {}}

@@ -132,6 +132,7 @@ class DraftStep:
     def _eagle(self, k: int, room: int, n_past: int, batched: bool = False) -> Draft | DraftChain:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain."""
         policy, drafter = self.policy, self.drafter
+        k = min(k, drafter.max_depth or k)   # chained MTP heads: one head per draft (speculation.mtp)
         t0 = drafter.seconds
         rows = policy.catch_up_rows
         steps = drafter.pending if rows is None else min(drafter.pending, rows)

@@ -1,4 +1,5 @@
-"""The engine: a target model, an optional EAGLE drafter, and generation as a stream of events.
+"""The engine: a target model, an optional model drafter (an EAGLE drafter file, or the target's own
+MTP heads: :mod:`localspec.speculation.mtp`), and generation as a stream of events.
 
     engine = Engine("target.gguf", drafter="drafter.gguf")
     for event in engine.generate([Message("user", "Hi")], GenerationConfig(max_tokens=64)):
@@ -16,9 +17,13 @@ lazily, only before it drafts). With ``spec=False`` the same loop runs with no d
 The parts: :mod:`.generation` (the loop, events), :mod:`.drafting` (one draft over the sources),
 :mod:`.verifier` (the target context, its KV bookkeeping, prefill, chain and tree verify),
 :mod:`.text_stream` (UTF-8 and stop-string holdback, finish reasons), :mod:`.calibration` (the
-cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of the loop).
-The engine loads the models once, keeps what outlives one generation (prompt cache, cost model,
-learned acceptance) and runs one generation at a time.
+cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of the loop),
+:mod:`.scheduler` (several generations, one per slot, decoded together in one batch per step),
+:mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
+The engine loads the models once and keeps what outlives one generation (prompt cache, cost model,
+learned acceptance, recalled text). :meth:`Engine.generate` runs one generation at a time on the
+first slot; an engine of ``parallel`` slots runs up to that many at once through
+:class:`~localspec.runtime.scheduler.Scheduler` (``serve --parallel``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
 from ..speculation import costmodel, tree
 from ..speculation.eagle import EagleDrafter
+from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
 from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
 from ..speculation.recall import Recall
 from .calibration import calibrate
@@ -86,6 +92,7 @@ class Engine:
         memory_plan=None,
         chat_template: str | None = None,
         parallel: int = 1,
+        mtp: bool | None = None,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -94,6 +101,7 @@ class Engine:
         if drafter is not None:
             self.drafter_info = read_gguf(drafter)
             check_pair(self.target_info, self.drafter_info)
+        self.mtp_heads = self._mtp_heads(mtp)
         n_ctx = options.check_n_ctx(n_ctx, self.target_info.n_ctx_train, model=self.target_info.path.name)
         if n_threads is not None:
             n_threads = options.check_threads(n_threads)
@@ -119,22 +127,38 @@ class Engine:
         self._lock = threading.Lock()
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
+    def _mtp_heads(self, mtp: bool | None) -> int:
+        """The target's MTP heads this engine drafts with (:mod:`localspec.speculation.mtp`):
+        ``mtp`` None: when it has some and no drafter file is given; True: they must be there."""
+        heads = mtp_heads(self.target_info) if mtp is not False else 0
+        if mtp and not heads:
+            raise LocalspecError(f"{self.target_info.path.name} has no MTP heads ({self.target_info.arch}."
+                                 "nextn_predict_layers and their nextn tensors): --source mtp needs a model that ships them")
+        if mtp and self.drafter_info is not None:
+            raise LocalspecError("the MTP heads and an EAGLE drafter draft one at a time: leave out the drafter "
+                                 "(--draft) to draft with the MTP heads")
+        return heads if self.drafter_info is None else 0
+
     def _open(self, n_ctx: int, n_threads: int | None, n_gpu_layers: int, drafter_gpu_layers: int,
               kv_type: str | None, n_outputs_max: int) -> None:
         """Load the target and its context, then the drafter and its context beside it."""
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
-        self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers)
+        self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers, load_mtp=self.mtp_heads > 0)
         # several slots share one unified KV pool of n_ctx cells per slot
         self.ctx = Context(self.model, n_ctx=n_ctx * self.n_slots, n_batch=PROMPT_BATCH, n_threads=n_threads,
                            kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
-                           **target_context(self.drafter_info is not None, self.n_slots))
+                           **target_context(self.drafter_info is not None or self.mtp_heads > 0, self.n_slots))
         self.drafter: EagleDrafter | None = None
         self.drafters: list[EagleDrafter] = []   # one per slot: the drafter's sequence of that number
         try:
             if self.drafter_info is not None:
                 self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
                                             n_threads=n_threads, n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
+            elif self.mtp_heads:   # the target's own heads, in a context beside it
+                self.drafter = MtpDrafter(self.ctx, self.mtp_heads, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
+                                          n_threads=n_threads, slots=self.n_slots)
+            if self.drafter is not None:
                 self.drafters = [self.drafter.for_sequence(i) for i in range(self.n_slots)]
         except BaseException:
             self.close()
@@ -236,20 +260,27 @@ class Engine:
                   cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
         """A generation of ``prompt`` on ``verifier``'s sequence, not started; it drafts with the
         drafter's sequence of the same number. Draft trees (their branches are sequences of their
-        own) only in an engine of one slot. ``cost=False``: no calibration now (the policy plans
-        plain steps until a cost model exists)."""
+        own) only in an engine of one slot, and not with chained MTP heads. ``cost=False``: no
+        calibration now (the policy plans plain steps until a cost model exists)."""
         pcfg = config.policy
-        if self.n_slots > 1 and pcfg.tree != "off":
+        chained = self.drafter is not None and self.drafter.max_depth is not None
+        if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
         drafter = (self.drafters[verifier.seq]
-                   if self.drafter is not None and config.spec and pcfg.source in ("auto", EAGLE) else None)
+                   if self.drafter is not None and config.spec and pcfg.source in ("auto", self.drafter.name) else None)
+        if pcfg.source == MTP:   # the policy knows the model drafter, whichever it is, as its EAGLE source
+            if config.spec and not self.mtp_heads:
+                raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
+                                     "a target that ships them and no drafter file)")
+            pcfg = replace(pcfg, source=EAGLE)
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = (self.cost_model(cancel=cancel) if cost else self.cost) if wants_cost else None
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, tick=tick, cancel=cancel, recall=self.recall)
+                              observers=observers, tick=tick, cancel=cancel,
+                              recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
         """Raise the LocalspecError a generation with this grammar would raise (a front end's
@@ -271,7 +302,8 @@ class Engine:
         """What the cost model's figures hold for: this machine, thread count, offload, KV type and files."""
         return "|".join((costmodel.machine_key(self.ctx.n_threads, self._n_gpu_layers),
                          f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
-                         costmodel._file_key(self.drafter_info.path if self.drafter is not None else None)))
+                         costmodel._file_key(self.drafter_info.path if self.drafter_info is not None else None)
+                         + ("|mtp" if self.mtp_heads else "")))
 
     def _verbose_note(self, text: str) -> None:
         if self._verbose:

@@ -278,8 +278,11 @@ class GenerationLoop:
             policy.eagle_declined()
         source = draft.source if v.drafted else None
         depth = draft.tree.depth if draft.tree is not None else None
+        if source == EAGLE and self.drafter is not None:   # the model drafter by its name (eagle, mtp)
+            source = self.drafter.name
         self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
-        policy.observe(source, v.drafted, v.accepted, verify_seconds=v.seconds, drafter_seconds=draft.seconds,
+        policy.observe(draft.source if v.drafted else None, v.drafted, v.accepted, verify_seconds=v.seconds,
+                       drafter_seconds=draft.seconds,
                        cycle_seconds=time.perf_counter() - t_cycle, drafter_steps=draft.steps, depth=depth,
                        batch=v.batch, cost_observed=self._shared)
         return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)

@@ -59,6 +59,8 @@ class GenerationOptions:
     probe_every: int = _D("probe_every")
     tree_width: int = _D("tree_width")
     tree_nodes: int = _D("tree_nodes")
+    lookup_max: int = _D("lookup_max")
+    recall: bool = _D("recall")
     parse_special: bool = True
 
     @classmethod
@@ -84,7 +86,8 @@ class GenerationOptions:
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(name=self.policy, draft_max=default_draft_max(self.policy, self.draft_max),
                             source=self.source, tree=self.tree, p_min=self.p_min, probe_every=self.probe_every,
-                            tree_width=self.tree_width, tree_nodes=self.tree_nodes)
+                            tree_width=self.tree_width, tree_nodes=self.tree_nodes, lookup_max=self.lookup_max,
+                            recall=self.recall)
 
     def to_config(self) -> GenerationConfig:
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling(), stop=tuple(self.stop),

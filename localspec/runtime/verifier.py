@@ -117,7 +117,7 @@ class TargetVerifier:
             # The drafter's pair at P holds the token at P+1, so its last cached pair is only
             # valid below the first differing token; and it may lag (a run with spec off).
             start = max(0, min(start, common - 1, self.drafter_pairs))
-            drafter.reset(start)
+            drafter.begin(prompt, start)
         self.ctx.seq_rm(start, seq=self.seq)
         self.kv_tokens = prompt[:start]
         self._drafter = drafter

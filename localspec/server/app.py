@@ -271,6 +271,7 @@ class Reply:
         self.created = int(time.time())
         self.model = model or state.names[0]
         self.fingerprint = state.fingerprint
+        self.offset = 0   # a text completion's characters whose logprobs went out (text_offset goes on from here)
 
     def head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -279,7 +280,11 @@ class Reply:
     def logprobs(self, entries: list) -> Optional[dict]:
         if not self.with_logprobs:
             return None
-        return chat_logprobs_content(entries) if self.chat else completion_logprobs_content(entries)
+        if self.chat:
+            return chat_logprobs_content(entries)
+        content = completion_logprobs_content(entries, self.offset)   # a stream's chunks go on counting
+        self.offset += sum(len(e.text) for e in entries)
+        return content
 
     def whole(self, text: str, done: DoneEvent, drafts: int, entries: list = ()) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")

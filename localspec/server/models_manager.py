@@ -319,8 +319,9 @@ class ModelManager:
             raise DoesNotFit(plan.context_note)
         if plan.context_note:
             log(f"{key}: {plan.context_note}")
+        mtp = True if defaults.policy.source == "mtp" else None   # --source mtp: the heads must be there
         engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
-                        chat_template=spec.template, **options)
+                        chat_template=spec.template, mtp=mtp, **options)
         try:
             self._warm_up(engine, defaults)
             worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,

@@ -102,7 +102,8 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
     limit = max_tokens or defaults.max_tokens or defaults.n_ctx   # the engine stops at the context's end
     try:
         return GenerationOptions.from_config(sampling_params(req, defaults), defaults.policy, max_tokens=limit,
-                                             stop=_stop(req, defaults.stop), spec=defaults.spec).to_config()
+                                             stop=_stop(req, defaults.stop), spec=defaults.spec,
+                                             recall=defaults.policy.recall and req.recall is not False).to_config()
     except LocalspecError as exc:
         raise bad_request(str(exc)) from None
 

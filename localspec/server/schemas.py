@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ..core.options import OPTIONS
 
@@ -139,6 +139,9 @@ class SamplingRequest(_Harmless):
     n: Optional[int] = None
     logprobs: Union[bool, int, None] = None
     top_logprobs: Optional[int] = request_field("top_logprobs")
+    # localspec's: false keeps this request's text out of the recall every client drafts from, and
+    # drafts nothing recalled for it (true cannot turn on what `serve --no-recall` turned off)
+    recall: Optional[StrictBool] = request_field("recall")
 
 
 class ChatCompletionRequest(SamplingRequest):

@@ -47,10 +47,18 @@ def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
 class EagleDrafter:
     """Owns the drafter model/context and turns target features into draft tokens.
 
+    ``name``: the draft source it is on every surface (stats, metrics, ``--source``); ``shift``:
+    where the pair of position ``P`` sits in its context (``P + shift``; an MTP head's cache
+    holds it one later, :mod:`.mtp`).
+
     It drafts for one sequence of its context (``seq``, 0 as created); :meth:`for_sequence` gives
     a drafter for another sequence of the same context and model (a slot of a parallel engine),
     with its own pending rows. ``slots``: sequences the context holds (each up to ``n_ctx``
     positions, in one unified pool)."""
+
+    name = "eagle"
+    shift = 0
+    max_depth: int | None = None   # the longest chain it can draft (None: as long as asked)
 
     def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int,
                  n_threads: int | None = None, n_gpu_layers: int = 0, slots: int = 1) -> None:
@@ -165,10 +173,14 @@ class EagleDrafter:
             raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
         embd = llama_cpp.llama_embd(g_row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
         llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-        self._pos.value = pos
+        self._pos.value = pos + self.shift
         llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
         llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
         return idx
+
+    def _rm(self, p: int) -> None:
+        """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""
+        self.ctx.seq_rm(p + self.shift if p > 0 else 0, seq=self.seq)
 
     def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The next chain step of several sequences (slots) in one drafter decode per
@@ -275,14 +287,18 @@ class EagleDrafter:
         # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
         # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
         # drafter then attends to the recent rows only
-        self.ctx.seq_rm(start if start <= self._written_until else 0, seq=self.seq)
+        self._rm(start if start <= self._written_until else 0)
         g = self.encode(feats)
         self._written_until = start + len(tokens)
         return self.decode(tokens, g, start)
 
+    def begin(self, prompt: list[int], keep: int) -> None:
+        """A generation of ``prompt`` starts, its pairs below ``keep`` kept from the last one."""
+        self.reset(keep)
+
     def reset(self, keep: int) -> None:
         """Forget drafter pairs (written or recorded) at positions >= keep."""
-        self.ctx.seq_rm(keep, seq=self.seq)
+        self._rm(keep)
         self._written_until = min(self._written_until, keep)
         if self._pending_start is not None:
             n = max(0, keep - self._pending_start)

@@ -107,12 +107,13 @@ class PolicyConfig:
     tree_width: int = _D("tree_width")      # branches expanded per depth, children offered by each
     tree_nodes: int = _D("tree_nodes")      # most draft nodes in a tree
     lookup_max: int = _D("lookup_max")      # auto: most tokens of a lookup draft on a LONG_MATCH (a copy, a loop)
+    recall: bool = _D("recall")             # draft from earlier generations' text (speculation.recall), keep this one's
 
     def __post_init__(self) -> None:
         # ranges and choices: localspec.core.options
         self.name = options.check("policy", self.name)
         for name in ("draft_max", "lookup_max", "p_min", "probe_every", "source", "tree", "tree_width",
-                     "tree_nodes"):
+                     "tree_nodes", "recall"):
             setattr(self, name, options.check(name, getattr(self, name)))
 
 

@@ -1,0 +1,160 @@
+"""MTP heads inside the target GGUF as a draft source (localspec.speculation.mtp), on tiny step35
+targets written with ``gguf`` (tests/mtp_models.py): recognised from the file's metadata with no
+drafter file, lossless (greedy output equal to plain decoding; sampled output from the target's
+distribution), named ``mtp`` in the stats and on ``--source``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from cli_run import run_cli
+from engine_checks import assert_lossless
+from localspec import Engine
+from localspec.core.errors import LocalspecError
+from localspec.core.events import DoneEvent
+from localspec.formats.gguf_info import mtp_heads, read_gguf
+from localspec.runtime.config import GenerationConfig
+from localspec.runtime.sampling import SamplingParams
+from localspec.speculation.policy import PolicyConfig
+from mtp_models import build_mtp_target
+from sampling_checks import SIGMAS
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+@pytest.fixture(scope="module")
+def mtp_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mtp")
+    return {"one": build_mtp_target(d / "one.gguf", heads=1),
+            "three": build_mtp_target(d / "three.gguf", heads=3, seed=5),
+            "none": build_mtp_target(d / "none.gguf", heads=1, with_heads=False),
+            "noisy": build_mtp_target(d / "noisy.gguf", heads=1, noise=0.009, seed=3)}
+
+
+def _done(engine, prompt, cfg) -> DoneEvent:
+    return [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+
+
+def test_mtp_heads_are_recognised_from_the_target_s_metadata(mtp_files):
+    assert mtp_heads(read_gguf(mtp_files["one"])) == 1
+    assert mtp_heads(read_gguf(mtp_files["none"])) == 0
+    proc = run_cli("inspect", str(mtp_files["one"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mtp_heads"] == 1
+    for name, heads in (("one", 1), ("none", 0)):   # fit names them (their blocks count with the target)
+        proc = run_cli("fit", "--target", str(mtp_files[name]), "--ctx", "256", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["mtp_heads"] == heads
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("fixed", 3, tree="on"),
+                                    PolicyConfig("auto")], ids=["chain", "tree", "auto"])
+def test_mtp_greedy_output_equals_plain_decoding(mtp_files, policy):
+    with Engine(mtp_files["one"], n_ctx=512) as engine:
+        assert engine.mtp_heads == 1 and engine.drafter is not None and engine.drafter.name == "mtp"
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=48, spec=False, record_margins=True))
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
+    assert_lossless(plain, spec)
+    if policy.name == "fixed":
+        drafts, drafted, accepted = spec.stats.sources["mtp"] if policy.tree == "off" else spec.stats.sources["tree"]
+        assert drafted > 0 and 0 < accepted, spec.stats.sources
+
+
+def test_mtp_chained_heads_load_and_draft_losslessly(mtp_files):
+    """A step35 file with three heads, chained as llama.cpp chains them (head k drafts step k):
+    no chain is deeper than the heads, and greedy output is plain decoding's."""
+    assert mtp_heads(read_gguf(mtp_files["three"])) == 3
+    with Engine(mtp_files["three"], n_ctx=256) as engine:
+        assert engine.mtp_heads == 3
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=32, spec=False, record_margins=True))
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=32, policy=PolicyConfig("fixed", 6, tree="on")))
+    assert_lossless(plain, spec)
+    drafts, drafted, accepted = spec.stats.sources["mtp"]   # chains (trees are off with chained heads)
+    assert drafted > 0 and accepted > 0 and len(spec.stats.drafted_per_position) <= 3, spec.stats
+
+
+def test_mtp_drafts_in_every_slot_of_a_parallel_engine(mtp_files):
+    """Two slots draft with their own sequences of the head's context in shared batches; each
+    answer is the one plain decoding gives alone."""
+    from test_slots import Collect, drain, solo
+    from localspec.runtime.scheduler import Scheduler
+
+    prompts = [PROMPT, "One, two, three, four, five, six"]
+    alone = solo(mtp_files["one"], prompts, n_ctx=256, max_tokens=24)
+    with Engine(mtp_files["one"], n_ctx=256, parallel=2) as engine:
+        sinks = {p: Collect() for p in prompts}
+        cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="mtp"))
+        drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
+    for p in prompts:
+        assert_lossless(alone[p], sinks[p].done)
+    assert sum(sinks[p].done.stats.sources.get("mtp", [0, 0, 0])[1] for p in prompts) > 0
+
+
+def test_mtp_sampled_output_follows_the_target_s_distribution(mtp_files):
+    """Marginal distributions of generated tokens 3..6, plain vs MTP-drafted, over many seeds: the
+    head proposes repeats the target often but not always makes, so drafts are accepted and
+    rejected (and resampled)."""
+    params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
+    n = 250
+    samples: dict[bool, list[tuple[int, ...]]] = {False: [], True: []}
+    drafted = accepted = 0
+    with Engine(mtp_files["noisy"], n_ctx=256) as engine:
+        for spec in (False, True):
+            for seed in range(n):
+                cfg = GenerationConfig(max_tokens=6, spec=spec, policy=PolicyConfig("fixed", 2, tree="off"),
+                                       sampling=SamplingParams(seed=seed + (0 if spec else 10_000), **params))
+                done = _done(engine, "The quick brown fox", cfg)
+                samples[spec].append(tuple(done.tokens))
+                drafted += done.stats.drafted
+                accepted += done.stats.accepted
+    assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
+    for position in (2, 3, 4, 5):
+        plain = Counter(s[position] for s in samples[False] if len(s) > position)
+        spec = Counter(s[position] for s in samples[True] if len(s) > position)
+        n1, n2 = sum(plain.values()), sum(spec.values())
+        assert n1 > 0.9 * n and n2 > 0.9 * n
+        for tok in set(plain) | set(spec):
+            f1, f2 = plain[tok] / n1, spec[tok] / n2
+            pooled = (plain[tok] + spec[tok]) / (n1 + n2)
+            sigma = np.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / n1 + 1 / n2))
+            assert abs(f1 - f2) <= SIGMAS * sigma, f"position {position}, token {tok}: {f1:.3f} vs {f2:.3f}"
+
+
+def test_source_mtp_needs_heads_and_is_one_error_line(mtp_files):
+    with pytest.raises(LocalspecError, match="no MTP heads"):
+        Engine(mtp_files["none"], n_ctx=256, mtp=True)
+    proc = run_cli("generate", "--target", str(mtp_files["none"]), "-p", "hi", "--source", "mtp", "-n", "4")
+    assert proc.returncode == 1 and proc.stderr.startswith("Error:") and "no MTP heads" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("generate", "--target", str(mtp_files["one"]), "-p", "hi", "--source", "mtp", "-n", "8",
+                   "--temperature", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mtp_heads"] == 1 and set(out["sources"]) <= {"mtp", "lookup"}, out
+
+
+def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_files, tmp_path):
+    """``serve`` on a target with heads and no drafter file: the official client's answer is plain
+    decoding's text, usage counts the drafts under source ``mtp``, and so does ``/metrics``."""
+    from serve_checks import running_server
+
+    with Engine(mtp_files["one"], n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=24, spec=False))
+    args = ("--target", str(mtp_files["one"]), "--ctx", "256", "--parallel", "1", "--policy", "fixed",
+            "--draft-max", "3", "--tree", "off")
+    with running_server(tmp_path, *args) as srv:
+        reply = srv.client().completions.create(model=mtp_files["one"].stem, prompt=PROMPT, max_tokens=24,
+                                                temperature=0, extra_body={"repeat_penalty": 1.0})
+        speculative = reply.usage.model_extra["speculative"]
+        metrics = srv.metrics()
+    assert reply.choices[0].text == plain.text
+    assert speculative["sources"]["mtp"]["drafted"] > 0, speculative
+    drafted = [v for (name, labels), v in metrics.items()
+               if name.endswith("draft_tokens_by_source_total") and ("source", "mtp") in labels]
+    assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
