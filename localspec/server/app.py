@@ -366,6 +366,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
 
 async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
+    await state.worker.check(job)   # its grammar compiled off the engine thread: 400 naming its field
     state.worker.submit(job)   # 429 when the queue is full
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
@@ -444,7 +445,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
         reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None,
                       predicted=config.prediction is not None)
-        job = Job(prompt, config, param="messages", id=reply.id)
+        job = Job(prompt, config, param="messages", id=reply.id,
+                  grammar_param="tools" if offered is not None else "response_format")
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
