@@ -27,9 +27,7 @@ def read_bytes(path: str | Path, what: str, limit: int = TEXT_LIMIT) -> bytes:
     p = Path(path).expanduser()
     try:
         fd = os.open(p, os.O_RDONLY)
-    except FileNotFoundError:
-        raise LocalspecError(f"{what} {p}: no such file") from None
-    except OSError as exc:
+    except OSError as exc:   # (missing: "cannot read (No such file or directory)")
         raise LocalspecError(f"{what} {p}: cannot read ({exc.strerror or exc})") from None
     try:
         st = os.fstat(fd)
