@@ -14,6 +14,7 @@ in one line. Formats:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from localspec.core.errors import LocalspecError
+from localspec.core.userfile import CONFIG_LIMIT, read_bytes
 from localspec.store import hub
 
 from .provenance import provenance
@@ -78,15 +80,56 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise LocalspecError(f"{path.parent}: no config.json (a drafter checkpoint needs its config)")
+    raw = read_bytes(path, "the checkpoint's config", CONFIG_LIMIT)   # its size checked before it is read
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise LocalspecError(f"{path.parent}: no config.json (a drafter checkpoint needs its config)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise LocalspecError(f"{path}: not valid JSON ({_one_line(exc)})") from None
     if not isinstance(data, dict):
         raise LocalspecError(f"{path}: expected a JSON object")
+    check_config_values(data, path)
     return data
+
+
+# Every config.json value a layout reads as a number, a text or a sub-config, by kind, at any depth
+# (speculators nests the layer's config): checked once, here, so a layout never meets "tiny" where
+# an epsilon belongs, a string where rope_scaling's object belongs, or 1e30 positions (the GGUF
+# field is 32 bits). One error type, one line, naming the key.
+_CONFIG_COUNTS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                  "vocab_size", "target_hidden_size", "draft_vocab_size", "max_position_embeddings",
+                  "original_max_position_embeddings")
+_CONFIG_REALS = ("rms_norm_eps", "rope_theta", "fc_norm_eps", "factor", "low_freq_factor", "high_freq_factor")
+_CONFIG_OBJECTS = ("rope_scaling", "rope_parameters", "eagle_config", "transformer_layer_config", "localspec")
+_CONFIG_LISTS = ("architectures", "eagle_aux_hidden_state_layer_ids", "layer_types")
+_CONFIG_COUNT_MAX = (1 << 31) - 1
+
+
+def check_config_values(config: dict, path: Path) -> None:
+    """Raise one LocalspecError for the first known key whose value is not of its kind."""
+    def bad(key: str, what: str, value: Any) -> LocalspecError:
+        shown = json.dumps(value)[:60]
+        return LocalspecError(f"{path}: '{key}' must be {what} (got {shown})")
+
+    todo = [config]
+    while todo:
+        node = todo.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                todo.append(value)
+            if value is None:
+                continue
+            if key in _CONFIG_COUNTS and not (isinstance(value, int) and not isinstance(value, bool)
+                                              and 0 < value <= _CONFIG_COUNT_MAX):
+                raise bad(key, f"a positive integer of at most {_CONFIG_COUNT_MAX}", value)
+            if key in _CONFIG_REALS and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                             and math.isfinite(value) and value > 0):
+                raise bad(key, "a positive finite number", value)
+            if key in _CONFIG_OBJECTS and not isinstance(value, dict):
+                raise bad(key, "an object", value)
+            if key in _CONFIG_LISTS and not isinstance(value, list):
+                raise bad(key, "a list", value)
 
 
 def _add_safetensors(ckpt: Checkpoint, path: Path) -> None:

@@ -209,6 +209,12 @@ def export_drafter(drafter: str | Path, out: str | Path, fmt: str, *, force: boo
     the directory appears complete or not at all (an existing one is replaced only with force)."""
     if fmt not in FORMATS:
         raise LocalspecError(f"unknown export format '{fmt}' (one of {', '.join(FORMATS)})")
+    if fmt == "speculators" and not verifier:
+        # speculators 0.9.0's loader (Eagle3DraftModel.load_verifier_weights, called by every
+        # from_pretrained) reads the verifier's config and weights from this name: with none it
+        # asks the Hub for AutoConfig.from_pretrained(None), and offline it fails
+        raise LocalspecError("--format speculators needs --verifier (the target's Hub id or local directory): "
+                             "speculators' loader reads the target's config and weights from it")
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise LocalspecError(f"{out} exists and is not a directory")

@@ -12,7 +12,7 @@ import numpy as np
 
 from localspec.formats import gguf_consts as K
 from localspec.core.errors import LocalspecError
-from localspec.formats.gguf_info import read_gguf
+from localspec.formats.gguf_info import check_drafter, read_gguf
 from localspec.llama.gguf_native import TENSOR_NUMPY, GGUFHeader
 
 from .canonical import DrafterConfig, DrafterWeights
@@ -45,9 +45,10 @@ def stored_types(path: str | Path) -> dict[str, str]:
 
 
 def read_drafter_gguf(path: str | Path) -> DrafterWeights:
-    info = read_gguf(path)
+    info = read_gguf(path)   # every metadata value checked for its kind there (one error type)
     if not info.is_drafter:
         raise LocalspecError(f"{info.path}: not an EAGLE-3 drafter (architecture {info.arch})")
+    check_drafter(info)      # the sizes the tensors are cut by: heads dividing, nothing zero
     header = GGUFHeader(info.path)
     kv, arch = header.kv, K.EAGLE3_ARCH
 
@@ -77,4 +78,7 @@ def read_drafter_gguf(path: str | Path) -> DrafterWeights:
     )
     if len(cfg.target_layers) != 3:
         raise LocalspecError(f"{info.path}: {K.key(K.KEY_TARGET_LAYERS, arch)} must hold 3 layers (got {list(cfg.target_layers)})")
+    if d2t is not None and len(d2t) and (d2t.min() < 0 or d2t.max() >= cfg.vocab_size):
+        raise LocalspecError(f"{info.path}: d2t maps draft tokens to ids outside the target's vocabulary "
+                             f"(0..{cfg.vocab_size - 1}; it names {int(d2t.max() if d2t.max() >= cfg.vocab_size else d2t.min())})")
     return DrafterWeights(cfg, tensors, d2t)

@@ -205,7 +205,8 @@ def _gguf_tensor_bytes(path: Path) -> dict[str, tuple[str, bytes]]:
 def test_export_then_convert_is_the_same_gguf(fmt, tiny, tmp_path):
     src = tiny["d31"]
     out = tmp_path / "exported"
-    r = _cli("export", str(src), "--format", fmt, "-o", str(out))
+    verifier = ["--verifier", "HuggingFaceTB/SmolLM2-135M"] if fmt == "speculators" else []
+    r = _cli("export", str(src), "--format", fmt, "-o", str(out), *verifier)
     assert r.returncode == 0, r.stderr
     assert "config.json" in r.stdout and "model.safetensors" in r.stdout
     assert ("vllm serve" if fmt == "speculators" else "--speculative-algorithm EAGLE3") in r.stdout
@@ -253,7 +254,13 @@ def test_export_refusals(tiny, tmp_path):
     out = tmp_path / "dir"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    r = _cli("export", str(tiny["d3"]), "--format", "speculators", "-o", str(out))
+    # speculators' loader reads the verifier's config and weights from its name: none, no export
+    r = _cli("export", str(tiny["d3"]), "--format", "speculators", "-o", str(tmp_path / "nov"))
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "Error: --format speculators needs --verifier (the target's Hub id or local directory): "
+        "speculators' loader reads the target's config and weights from it"]
+    assert not (tmp_path / "nov").exists()
+    r = _cli("export", str(tiny["d3"]), "--format", "speculators", "-o", str(out), "--verifier", "t")
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"Error: {out} exists and is not empty (use --force to replace it)"]
     assert (out / "keep.txt").read_text() == "mine"
     r = _cli("export", str(tiny["target"]), "--format", "specforge", "-o", str(tmp_path / "x"))
@@ -268,7 +275,7 @@ def test_export_refusals(tiny, tmp_path):
     with pytest.raises(LocalspecError, match="export --format speculators instead"):
         export_drafter(g, tmp_path / "z", "specforge")
     assert not (tmp_path / "z").exists()
-    r = _cli("export", str(tiny["d3"]), "--format", "speculators", "-o", str(out), "--force")
+    r = _cli("export", str(tiny["d3"]), "--format", "speculators", "-o", str(out), "--force", "--verifier", "t")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
@@ -278,7 +285,7 @@ def test_export_keeps_quantized_values_exact(tiny, tmp_path):
     q8_0 gives the same blocks."""
     q8 = tmp_path / "q8.gguf"
     write_drafter_gguf(read_drafter_gguf(tiny["d31"]), tiny["target"], q8, outtype="q8_0")
-    export_drafter(q8, tmp_path / "ck", "speculators")
+    export_drafter(q8, tmp_path / "ck", "speculators", verifier="HuggingFaceTB/SmolLM2-135M")
     back = tmp_path / "back.gguf"
     convert_checkpoint(tmp_path / "ck", tiny["target"], back, outtype="q8_0")
     assert _gguf_tensor_bytes(back) == _gguf_tensor_bytes(q8)

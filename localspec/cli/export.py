@@ -32,7 +32,8 @@ def export_cmd(
                                      show_default=False),
     out: Path = typer.Option(..., "--out", "-o", help="Checkpoint directory to write.", show_default=False),
     verifier: Optional[str] = typer.Option(None, "--verifier", show_default=False,
-                                           help="The target's Hub id, recorded in a speculators config."),
+                                           help="The target's Hub id or local directory (required by --format speculators: "
+                                                "its loader reads the target from it)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
 ) -> None:
     """Write a drafter GGUF as a checkpoint that vLLM (speculators) or SGLang (specforge) serves."""

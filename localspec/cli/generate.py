@@ -22,6 +22,8 @@ from ..formats.json_grammar import schema_grammar
 from ..runtime.generation_options import GenerationOptions
 from ..memory.live import memory_report
 from .app import app
+from ..core.userfile import read_text
+from ..llama.grammar import check_grammar_shape
 from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, VramOpt, open_engine
 from .flags import check_flags, is_default, with_options
 from .spec_options import NoSpecOpt, Policy, Source, SPEC_OPTIONS, Tree, default_draft_max  # noqa: F401
@@ -33,14 +35,8 @@ GENERATE_OPTIONS = (*SPEC_OPTIONS, "max_tokens", "temperature", "top_k", "top_p"
 
 
 def _read_text(flag: str, path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LocalspecError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        return check_text(f"{flag} {path}", data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise LocalspecError(f"{flag} {path}: not UTF-8 text") from None
+    """A file a flag names: its size checked before it is read (core.userfile), UTF-8, no NUL."""
+    return check_text(f"{flag} {path}", read_text(path, flag))
 
 
 def _json(text: str):
@@ -48,6 +44,8 @@ def _json(text: str):
         return json.loads(text)
     except ValueError as exc:
         raise LocalspecError(f"the JSON schema is not JSON: {exc}") from None
+    except RecursionError:
+        raise LocalspecError("the JSON schema is nested too deeply to read") from None
 
 
 def structured_config(config: GenerationConfig, *, grammar: Path | None, json_schema: Path | None,
@@ -56,6 +54,11 @@ def structured_config(config: GenerationConfig, *, grammar: Path | None, json_sc
     if grammar is not None and json_schema is not None:
         raise LocalspecError("--grammar and --json-schema exclude each other")
     gbnf = _read_text("--grammar", grammar) if grammar is not None else None
+    if gbnf is not None:   # bounded before any model loads (llama.cpp crashes or stalls beyond the limits)
+        try:
+            check_grammar_shape(gbnf)
+        except LocalspecError as exc:
+            raise LocalspecError(f"--grammar {grammar}: {exc}") from None
     if json_schema is not None:
         text = _read_text("--json-schema", json_schema)   # its errors name the flag and file already
         try:

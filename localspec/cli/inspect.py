@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from ..core import jsonout
 from ..formats import gguf_consts as K
 from ..core.units import format_size
 from ..formats.gguf_info import GGUFInfo, mtp_heads, read_gguf
@@ -111,7 +111,7 @@ def inspect_cmd(
     info = read_gguf(file)
     desc = describe_gguf(info)
     if as_json:
-        print(json.dumps(desc, indent=2))
+        print(jsonout.dumps(desc, indent=2))   # strict JSON: a number that is not finite prints as null
     else:
         print_description(desc, warnings=runtime_notes(info))
 

@@ -28,6 +28,8 @@ def bind(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise LocalspecError(f"cannot resolve --host {host}: {exc.strerror}") from None
+    except (UnicodeError, ValueError) as exc:   # the IDNA codec refuses the name (an empty label: 'ex..ample')
+        raise LocalspecError(f"--host {host!r} is not a valid host name ({exc})") from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -39,6 +41,20 @@ def bind(host: str, port: int) -> socket.socket:
         raise LocalspecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def checked_api_key(api_key: Optional[str], where: str) -> Optional[str]:
+    """The key a client must send, or None for none. An empty key is refused (an empty Bearer
+    token must never count as knowing it); so is one an HTTP header cannot carry as sent: only
+    visible ASCII characters (a byte that is not UTF-8 made every request fail with 500)."""
+    if api_key is None:
+        return None
+    if api_key == "":
+        raise LocalspecError(f"{where} is empty: give a key, or leave it out to serve without one")
+    if not all(33 <= ord(c) <= 126 for c in api_key):
+        raise LocalspecError(f"{where} must be visible ASCII characters (no spaces, no other bytes): "
+                             "an HTTP Authorization header carries it")
+    return api_key
 
 
 def is_loopback(sock: socket.socket) -> bool:
@@ -116,7 +132,10 @@ def serve(
     from ..core.units import parse_size
 
     resolved = _resolved(model, target, draft)
-    api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    if api_key is not None:
+        api_key = checked_api_key(api_key, "--api-key")
+    else:   # an empty variable counts as unset (and the warning says so when the server is reachable)
+        api_key = checked_api_key(os.environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
     keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
     check_flags(flags)
     body_limit = parse_size(max_body)

@@ -8,3 +8,9 @@ context) raises :class:`LocalspecError` with a one-line message. The CLI turns i
 
 class LocalspecError(Exception):
     """A problem the user can fix, described in one line."""
+
+
+class GrammarError(LocalspecError):
+    """A grammar (GBNF, or a JSON schema turned into one) that cannot be used: too large or too
+    deep for llama.cpp, not valid, or allowing no text. The server names the request field it
+    came from (``response_format``, ``tools``), not the prompt's."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 
 
 def finite(value):
     """``value`` with every float that is not finite, at any depth of dicts, lists and tuples,
     replaced by None."""
-    if isinstance(value, float):
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):   # numpy's floats too
+        value = float(value)
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}

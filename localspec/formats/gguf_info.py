@@ -5,6 +5,7 @@ sees them (llama.cpp aborts the whole process on some mismatches).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -53,6 +54,8 @@ class GGUFInfo:
     norm_before_fc: bool = False
     norm_before_residual: bool = False
     draft_vocab: int | None = None
+    # why llama.cpp cannot tokenize with this file's vocabulary (it aborts the process), if it cannot
+    tokenizer_issue: str | None = None
 
     @property
     def is_drafter(self) -> bool:
@@ -65,6 +68,87 @@ class GGUFInfo:
         for t in self.tensors.values():
             by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
         return max(by_type, key=by_type.__getitem__) if by_type else "?"
+
+
+# Every metadata value localspec or llama.cpp reads as a number or a text, by kind: checked once, in
+# read_gguf (:func:`_check_values`), so nothing downstream (the memory plan, export, the drafter)
+# meets text where a number belongs, a NaN, or a count of the wrong sign. One error type, one line.
+_COUNTS = (K.KEY_CONTEXT_LENGTH, K.KEY_EMBEDDING_LENGTH, K.KEY_BLOCK_COUNT, K.KEY_FEED_FORWARD_LENGTH,
+           K.KEY_HEAD_COUNT, K.KEY_HEAD_COUNT_KV, K.KEY_KEY_LENGTH, K.KEY_VALUE_LENGTH,
+           K.KEY_ROPE_DIMENSION_COUNT, K.KEY_VOCAB_SIZE, K.KEY_SLIDING_WINDOW, K.KEY_NEXTN_PREDICT_LAYERS,
+           K.KEY_EXPERT_COUNT, K.KEY_EXPERT_USED_COUNT, K.KEY_EXPERT_GROUP_COUNT, K.KEY_EXPERT_GROUP_USED_COUNT,
+           K.KEY_TARGET_HIDDEN_SIZE)     # an integer >= 0, or (per layer) a list of them
+_POSITIVE_REALS = (K.KEY_RMS_EPS, K.KEY_ROPE_FREQ_BASE)                  # a finite number > 0
+_FLAGS = (K.KEY_NORM_BEFORE_FC, K.KEY_NORM_BEFORE_RESIDUAL)              # a boolean (or 0 / 1)
+_LS_TEXTS = (K.KEY_LS_VARIANT, K.KEY_LS_SOURCE_LAYOUT, K.KEY_LS_SOURCE, K.KEY_LS_SOURCE_REVISION, K.KEY_NAME)
+_LS_FLAGS = (K.KEY_LS_FC_NORM, K.KEY_LS_NORM_OUTPUT)
+_MAX_COUNT = 1 << 31      # llama.cpp reads these into 32-bit fields
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_values(p: Path, kv: dict, arch: str) -> None:
+    """Each known key's value is of its kind (see _COUNTS ...), or one LocalspecError naming it."""
+    def bad(name: str, what: str, value: Any) -> LocalspecError:
+        return LocalspecError(f"{p}: {name} must be {what}, got {_short(value)}")
+
+    for template in _COUNTS:
+        name = K.key(template, arch)
+        value = kv.get(name)
+        items = value.tolist() if isinstance(value, np.ndarray) else value if isinstance(value, list) else [value]
+        if value is None:
+            continue
+        if not items or not all(_is_int(x) for x in items):
+            raise bad(name, "an integer (or one per layer)", value)
+        if min(items) < 0:
+            raise LocalspecError(f"{p}: {name} must not be negative, got {_short(value)}")
+        if max(items) >= _MAX_COUNT:
+            raise bad(name, f"below {_MAX_COUNT}", value)
+    for template in _POSITIVE_REALS:
+        name = K.key(template, arch)
+        value = kv.get(name)
+        if value is not None and not (_is_real(value) and math.isfinite(value) and value > 0):
+            raise bad(name, "a positive finite number", value)
+    for name in [K.key(t, arch) for t in _FLAGS] + list(_LS_FLAGS):
+        value = kv.get(name)
+        if value is not None and not (isinstance(value, (bool, np.bool_)) or _is_int(value) and value in (0, 1)):
+            raise bad(name, "true or false", value)
+    for name in _LS_TEXTS:
+        value = kv.get(name)
+        if value is not None and not isinstance(value, str):
+            raise bad(name, "text", value)
+    eps = kv.get(K.KEY_LS_FC_NORM_EPS)
+    if eps is not None and not (_is_real(eps) and math.isfinite(eps) and eps > 0):
+        raise bad(K.KEY_LS_FC_NORM_EPS, "a positive finite number", eps)
+
+
+_NO_TOKENIZER = ("none", "no_vocab")
+_BYTE_FALLBACK = ("llama", "t5")     # SentencePiece / Unigram: unknown text falls back to byte tokens
+
+
+def _tokenizer_issue(kv: dict) -> str | None:
+    """What makes llama.cpp abort on this vocabulary (llama-vocab.cpp), in words; None if nothing.
+    - "none" / "no_vocab": the vocabulary type NONE, on which tokenizing asserts (GGML_ASSERT);
+    - "llama" (SentencePiece) or "t5": text outside the vocabulary falls back to one token per byte,
+      ``<0xXX>`` (or the byte itself), looked up with ``std::map::at``: a vocabulary without them
+      (a BPE one under the wrong model name) throws std::out_of_range through the C API."""
+    model, tokens = kv.get(K.KEY_TOKENIZER_MODEL), kv.get(K.KEY_TOKENIZER_TOKENS)
+    if model in _NO_TOKENIZER:
+        return f"{K.KEY_TOKENIZER_MODEL} is '{model}': the file has no tokenizer to turn text into tokens"
+    if model in _BYTE_FALLBACK and isinstance(tokens, list):
+        have = set(tokens)
+        missing = [b for b in range(256) if f"<0x{b:02X}>" not in have and not (b < 0x80 and chr(b) in have)]
+        if missing:
+            return (f"{K.KEY_TOKENIZER_MODEL} is '{model}' (SentencePiece), whose byte fallback needs the tokens "
+                    f"<0x00>..<0xFF>; this vocabulary lacks {len(missing)} of them, e.g. <0x{missing[0]:02X}> "
+                    "(a BPE vocabulary is 'gpt2')")
+    return None
 
 
 def _tokenizer_sha(header: GGUFHeader) -> str:
@@ -88,6 +172,7 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
     arch = kv.get(K.KEY_ARCH)
     if not isinstance(arch, str) or not arch:
         raise LocalspecError(f"{p}: GGUF file has no {K.KEY_ARCH}")
+    _check_values(p, kv, arch)
 
     tensors: dict[str, TensorInfo] = {}
     for name, (shape, kind, n_bytes, offset) in header.tensors.items():
@@ -127,6 +212,7 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
         n_ctx_train=count(K.KEY_CONTEXT_LENGTH),
         n_vocab=n_vocab,
         tokenizer_sha256=_tokenizer_sha(header),
+        tokenizer_issue=_tokenizer_issue(kv),
         chat_template=kv.get(K.KEY_CHAT_TEMPLATE),
         tensors=tensors,
         metadata=metadata,
@@ -306,6 +392,8 @@ def check_target(target: GGUFInfo) -> None:
         raise LocalspecError(f"{target.path.name} is an EAGLE-3 drafter, not a target model")
     if target.n_vocab <= 0 or target.n_embd <= 0:
         raise LocalspecError(f"{target.path.name}: missing vocabulary or embedding size")
+    if target.tokenizer_issue:
+        raise LocalspecError(f"{target.path.name}: {target.tokenizer_issue}")
     check_hparams(target)
     check_tensor_types(target)
     if target.arch in K.FEATURE_ARCHS or target.arch == "llama":
@@ -316,6 +404,8 @@ def check_drafter(drafter: GGUFInfo) -> None:
     """A drafter's own sizes (the pair checks come on top, in :func:`check_pair`)."""
     if not drafter.is_drafter:
         raise LocalspecError(f"{drafter.path.name} is not an EAGLE-3 drafter (architecture '{drafter.arch}')")
+    if drafter.tokenizer_issue:
+        raise LocalspecError(f"{drafter.path.name}: {drafter.tokenizer_issue}")
     check_hparams(drafter)
     check_tensor_types(drafter)
     check_attention(drafter)

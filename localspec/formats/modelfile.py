@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from ..core import options
 from ..core.errors import LocalspecError
+from ..core.userfile import CONFIG_LIMIT, read_bytes
 
 INSTRUCTIONS = ("FROM", "DRAFT", "PARAMETER", "TEMPLATE", "SYSTEM", "MESSAGE", "LICENSE")
 ROLES = ("system", "user", "assistant")
@@ -332,14 +333,13 @@ def load(path: str | Path) -> Modelfile:
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "Modelfile"
+    if not p.exists():
+        raise LocalspecError(f"{p}: no such file")
+    data = read_bytes(p, "the Modelfile", CONFIG_LIMIT)   # its size checked before a byte is read
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise LocalspecError(f"{p}: no such file") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise LocalspecError(f"{p}: not a text file (expected UTF-8)") from None
-    except OSError as exc:
-        raise LocalspecError(f"{p}: cannot read ({exc.strerror})") from None
     return parse(text, path=p, base_dir=p.absolute().parent)
 
 

@@ -33,14 +33,72 @@ import weakref
 import llama_cpp
 import numpy as np
 
-from ..core.errors import LocalspecError
+from ..core.errors import GrammarError, LocalspecError
 from .process import capture_log
 
 ROOT = b"root"
+
+# What llama.cpp's grammar code takes without crashing or stalling, measured with
+# bench/grammar_limits.py on the pinned llama.cpp (README, "Limits"). Its parser recurses once per
+# nested group: 16,000 nested groups parse, 32,000 overflow an 8 MiB thread stack (a segfault: the
+# whole server gone; the converter writes maxLength 100000 as 100,000 nested optional groups). Its
+# rule checks recurse along rules reached through first elements and take time quadratic in them:
+# a chain of 1,000 rules compiles in 0.09 s, 8,000 in 4 s, 32,000 in 100 s, 100,000 segfault.
+# Every choice open at a position (an alternative, an optional or repeated item) is one stack each
+# candidate token is matched against: one full-vocabulary mask costs 0.03 s with one, 0.9 s with
+# 1,000 alternatives, 8 s with 16,000 (SmolLM2's 49,152 tokens, 2 loaded cores), and 100 optional
+# items of {0,2000} in a row cost 5.6 s: an enum of 100,000 strings stalled every slot for minutes.
+# Checked on the text before llama.cpp sees it (check_grammar_shape), for the CLI's --grammar and
+# --json-schema and the server's response_format and tools alike.
+GRAMMAR_MAX_BYTES = 1 << 20           # 1 MiB of GBNF
+GRAMMAR_MAX_DEPTH = 1000              # groups nested in groups
+GRAMMAR_MAX_RULES = 1000              # rules (a chain of rules is as deep as their count)
+GRAMMAR_MAX_CHOICES = 1000            # alternatives ('|') and optional or repeated items ('?', '*', '+')
+#                                       side by side in one rule or group
+GRAMMAR_MAX_REPEATS = 10000           # the counts of bounded repetitions ({m,n}: the larger), summed
+# the tokens of GBNF text that count: a string, a character class, a comment (skipped whole, so what
+# is inside them does not count), a group's parentheses, a choice, a repetition, a rule's '::='
+_SHAPE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*|[()|?*+]|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}|::=',
+                    re.S)
 # the candidate array llama.cpp reads: llama_token_data {int32 id; float logit; float p}
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 # llama.cpp escapes these in trigger words (llama_sampler_init_grammar_lazy); std::regex (ECMAScript)
 _SPECIAL = re.compile(r"[.^$|()*+?\[\]{}\\]")
+
+
+def check_grammar_shape(text: str) -> None:
+    """Refuse GBNF text beyond what llama.cpp's grammar code takes (see GRAMMAR_MAX_*): one
+    :class:`GrammarError` saying which bound, before llama.cpp parses a byte of it."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > GRAMMAR_MAX_BYTES:
+        raise GrammarError(f"the grammar is {size} bytes long; at most {GRAMMAR_MAX_BYTES} are taken")
+    depth = deepest = rules = widest = repeats = 0
+    siblings = [0]   # choices side by side in each open group (nested ones cost little: one stack each)
+    for m in _SHAPE.finditer(text):
+        token = m.group()
+        if token == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+            siblings.append(0)
+        elif token == ")":
+            depth = max(0, depth - 1)
+            if len(siblings) > 1:
+                siblings.pop()
+        elif token in "|?*+":
+            siblings[-1] += 1
+            widest = max(widest, siblings[-1])
+        elif token == "::=":
+            rules += 1
+            siblings = [0]
+        elif token[0] == "{":
+            repeats += max(int(m.group(1)), int(m.group(2) or 0))
+    for count, limit, what in ((deepest, GRAMMAR_MAX_DEPTH, "nests groups {} deep"),
+                               (rules, GRAMMAR_MAX_RULES, "has {} rules"),
+                               (widest, GRAMMAR_MAX_CHOICES, "offers {} alternatives or optional items side by side"),
+                               (repeats, GRAMMAR_MAX_REPEATS, "repeats items {} times in all ({{m,n}})")):
+        if count > limit:
+            raise GrammarError(f"the grammar {what.format(count)}; at most {limit} are taken "
+                               "(llama.cpp's grammar code crashes or stalls on more)")
 
 
 def trigger_pattern(words) -> bytes:
@@ -167,9 +225,10 @@ class Grammar:
     def _init(self):
         data = self.text.encode("utf-8")
         if not data.strip():   # llama.cpp takes an empty grammar as none at all
-            raise LocalspecError("the grammar is empty")
+            raise GrammarError("the grammar is empty")
         if b"\0" in data:
-            raise LocalspecError("the grammar contains a NUL character")
+            raise GrammarError("the grammar contains a NUL character")
+        check_grammar_shape(self.text)
         printed: list[str] = []
         with capture_log() as log, _native_stderr(printed):
             if self.triggers:
@@ -184,7 +243,7 @@ class Grammar:
             said = [line.strip() for line in printed if "error" in line]
             said += [line.strip() for line in "".join(log).splitlines() if line.strip()]
             detail = said[0].removeprefix("parse: ") if said else "llama.cpp could not parse it"
-            raise LocalspecError(f"the grammar is not valid GBNF (root rule 'root'): {detail}")
+            raise GrammarError(f"the grammar is not valid GBNF (root rule 'root'): {detail}")
         return handle
 
     def clone(self) -> "Grammar":
@@ -236,7 +295,7 @@ class Grammar:
     def accept(self, token: int) -> None:
         """Advance by one token; a token the grammar forbids is an error (llama.cpp would abort)."""
         if not self.allowed(token):
-            raise LocalspecError(f"token {token} is not allowed by the grammar here")
+            raise GrammarError(f"token {token} is not allowed by the grammar here")
         llama_cpp.llama_sampler_accept(self._handle, token)
         if self._waiting is not None:
             data, at = self._trigger.start(self._waiting, token)

@@ -23,6 +23,7 @@ from ..formats.chat_format import Message
 from .engine import Engine, GenerationConfig
 from ..core import options
 from ..core.errors import LocalspecError
+from ..core.userfile import PROMPTS_LIMIT, read_bytes
 from ..core.events import DoneEvent, GenerationStats
 from ..speculation.policy import PolicyConfig
 
@@ -228,12 +229,11 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     p = Path(path)
     if not p.is_file():
         raise LocalspecError(f"{p}: no such prompts file")
+    data = read_bytes(p, "--prompts", PROMPTS_LIMIT)   # its size checked before a byte is read
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LocalspecError(f"{p}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
-    except OSError as exc:
-        raise LocalspecError(f"{p}: cannot read ({exc.strerror})") from None
     prompts = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():

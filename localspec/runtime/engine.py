@@ -35,8 +35,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from ..core import options
-from ..core.errors import LocalspecError
+from ..core.errors import GrammarError, LocalspecError
 from ..core.events import DoneEvent, Event
 from ..llama.grammar import Grammar
 from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, target_context
@@ -283,9 +285,16 @@ class Engine:
                               recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
-        """Raise the LocalspecError a generation with this grammar would raise (a front end's
-        early check: a server answers 400 before it streams)."""
-        Grammar(self.model, grammar, triggers).close()
+        """Raise the GrammarError a generation with this grammar would raise at its start (a front
+        end's early check: a server answers 400 before it streams): beyond the limits, not valid,
+        or (not lazy) allowing no text at all. Safe on another thread than the one generating:
+        it reads only the vocabulary."""
+        compiled = Grammar(self.model, grammar, triggers)
+        try:
+            if not triggers and not np.isfinite(compiled.mask(np.zeros(self.model.n_vocab, np.float32))).any():
+                raise GrammarError("the grammar allows no text at all (no token may start it, not even the end)")
+        finally:
+            compiled.close()
 
     # -- cost model --------------------------------------------------------------------------------
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:

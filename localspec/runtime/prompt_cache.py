@@ -7,7 +7,9 @@ a request that would drop ``MIN_TOKENS`` or more of its cached text, its cells a
 into this cache (``llama_state_seq_get_data``); a request
 whose prompt shares at least ``MIN_TOKENS`` more with a kept text than with its slot's has that
 text loaded into the slot first (``llama_state_seq_set_data``), and prefills only the rest.
-Least recently used texts go first once ``budget`` bytes are held.
+Least recently used texts go first once ``budget`` bytes are held. A text is in a slot or in the
+cache, never both: a loaded text leaves the cache (:meth:`PromptCache.take`) before the slot's
+own text goes in, so keeping one can never evict the one being loaded.
 
 Loaded cells are the very rows computed before, so the output is that of the request on the
 slot that first computed them.
@@ -81,7 +83,17 @@ class PromptCache:
         self.used += kept.nbytes
 
     def touch(self, kept: Kept) -> None:
-        self._kept.move_to_end(tuple(kept.tokens))
+        """``kept`` counts as used now (the newest); absent (evicted meanwhile): nothing to do."""
+        key = tuple(kept.tokens)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+
+    def take(self, kept: Kept) -> None:
+        """``kept`` goes out of the cache (it is being loaded into a slot, which holds it from
+        now on; the slot's text is kept again when the slot moves on). Absent: nothing to do."""
+        gone = self._kept.pop(tuple(kept.tokens), None)
+        if gone is not None:
+            self.used -= gone.nbytes
 
     def clear(self) -> None:
         self._kept.clear()

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..core import options
-from ..core.errors import LocalspecError
+from ..core.errors import GrammarError
 from .penalties import PenaltyWindow
 
 GREEDY_CANDIDATES = 64   # greedy under a grammar: top logits checked before masking the whole row
@@ -223,7 +223,7 @@ def _allowed_only(grammar, logits: np.ndarray) -> np.ndarray:
     """The row with the tokens ``grammar`` forbids at -inf; an error when it forbids them all."""
     masked = grammar.mask(logits)
     if not np.isfinite(masked.max()):
-        raise LocalspecError("the grammar allows no token here (not even the end of the text)")
+        raise GrammarError("the grammar allows no token here (not even the end of the text)")
     return masked
 
 

@@ -23,7 +23,9 @@ trees only in an engine of one slot (their branches are sequences of the target 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 from ..core.errors import LocalspecError
@@ -34,6 +36,13 @@ from .config import GenerationConfig
 from .generation import GenerationLoop
 from .prompt_cache import MIN_TOKENS, Kept, PromptCache, common_prefix
 from .verifier import TargetVerifier
+
+
+@dataclass(frozen=True)
+class SlotFailed:
+    """The last event a sink gets when its generation failed on its own (its grammar allows no
+    token, a bug in its rows): the slot is free again, the other slots go on."""
+    error: BaseException
 
 
 class Slot:
@@ -85,7 +94,14 @@ class Scheduler:
         # while no slot runs
         calibrated = self.engine.cost
         try:
-            slot.loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+            loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+            try:
+                if self.prompt_cache is not None:   # the prompt starts at the slot's next step (GenerationLoop.plan)
+                    self._swap(slot, prompt)
+            except BaseException:
+                loop.close()
+                slot.verifier.forget()   # whatever the swap left in the sequence is not what kv_tokens says
+                raise
         except BaseException:
             if idle:
                 self.engine._lock.release()
@@ -93,9 +109,8 @@ class Scheduler:
         if self.engine.cost is not calibrated:
             for other in self.slots:
                 other.verifier.drafter_pairs = 0
-        if self.prompt_cache is not None:   # the prompt starts at the slot's next step (GenerationLoop.plan)
-            self._swap(slot, prompt)
-        slot.sink = sink
+        # the slot is taken only now, whole: a failure above leaves it free (and the engine unlocked)
+        slot.loop, slot.sink = loop, sink
         self._admissions += 1
         slot.admitted = self._admissions
         return slot.index
@@ -106,9 +121,12 @@ class Scheduler:
         verifier, cache = slot.verifier, self.prompt_cache
         have = common_prefix(verifier.kv_tokens, prompt)
         kept, length = cache.best(prompt)
+        load = kept is not None and length >= have + MIN_TOKENS
+        if load:   # out of the cache before the slot's own text goes in (which may evict it): the slot holds it now
+            cache.take(kept)
         if len(verifier.kv_tokens) - have >= MIN_TOKENS:
             self._keep(slot)
-        if kept is not None and length >= have + MIN_TOKENS:
+        if load:
             self._load(slot, kept)
 
     def _keep(self, slot: Slot) -> None:
@@ -127,7 +145,6 @@ class Scheduler:
         if self.engine.drafter is not None:
             self.engine.drafters[slot.index].reset(0)
         verifier.loaded(kept.tokens, len(kept.tokens))
-        self.prompt_cache.touch(kept)
 
     def step(self) -> None:
         """One decode of every active slot's rows; then each slot's events to its sink, and the
@@ -145,33 +162,57 @@ class Scheduler:
         engine = self.engine
         engine.threads.tick()   # the thread count that fits the free cores (rate-limited inside)
         batch = Batch(engine.ctx)
+        failed: dict[int, BaseException] = {}     # slot index -> what ended its generation this step
         decoding = [s for s in active if not s.loop.prefilling]
         planned: list[Slot] = []
         chains: dict[int, tuple[Slot, DraftChain]] = {}
         for i, slot in enumerate(decoding):
             others = len(decoding) - 1 - i           # rows the slots after this one need at least
             slot.loop.policy.batch_rows = batch.rows + batch.promised + others
-            chain = slot.loop.plan(batch, reserve=others, batched=len(decoding) > 1)
-            if chain is not None:
-                chains[slot.index] = (slot, chain)
-            planned.append(slot)
-        for slot, draft in drive_chains(engine.drafter, list(chains.values())):
-            slot.loop.add_rows(batch, draft)
-        for slot in active:
-            if slot.loop.prefilling and batch.rows_left() > 0 and batch.outputs_left() > 0:
-                slot.loop.plan(batch)
+            with _alone(slot, failed):
+                chain = slot.loop.plan(batch, reserve=others, batched=len(decoding) > 1)
+                if chain is not None:
+                    chains[slot.index] = (slot, chain)
                 planned.append(slot)
-        batch.decode()
+        for slot, draft in drive_chains(engine.drafter, list(chains.values())):
+            with _alone(slot, failed):
+                slot.loop.add_rows(batch, draft)
+        for slot in active:
+            if slot.index not in failed and slot.loop.prefilling and batch.rows_left() > 0 \
+                    and batch.outputs_left() > 0:
+                with _alone(slot, failed):
+                    slot.loop.plan(batch)
+                    planned.append(slot)
+        batch.decode()   # a failure here is every slot's: the step raises (the worker ends them all)
         shared = len(batch.segments) > 1
         if shared and engine.cost is not None:   # one observation of the whole batch
             engine.cost.observe_verify(batch.rows, batch.seconds)
         for slot in planned:
-            slot.loop.settle(batch, shared=shared)
-            slot.deliver()
+            if slot.index not in failed:
+                with _alone(slot, failed):
+                    slot.loop.settle(batch, shared=shared)
+                    slot.deliver()
         for slot in active:
-            if slot.loop.check():
-                slot.deliver()
-                slot.loop, slot.sink = None, None
+            if slot.index in failed:
+                self._drop(slot, failed[slot.index])
+                continue
+            with _alone(slot, failed):
+                if slot.loop.check():
+                    slot.deliver()
+                    slot.loop, slot.sink = None, None
+            if slot.index in failed:
+                self._drop(slot, failed[slot.index])
+
+    def _drop(self, slot: Slot, error: BaseException) -> None:
+        """End ``slot``'s generation after its own failure: its state freed, its sequence emptied
+        (the rows it wrote this step are not what the verifier says), :class:`SlotFailed` to its sink."""
+        loop, sink = slot.loop, slot.sink
+        slot.loop, slot.sink = None, None
+        slot.verifier.forget()
+        if loop is not None:
+            loop.close()
+        if sink is not None:
+            sink(SlotFailed(error))
 
     def cancel_all(self) -> list[int]:
         """Drop every running generation without events (after a failure of the step): their
@@ -186,6 +227,16 @@ class Scheduler:
         if dropped and self.engine._lock.locked():
             self.engine._lock.release()
         return dropped
+
+
+@contextlib.contextmanager
+def _alone(slot: Slot, failed: dict[int, BaseException]):
+    """Run one slot's part of a step; an exception there is that slot's failure only (recorded in
+    ``failed``), never the other slots'."""
+    try:
+        yield
+    except Exception as exc:
+        failed.setdefault(slot.index, exc)
 
 
 def drive_chains(drafter, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[Slot, Draft]]:

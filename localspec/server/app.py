@@ -374,7 +374,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
 
 async def answer(served: Loaded, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
-    served.submit(job)   # 429 when the queue is full
+    await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
         first = await job.events.get()
@@ -454,7 +454,8 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         offered = tools if tools is not None and tools.request is not None else None   # "none": no calls parsed
         reply = Reply(state, True, body.model or served.name, offered, with_logprobs=config.logprobs is not None,
                       predicted=config.prediction is not None)
-        job = Job(prompt, config, param="messages", id=reply.id)
+        job = Job(prompt, config, param="messages", id=reply.id,
+                  grammar_param="tools" if offered is not None else "response_format")
         return await answer(served, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")

@@ -88,6 +88,11 @@ class Loaded:
     def memory_bytes(self) -> int:
         return sum(self.device_bytes.values())
 
+    async def admit(self, job: Job) -> None:
+        """Check ``job``'s grammar off the engine thread (a 400 naming its field), then queue it."""
+        await self.worker.check(job)
+        self.submit(job)
+
     def submit(self, job: Job) -> None:
         """Queue ``job`` on this model's worker (429 when its queue is full)."""
         self.worker.submit(job)

@@ -121,7 +121,7 @@ async def _watch(request: Request, job: Job) -> None:
 
 
 async def respond(served: Loaded, request: Request, job: Job, answer: Answer, streaming: bool) -> Response:
-    served.submit(job)   # 429 when its queue is full
+    await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
     watcher = asyncio.ensure_future(_watch(request, job))
     try:
         first = await job.events.get()
@@ -187,7 +187,9 @@ async def _generation(state, request: Request, schema, kind: str) -> Response:
             prompt, config, tools = chat_request(body, served.spec, served.defaults, served.engine.formatter)
             param = "prompt"
     config = with_policy(config, policy)
-    job = Job(prompt, config, param=param, id=f"{kind}-{time.time_ns():x}")
+    offered = tools is not None and tools.request is not None
+    job = Job(prompt, config, param=param, id=f"{kind}-{time.time_ns():x}",
+              grammar_param="tools" if offered else "format")
     answer = Answer(req.model, kind == "chat", tools, started=started, load_seconds=load_seconds)
     return await respond(served, request, job, answer, req.stream)
 

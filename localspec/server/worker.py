@@ -26,8 +26,8 @@ from typing import Sequence
 from ..formats.chat_format import Message
 from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
 from ..runtime.prompt_cache import PromptCache
-from ..runtime.scheduler import Scheduler
-from ..core.errors import LocalspecError
+from ..runtime.scheduler import Scheduler, SlotFailed
+from ..core.errors import GrammarError, LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full, shutting_down
 from .metrics import ServerMetrics
@@ -59,10 +59,11 @@ class Job:
     """One request's generation. Create it on the event loop that will read ``events``."""
 
     def __init__(self, prompt: str | Sequence[Message], config: GenerationConfig, *, param: str,
-                 id: str = "request") -> None:
+                 id: str = "request", grammar_param: str = "response_format") -> None:
         self.prompt = prompt
         self.config = config
         self.param = param                      # the request field holding the prompt, for errors
+        self.grammar_param = grammar_param      # the request field the grammar came from, for its errors
         self.id = id                            # the answer's id, for the log
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -94,6 +95,8 @@ class _Sink:
                 self.drafts += 1
         elif isinstance(event, DoneEvent):
             self.worker._finished(job, event, self.drafts)
+        elif isinstance(event, SlotFailed):   # this request alone failed; the other slots go on
+            self.worker._failed(job, event.error)
 
 
 class EngineWorker:
@@ -109,6 +112,7 @@ class EngineWorker:
         self._running: list[Job] = []
         self._closing = False
         self._ending = False           # stop() queued its sentinel: end once the slots are empty
+        self._model_use = threading.Lock()   # held by a grammar check on a request's thread (see check)
         self.metrics: ServerMetrics = metrics_factory(running=self.running_count, waiting=self.waiting_count)
         self._thread = threading.Thread(target=self._run, name="localspec-engine", daemon=True)
 
@@ -127,6 +131,24 @@ class EngineWorker:
     # -- life --
     def start(self) -> None:
         self._thread.start()
+
+    async def check(self, job: Job) -> None:
+        """Compile ``job``'s grammar on a thread of its own, not the engine's (the slots go on
+        meanwhile), and refuse the job now (400, naming the field the grammar came from) when it
+        is beyond the grammar limits, not valid, or allows no text at all; before anything streams."""
+        config = job.config
+        if config.grammar is None or self._closing:
+            return
+
+        def compile_once() -> None:
+            with self._model_use:   # stop() waits for it: the model stays open while it is read
+                if not self._closing:
+                    self.engine.check_grammar(config.grammar, config.grammar_triggers)
+
+        try:
+            await asyncio.to_thread(compile_once)
+        except LocalspecError as exc:
+            raise bad_request(str(exc), param=job.grammar_param) from None
 
     def submit(self, job: Job) -> None:
         if self._closing:
@@ -164,7 +186,10 @@ class EngineWorker:
         except queue.Full:
             return False
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        if self._thread.is_alive() or not self._model_use.acquire(timeout=timeout):
+            return False
+        self._model_use.release()   # no grammar check runs now, and none starts (closing)
+        return True
 
     def _run(self) -> None:
         scheduler = self.scheduler
@@ -205,12 +230,19 @@ class EngineWorker:
         self._running.append(job)
         try:
             self.scheduler.admit(tokens, job.config, job.cancel, _Sink(self, job))
-        except LocalspecError as exc:   # e.g. a grammar llama.cpp refuses: this request only
+        except Exception as exc:   # e.g. a grammar llama.cpp refuses: this request only
+            self._failed(job, exc)
+
+    def _failed(self, job: Job, exc: BaseException) -> None:
+        """``job`` alone failed (its admission, or its slot's part of a step): one error to its
+        client (a LocalspecError names the field it came from), the traceback of a bug to the log."""
+        if job in self._running:
             self._running.remove(job)
-            job.post(Failed(bad_request(str(exc), param=job.param)))
-        except Exception:  # a bug: one answer to the client, the traceback to the server's log only
-            self._running.remove(job)
-            traceback.print_exc(file=sys.stderr)
+        if isinstance(exc, LocalspecError):
+            job.post(Failed(bad_request(str(exc), param=job.grammar_param if isinstance(exc, GrammarError)
+                                        else job.param)))
+        else:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             job.post(Failed(internal()))
 
     def _step(self) -> None:

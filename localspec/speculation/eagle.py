@@ -68,8 +68,12 @@ class EagleDrafter:
         self.seq = 0
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
         settings = dict(DRAFTER_CONTEXT, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots))
-        self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
-                           **settings)
+        # llama.cpp gives an eagle3 context (an "encoder" model to it: llama_model_has_encoder) n_batch
+        # logit rows whatever n_outputs_max asks, and reserves a row per sequence at creation:
+        # GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max) aborted serve --parallel 65..256. A
+        # batch as large as the slots holds them (the rows' buffer grows by a vocabulary row per slot).
+        self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=max(n_batch, settings["n_seq_max"]),
+                           n_threads=n_threads, ctx_other=target, **settings)
         self.tree_seqs = TREE_SEQS
         self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
         if tuple(self.layers) != tuple(info.target_layers or ()):
