@@ -132,10 +132,7 @@ def serve(
     from ..core.units import parse_size
 
     resolved = _resolved(model, target, draft)
-    if api_key is not None:
-        api_key = checked_api_key(api_key, "--api-key")
-    else:   # an empty variable counts as unset (and the warning says so when the server is reachable)
-        api_key = checked_api_key(os.environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
+    api_key = _given_api_key(api_key)
     keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
     check_flags(flags)
     body_limit = parse_size(max_body)
@@ -177,6 +174,14 @@ def serve(
         raise KeyboardInterrupt   # "Interrupted.", exit 130
     if stopped_by == signal.SIGTERM:
         raise typer.Exit(128 + signal.SIGTERM)   # 143, as a shell reports a process ended by SIGTERM
+
+
+def _given_api_key(api_key: Optional[str]) -> Optional[str]:
+    """--api-key, else $LOCALSPEC_API_KEY (an empty variable counts as unset, and the warning says
+    so when the server is reachable), checked."""
+    if api_key is not None:
+        return checked_api_key(api_key, "--api-key")
+    return checked_api_key(os.environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}")
 
 
 def _resolved(model: Optional[str], target: Optional[Path], draft: Optional[Path]):
