@@ -442,7 +442,7 @@ class ChatApp(App):
             return rows
         t = engine.target_info
         rows.append(("target", f"{t.path.name}"))
-        rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} layers, {t.weight_type}"))
+        rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} blocks, {t.weight_type}"))
         d = engine.drafter_info
         if d is None or engine.drafter is None:
             rows.append(("drafter", f"none: {LOOKUP_NOTE}"))

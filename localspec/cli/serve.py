@@ -98,14 +98,16 @@ def serve(
     vram: Optional[str] = VramOpt,
     ram: Optional[str] = typer.Option(None, "--ram", show_default=False,
                                       help="System RAM budget of the memory plan (default: available RAM)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No request log (one line per request on stderr)."),
+    expose_paths: bool = typer.Option(False, "--expose-paths",
+                                      help="Show the model files' paths in /v1/models (default: their names)."),
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models),
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions, /v1/models),
     /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
     the others wait in arrival order."""
     from ..core.units import parse_size
-
     resolved = resolve(model, target=target, draft=draft)
     for label, path in (("target", resolved.target), ("drafter", resolved.drafter)):
         if path is not None and not Path(path).is_file():
@@ -128,6 +130,7 @@ def serve(
     policy_config = GenerationOptions.from_values(values).policy_config()
 
     from ..runtime.engine import GenerationConfig
+    from ..server import responses
     from ..server.app import ServerState, create_app
     from ..server.metrics import ServerMetrics
     from ..server.params import ServeDefaults
@@ -144,8 +147,10 @@ def serve(
 
     worker = EngineWorker(engine, lambda **live: ServerMetrics(model_spec.name, **live), queue_size=queue_size,
                           cache_bytes=cache_ram << 20)
-    state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit)
+    state = ServerState(worker, model_spec, defaults, api_key=api_key, max_body=body_limit,
+                        expose_paths=expose_paths, log_requests=not quiet)
     server_app = create_app(state, on_shutdown=engine.close)
+    responses.add_routes(server_app, state)   # /v1/responses
     announce(sock, f"{model_spec.name} ({drafting(engine, model_spec, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)

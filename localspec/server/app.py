@@ -23,8 +23,10 @@ from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
 from ..store.models import ModelSpec
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized, unknown_model
-from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
+from .features import (REFUSAL_HINTS, ChatTools, answer_calls, chat_logprobs_content, completion_logprobs_content,
+                       prediction_usage)
 from .params import ServeDefaults, chat_request, completion_request
+from .request_log import RequestLog
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .worker import EngineWorker, Failed, Finished, Job, Started, Text, log
 
@@ -35,8 +37,11 @@ class ServerState:
     """What the routes share: the worker, the model and its names, the settings."""
 
     def __init__(self, worker: EngineWorker, model: ModelSpec, defaults: ServeDefaults, *,
-                 api_key: Optional[str], max_body: int) -> None:
+                 api_key: Optional[str], max_body: int, expose_paths: bool = False,
+                 log_requests: bool = True) -> None:
         self.worker = worker
+        self.expose_paths = expose_paths   # /v1/models shows the model's files (serve --expose-paths)
+        self.log_requests = log_requests   # one log line per request (serve --quiet: none)
         self.model = model
         self.defaults = defaults
         self.api_key = api_key
@@ -278,16 +283,21 @@ class Reply:
             return None
         return chat_logprobs_content(entries) if self.chat else completion_logprobs_content(entries)
 
+    def finish_of(self, done: DoneEvent) -> str:
+        """The finish reason ``/metrics`` counts: ``tool_calls`` when the answer is whole calls."""
+        if self.tools is None or done.finish_reason == "cancelled":
+            return done.finish_reason
+        return answer_calls(self.tools, done.text, done.finish_reason)[2]
+
     def whole(self, text: str, done: DoneEvent, drafts: int, entries: list = ()) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         if self.chat:
             message = {"role": "assistant", "content": text}
-            if self.tools is not None:
-                content, calls = self.tools.format.parse(text)
+            if self.tools is not None:   # a call cut short (max_tokens) is never content
+                content, calls, finish = answer_calls(self.tools, text, finish)
+                message = {"role": "assistant", "content": content}
                 if calls:
-                    message = {"role": "assistant", "content": content or None,
-                               "tool_calls": tool_call_items(calls, streamed=False)}
-                    finish = "tool_calls"
+                    message.update(content=content or None, tool_calls=tool_call_items(calls, streamed=False))
             choice = {"index": 0, "message": message, "logprobs": self.logprobs(entries), "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries), "finish_reason": finish}
@@ -347,13 +357,13 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
                         yield sse(reply.chunk(rest))
                     if calls:
                         yield sse(reply.chunk(None, calls=calls))
-                        finish = "tool_calls"
+                        finish = finish if reply.calls.cut else "tool_calls"
                 final = reply.chunk(None, finish)
-                final["usage"] = usage(end.done, end.drafts, reply.predicted)
                 final["timings"] = timings(end.done)
                 yield sse(final)
-                if include_usage:
-                    yield sse({**reply.head(final["object"]), "choices": [], "usage": final["usage"]})
+                if include_usage:   # OpenAI's rule: usage once, on a last chunk without choices
+                    yield sse({**reply.head(final["object"]), "choices": [],
+                               "usage": usage(end.done, end.drafts, reply.predicted)})
                 yield b"data: [DONE]\n\n"
                 return
             if isinstance(end, Failed):
@@ -366,6 +376,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
 
 async def answer(state: ServerState, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
+    request.state.job = job    # for the request log
     state.worker.submit(job)   # 429 when the queue is full
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
@@ -432,6 +443,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
                   openapi_url=None)
     app.add_middleware(BodyLimit, limit=state.max_body)
     app.add_middleware(QuietShutdown, worker=state.worker)
+    app.add_middleware(RequestLog, enabled=state.log_requests)
     _error_handlers(app)
 
     @app.post("/v1/chat/completions")
@@ -445,6 +457,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         reply = Reply(state, True, body.model, offered, with_logprobs=config.logprobs is not None,
                       predicted=config.prediction is not None)
         job = Job(prompt, config, param="messages", id=reply.id)
+        job.finish_of = reply.finish_of
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
@@ -459,15 +472,26 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
         return await answer(state, request, job, reply, streaming=body.stream, include_usage=include,
                             prefix=prompt if body.echo else "")
 
+    def model_object() -> dict:
+        model = state.model
+        # the files' names; their paths only with serve --expose-paths (a client on the network has
+        # no business with the user's directories)
+        shown = (lambda path: str(path)) if state.expose_paths else (lambda path: path.name)
+        meta = {"target": shown(model.target), "drafter": shown(model.drafter) if model.drafter else None,
+                "n_ctx": state.defaults.n_ctx, "speculative": state.defaults.spec}
+        return {"id": state.names[0], "object": "model", "created": state.created, "owned_by": "localspec",
+                "meta": meta}
+
     @app.get("/v1/models")
     async def models(request: Request):
         check_api_key(state, request)
-        model = state.model
-        return {"object": "list", "data": [{
-            "id": state.names[0], "object": "model", "created": state.created, "owned_by": "localspec",
-            "meta": {"target": str(model.target), "drafter": str(model.drafter) if model.drafter else None,
-                     "n_ctx": state.defaults.n_ctx, "speculative": state.defaults.spec},
-        }]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        check_api_key(state, request)
+        check_model(state, model_id)
+        return model_object()
 
     @app.get("/health")
     async def health():
