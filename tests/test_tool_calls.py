@@ -182,6 +182,17 @@ def test_a_cut_answer_keeps_its_whole_calls_and_never_their_syntax(fmt, text, co
     assert [c.name for c in streamed] == [name for name, _ in calls]
 
 
+@pytest.mark.parametrize("fmt, text, content", [("hermes", "Let me see. <tool_c", "Let me see."), ("hermes", "<tool_call", ""),
+                                               ("generic", '{"', ""), ("llama3", "<|python", ""),
+                                               ("mistral", "[TOOL", "")])
+def test_an_answer_cut_inside_a_calls_opening_drops_it(fmt, text, content):
+    assert FORMATS[fmt].parse_answer(text, length=True) == (content, [], True)
+    stream = CallStream(FORMATS[fmt])
+    sent = stream.feed(text)
+    assert (sent + stream.finish(length=True)[0]).strip() == content and stream.cut
+    assert FORMATS[fmt].parse_answer(text)[2] is False     # a whole answer's text stays as it is
+
+
 def test_a_whole_answer_is_not_cut():
     for fmt, text in (("generic", '{"response": "Hi"}'), ("hermes", "Plain text."),
                       ("hermes", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')):

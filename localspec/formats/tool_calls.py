@@ -102,6 +102,14 @@ def _cut_calls(objects: Sequence[Any], arguments_key: str, short_ids: bool = Fal
     return _calls_from(whole, arguments_key, short_ids) or []
 
 
+def _partial_suffix(text: str, opening: str) -> int:
+    """The length of the longest tail of ``text`` that is a beginning of ``opening`` (0: none)."""
+    for k in range(min(len(opening) - 1, len(text)), 0, -1):
+        if text.endswith(opening[:k]):
+            return k
+    return 0
+
+
 def _template_arguments(arguments: str) -> Any:
     """A call's arguments for a template: the object (templates ``tojson`` it), or the text if it is not JSON."""
     try:
@@ -139,13 +147,17 @@ class ToolFormat:
         whose calls begin at ``start``."""
         raise NotImplementedError
 
-    def parse_answer(self, text: str) -> tuple[str, list[ToolCall], bool]:
+    def parse_answer(self, text: str, length: bool = False) -> tuple[str, list[ToolCall], bool]:
         """(content, calls, cut) from an answer that may have been cut: a call cut short is never
-        content; the calls complete before the cut come back, and ``cut`` is True."""
+        content; the calls complete before the cut come back, and ``cut`` is True. ``length``: the
+        answer ended at max_tokens, so a tail that begins an opening (``<tool_c``) began a call."""
         content, calls = self.parse(text)
         start = self.started(text)
-        if calls or start < 0:
+        if calls:
             return content, calls, False
+        if start < 0:
+            partial = max(_partial_suffix(text, t) for t in self.openings()) if length else 0
+            return (text[:len(text) - partial].strip(), [], True) if partial else (content, calls, False)
         return text[:start].strip(), self.parse_cut(text, start), True
 
     def history(self, messages: Sequence[Message]) -> list[dict]:
@@ -336,11 +348,13 @@ class GenericFormat(ToolFormat):
     def started(self, text):
         return 0 if self.OPENING.match(text) else -1
 
-    def parse_answer(self, text):
+    def parse_answer(self, text, length=False):
         content, calls = self.parse(text)
         opening = self.OPENING.match(text)
-        if calls or opening is None or content != text:   # parsed (a call or a response), or not JSON at all
+        if calls or content != text:   # parsed: a call or a response
             return content, calls, False
+        if opening is None:   # cut before its first key, or not JSON at all
+            return ("", [], True) if length and text.lstrip().startswith("{") else (content, calls, False)
         key, i = opening.group(1), opening.end()
         if key == "response":   # a direct answer cut short: its text so far
             return _partial_string(text[i:]), [], True
@@ -426,20 +440,16 @@ class CallStream:
             self.in_call = True
             end = min(starts)
         else:   # hold back a tail that may be an opening's beginning
-            end = len(self.text) - max(self._partial_opening(t) for t in openings)
+            end = len(self.text) - max(_partial_suffix(self.text, t) for t in openings)
         out = self.text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out
 
-    def _partial_opening(self, opening: str) -> int:
-        for k in range(min(len(opening) - 1, len(self.text)), 0, -1):
-            if self.text.endswith(opening[:k]):
-                return k
-        return 0
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still to send, the calls); a call cut short is neither (:attr:`cut` says so)."""
-        content, calls, self.cut = self.format.parse_answer(self.text)
+    def finish(self, length: bool = False) -> tuple[str, list[ToolCall]]:
+        """(content still to send, the calls); a call cut short is neither (:attr:`cut` says so).
+        ``length``: the answer ended at max_tokens (see :meth:`ToolFormat.parse_answer`)."""
+        content, calls, self.cut = self.format.parse_answer(self.text, length)
         if not self.format.native:
             return content, calls
+        # the content before a call has been sent: what is held back is the call (or its opening, cut)
         return ("" if calls or self.cut else self.text[self.sent:]), calls

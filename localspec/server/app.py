@@ -352,12 +352,12 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
             if isinstance(end, Finished):
                 finish = FINISH_REASONS.get(end.done.finish_reason, "stop")
                 if reply.calls is not None:
-                    rest, calls = reply.calls.finish()
+                    rest, calls = reply.calls.finish(length=finish == "length")
                     if rest:
                         yield sse(reply.chunk(rest))
                     if calls:
                         yield sse(reply.chunk(None, calls=calls))
-                        finish = finish if reply.calls.cut else "tool_calls"
+                        finish = finish if reply.calls.cut or finish == "length" else "tool_calls"
                 final = reply.chunk(None, finish)
                 final["timings"] = timings(end.done)
                 yield sse(final)

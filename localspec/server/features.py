@@ -149,10 +149,11 @@ def tool_grammar(tools: Optional[ChatTools]) -> tuple[Optional[str], tuple[str, 
 
 def answer_calls(tools: ChatTools, text: str, finish: str) -> tuple[str, list[ToolCall], str]:
     """(content, calls, finish_reason) of an answer given tools: ``tool_calls`` when it is whole
-    calls; an answer cut inside its calls (``finish``: length) keeps the calls complete before the
-    cut, and the cut call's text is never content."""
-    content, calls, cut = tools.format.parse_answer(text)
-    return content, calls, ("tool_calls" if calls and not cut else finish)
+    calls; an answer cut by max_tokens (``finish``: length) keeps its finish reason and the calls
+    complete before the cut, and the cut call's text is never content."""
+    length = finish in ("length", "context")
+    content, calls, cut = tools.format.parse_answer(text, length=length)
+    return content, calls, ("tool_calls" if calls and not cut and not length else finish)
 
 
 # -- logprobs and predictions -------------------------------------------------------------------

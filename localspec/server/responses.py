@@ -269,7 +269,8 @@ def _ending(events: Events, reply: ResponseReply, message: _Message, end: Finish
     closed, and ``response.completed`` (or ``response.incomplete``) with the usage."""
     out, calls = [], []
     if reply.calls is not None:
-        rest, calls = reply.calls.finish()   # a call cut short is neither text nor a call
+        # a call cut short is neither text nor a call
+        rest, calls = reply.calls.finish(length=reply.status(end.done) == "incomplete")
         if rest:
             out += message.add(rest)
     status = reply.status(end.done)
