@@ -5,6 +5,18 @@ A module of its own so that the subcommands do not import the package that impor
 """
 
 import typer
+from typer.core import TyperOption
+
+_type_label = TyperOption.display_type_rich
+
+
+def _flag_without_type(self, ctx):
+    """Help shows a value's type (``<int>``) but none on a flag, which takes no value (typer 0.29
+    labels flags ``<bool>``, ``--help`` included)."""
+    return None if self.is_flag else _type_label(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_without_type
 
 app = typer.Typer(
     name="localspec",

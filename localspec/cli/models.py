@@ -53,7 +53,7 @@ def _size(*paths: str | None) -> str:
 def list_(
     catalog: bool = typer.Option(False, "--catalog", help="List the pairs `pull` can download instead."),
 ) -> None:
-    """List your models (created or pulled)."""
+    """List the embedded default and your models (created or pulled)."""
     console = Console()
     if catalog:
         mine = {m.name for m in registry.list_models()}

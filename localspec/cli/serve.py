@@ -104,8 +104,8 @@ def serve(
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions, /v1/models),
-    /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions,
+    /v1/models), /health and Prometheus /metrics. Up to --parallel requests run at once, decoded in one batch;
     the others wait in arrival order."""
     from ..core.units import parse_size
     resolved = resolve(model, target=target, draft=draft)
