@@ -35,6 +35,7 @@ def test_generate_json_contract_with_a_drafter(pair):
     assert out["spec"] is True and out["n_tokens"] == 24 and out["drafted"] > 0
     assert 0 <= out["accepted"] <= out["drafted"]
     assert out["tokens_per_cycle"] >= 1.0
+    assert out["warmup_seconds"] > 0            # the first decode's one-time costs, not prompt time
 
 
 def test_generate_with_draft_trees(pair):
