@@ -161,7 +161,8 @@ def _warm_up(engine, config: GenerationConfig) -> float:
     at 10-15 tok/s; llama.cpp's own tools warm up the same way before they time anything."""
     start = time.perf_counter()
     warm = replace(config, max_tokens=1, stop=(), grammar=None, grammar_triggers=(), logprobs=None, prediction=None)
-    for _ in engine.generate("\n", warm):
+    tokens = engine.prompt_tokens("\n", parse_special=False)[:2] or [0]   # any token will do
+    for _ in engine.generate(tokens, warm):
         pass
     engine.clear_cache()
     return time.perf_counter() - start
