@@ -380,3 +380,21 @@ def test_every_tool_call_needs_its_tool_message(server):
         assert r.status_code == 400 and error_of(r)["param"] == param and named in error_of(r)["message"], r.text
     r = server.http.post("/v1/chat/completions", json={**good, "messages": ASK + [two_calls, answer_b, answer_a]})
     assert r.status_code == 200, r.text
+
+
+def test_responses_calls_in_a_native_format(hermes):
+    """The Responses API on a template with its own tool format (Hermes' <tool_call>)."""
+    cli = client(hermes)
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]
+    kw = dict(model=HERMES_MODEL, input=ASK[0]["content"], tools=tools, tool_choice="required", temperature=0,
+              max_output_tokens=80, parallel_tool_calls=False)
+    whole = cli.responses.create(**kw)
+    calls = [(i.name, json.loads(i.arguments)) for i in whole.output if i.type == "function_call"]
+    assert whole.status == "completed" and len(calls) == 1 and "tool_call" not in whole.output_text
+    VALIDATORS[calls[0][0]].model_validate(calls[0][1])
+    with cli.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    assert [(i.name, json.loads(i.arguments)) for i in final.output if i.type == "function_call"] == calls
+    cut = cli.responses.create(**{**kw, "max_output_tokens": 5})
+    assert cut.status == "incomplete" and "tool_call" not in cut.output_text
