@@ -35,6 +35,7 @@ def test_generate_json_contract_with_a_drafter(pair):
     assert out["spec"] is True and out["n_tokens"] == 24 and out["drafted"] > 0
     assert 0 <= out["accepted"] <= out["drafted"]
     assert out["tokens_per_cycle"] >= 1.0
+    assert out["warmup_seconds"] > 0            # the first decode's one-time costs, not prompt time
 
 
 def test_generate_with_draft_trees(pair):
@@ -164,3 +165,31 @@ def test_thread_count_out_of_range_is_one_line(pair):
         proc = cli("generate", "--target", str(target), "-p", "hi", "-n", "2", "--threads", threads)
         assert proc.returncode == 1 and proc.stderr.strip().startswith("Error: threads must be between 1 and 512")
         assert "Traceback" not in proc.stderr
+
+
+def test_version_and_help_without_type_placeholders_on_flags():
+    from localspec import __version__
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"localspec {__version__} (llama-cpp-python 0.3.36)"
+    for command in ([], ["generate"], ["serve"], ["chat"], ["bench"], ["list"], ["fit"], ["train"]):
+        proc = run_cli(*command, "--help", env={**__import__("os").environ, "COLUMNS": "200"})
+        assert proc.returncode == 0 and "<bool>" not in proc.stdout, (command, proc.stdout)
+        assert "--help" in proc.stdout
+    assert "<int>" in run_cli("serve", "--help").stdout            # a value still shows its type
+
+
+def test_list_shows_the_embedded_default(isolated_home):
+    import os
+
+    env = {**os.environ, "COLUMNS": "250", "LOCALSPEC_HOME": str(isolated_home)}
+    proc = run_cli("list", env=env)
+    assert proc.returncode == 0 and "no models yet besides the embedded default" in proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if "smollm2-135m" in line)
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf (embedded" in row and "smollm2-135m-eagle3.1.gguf" in row
+    catalog = run_cli("list", "--catalog", env=env).stdout
+    header = next(line for line in catalog.splitlines() if "NAME" in line)
+    assert [c.strip() for c in header.strip("┃│ ").split("┃" if "┃" in header else "│")] == \
+           ["NAME", "TARGET", "DRAFTER", "CHECKED", "LOCAL", "DESCRIPTION"]
+    row = next(line for line in catalog.splitlines() if " smollm2-135m " in line)
+    assert "smollm2-135m-eagle3.1.gguf (embedded)" in row and " embedded " in row

@@ -8,6 +8,7 @@ KV within 1% + 64 KiB of its KV buffers; compute exactly llama.cpp's own reserve
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from pathlib import Path
@@ -173,3 +174,15 @@ def test_cli_fit_json(real_pair):
     for bad in (["--vram", "12XB"], ["--target", "/no/such.gguf"]):
         r = _cli("fit", *bad)
         assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("Error:")
+
+
+def test_cli_fit_table_heads_with_the_default_depth_and_one_offload_wording(real_pair):
+    target, drafter = real_pair
+    wide = {**os.environ, "COLUMNS": "250"}
+    r = run_cli("fit", "--target", str(target), "--draft", str(drafter), "--vram", "1G", "--ram", "4G", env=wide)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "draft-max auto / 16" in text and "draft-max 4" not in text
+    assert re.search(r"\d+/\d+ layers on the GPU", text), text
+    r = run_cli("fit", "--target", str(target), "--draft", str(drafter), "--ram", "4G", "--draft-max", "6", env=wide)
+    assert "draft-max 6" in " ".join(r.stdout.split())

@@ -327,3 +327,88 @@ def test_a_prediction_keeps_the_text_and_its_tokens_are_accepted(server):
     assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
     parts = cli.chat.completions.create(prediction={"type": "content", "content": [{"type": "text", "text": EDIT}]}, **kw)
     assert parts.choices[0].message.content == without.choices[0].message.content
+
+
+def no_call_syntax(text: str | None) -> None:
+    """A cut call's text is never passed off as content (issue 37)."""
+    text = text or ""
+    assert "tool_call" not in text and "[TOOL_CALLS]" not in text and not text.lstrip().startswith("{"), text
+
+
+@pytest.mark.parametrize("which", ["server", "hermes"])
+def test_a_call_cut_by_max_tokens_is_never_content(which, request):
+    srv = request.getfixturevalue(which)
+    cli = client(srv)
+    kw = dict(model=MODEL if which == "server" else HERMES_MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+              temperature=0)
+    whole = cli.chat.completions.create(max_tokens=120, **kw)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    n = whole.usage.completion_tokens
+    complete_before_cut = 0
+    for cut in (4, 12, n - 3, n - 2, n - 1):
+        reply = cli.chat.completions.create(max_tokens=cut, **kw)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length", reply
+        no_call_syntax(choice.message.content)
+        if choice.message.tool_calls:   # the calls complete before the cut, and only those
+            assert [c.function.name for c in choice.message.tool_calls] == \
+                   [c.function.name for c in whole.choices[0].message.tool_calls][:len(choice.message.tool_calls)]
+            checked_calls(choice.message)
+            complete_before_cut += 1
+        content, calls, finish = streamed(cli, max_tokens=cut, **kw)
+        no_call_syntax(content)
+        assert finish == "length" and len(calls) == len(choice.message.tool_calls or ())
+    if which == "server":   # the generic format closes its call object before '] }': a cut there keeps it
+        assert complete_before_cut >= 1
+
+
+def test_the_issues_cut_conversation(server):
+    """The request of issue 37: a tool result in the history, tool_choice auto, max_tokens 40."""
+    cli = client(server)
+    first = cli.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                        max_tokens=80)
+    history = ASK + [first.choices[0].message.model_dump(exclude_none=True)] + [
+        {"role": "tool", "tool_call_id": c.id, "content": "18 C, sunny"} for c in first.choices[0].message.tool_calls]
+    for max_tokens in (10, 25, 40):
+        reply = cli.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="auto",
+                                            temperature=0, max_tokens=max_tokens)
+        no_call_syntax(reply.choices[0].message.content)
+        if reply.choices[0].message.tool_calls:
+            checked_calls(reply.choices[0].message)
+
+
+def test_every_tool_call_needs_its_tool_message(server):
+    two_calls = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"timezone": "CET"}'}}]}
+    answer_a = {"role": "tool", "tool_call_id": "call_a", "content": "18 C"}
+    answer_b = {"role": "tool", "tool_call_id": "call_b", "content": "14:00"}
+    good = {"model": MODEL, "tools": TOOLS, "max_tokens": 2}
+    cases = [(ASK + [two_calls, answer_a], "messages[1].tool_calls", "call_b"),
+             (ASK + [two_calls, answer_a, {"role": "user", "content": "And?"}], "messages[1].tool_calls", "call_b"),
+             (ASK + [two_calls], "messages[1].tool_calls", "call_a"),
+             (ASK + [answer_a], "messages[1].tool_call_id", "tool"),
+             (ASK + [two_calls, answer_a, answer_b, answer_b], "messages[4].tool_call_id", "tool")]
+    for messages, param, named in cases:
+        r = server.http.post("/v1/chat/completions", json={**good, "messages": messages})
+        assert r.status_code == 400 and error_of(r)["param"] == param and named in error_of(r)["message"], r.text
+    r = server.http.post("/v1/chat/completions", json={**good, "messages": ASK + [two_calls, answer_b, answer_a]})
+    assert r.status_code == 200, r.text
+
+
+def test_responses_calls_in_a_native_format(hermes):
+    """The Responses API on a template with its own tool format (Hermes' <tool_call>)."""
+    cli = client(hermes)
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]
+    kw = dict(model=HERMES_MODEL, input=ASK[0]["content"], tools=tools, tool_choice="required", temperature=0,
+              max_output_tokens=80, parallel_tool_calls=False)
+    whole = cli.responses.create(**kw)
+    calls = [(i.name, json.loads(i.arguments)) for i in whole.output if i.type == "function_call"]
+    assert whole.status == "completed" and len(calls) == 1 and "tool_call" not in whole.output_text
+    VALIDATORS[calls[0][0]].model_validate(calls[0][1])
+    with cli.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    assert [(i.name, json.loads(i.arguments)) for i in final.output if i.type == "function_call"] == calls
+    cut = cli.responses.create(**{**kw, "max_output_tokens": 5})
+    assert cut.status == "incomplete" and "tool_call" not in cut.output_text

@@ -1,7 +1,7 @@
 """Tool-call formats (formats/tool_calls.py) and JSON grammars (formats/json_grammar.py): rendering
 through templates of each family's shape, parsing the model's calls, grammars that llama.cpp's own
-parser reads, and the held-back stream. Real templates from the pinned sdist are used when it is
-unpacked; small templates of the same shape, written here, always."""
+parser reads, and the held-back stream. Real templates (copied from the pinned sdist into
+tests/data/templates) and small templates of the same shape, written here."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from localspec.formats.json_grammar import any_json_grammar, schema_grammar
 from localspec.formats.tool_calls import FORMATS, CallStream, Tool, ToolRequest, detect_format
 from tool_templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_TEMPLATE
 
-SDIST_TEMPLATES = Path("/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates")
+REAL_TEMPLATES = Path(__file__).parent / "data" / "templates"   # from llama.cpp's models/templates
 
 WEATHER = Tool("get_weather", "Current weather in a city",
                {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -72,10 +72,7 @@ def test_generic_format_describes_the_tools_in_a_system_message():
                                   "Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct",
                                   "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407"])
 def test_real_templates_from_the_sdist(name):
-    path = SDIST_TEMPLATES / f"{name}.jinja"
-    if not path.exists():
-        pytest.skip("the llama-cpp-python sdist is not unpacked here")
-    source = path.read_text()
+    source = (REAL_TEMPLATES / f"{name}.jinja").read_text()
     fmt = detect_format(source)
     assert fmt.name == {"N": "hermes", "Q": "hermes", "m": "llama3"}[name[0]] if "Mistral" not in name \
         else fmt.name == "mistral"
@@ -155,3 +152,48 @@ def test_a_stream_holds_back_a_call_and_sends_the_content_before_it():
     assert stream.finish() == ("<", [])   # a held-back tail that was not a call goes out at the end
     stream = CallStream(FORMATS["generic"])
     assert stream.feed('{"response": "Hi"}') == "" and stream.finish() == ("Hi", [])
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [
+    # the issue's answer: two parallel calls, cut by max_tokens inside the second
+    ("generic", '{ "tool_calls": [{"name": "get_weather", "arguments": { "city": "Paris" } }, {"name": "get_ti',
+     "", [("get_weather", {"city": "Paris"})]),
+    ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa', "", []),
+    ("generic", '{"tool_call": {"name": "get_time", "arguments": {"tz": "UTC"}}', "", [("get_time", {"tz": "UTC"})]),
+    ("generic", '{"tool_call": {"name": "get_time", "argum', "", []),
+    ("generic", '{"response": "It is sunny in Par', "It is sunny in Par", []),
+    ("generic", '{"response": "caf\\u00', "caf", []),
+    ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_time", "argu', "Let me look.", [("get_weather", {"city": "Paris"})]),
+    ("hermes", '<tool_call>\n{"name": "get_wea', "", []),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "A"}}; {"name": "get_time"',
+     "", [("get_weather", {"city": "A"})]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_t',
+     "", [("get_weather", {"city": "Paris"})]),
+])
+def test_a_cut_answer_keeps_its_whole_calls_and_never_their_syntax(fmt, text, content, calls):
+    got_content, got, cut = FORMATS[fmt].parse_answer(text)
+    assert cut and got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+    stream = CallStream(FORMATS[fmt])
+    sent = "".join(stream.feed(text[i:i + 7]) for i in range(0, len(text), 7))
+    rest, streamed = stream.finish()
+    assert stream.cut and (sent + rest).strip() == content
+    assert [c.name for c in streamed] == [name for name, _ in calls]
+
+
+@pytest.mark.parametrize("fmt, text, content", [("hermes", "Let me see. <tool_c", "Let me see."), ("hermes", "<tool_call", ""),
+                                               ("generic", '{"', ""), ("llama3", "<|python", ""),
+                                               ("mistral", "[TOOL", "")])
+def test_an_answer_cut_inside_a_calls_opening_drops_it(fmt, text, content):
+    assert FORMATS[fmt].parse_answer(text, length=True) == (content, [], True)
+    stream = CallStream(FORMATS[fmt])
+    sent = stream.feed(text)
+    assert (sent + stream.finish(length=True)[0]).strip() == content and stream.cut
+    assert FORMATS[fmt].parse_answer(text)[2] is False     # a whole answer's text stays as it is
+
+
+def test_a_whole_answer_is_not_cut():
+    for fmt, text in (("generic", '{"response": "Hi"}'), ("hermes", "Plain text."),
+                      ("hermes", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')):
+        assert FORMATS[fmt].parse_answer(text)[2] is False

@@ -294,11 +294,25 @@ def test_settings_dialog_validates_and_applies(factory, store):
             await pilot.press("ctrl+s")
             assert "top-p" in str(app.screen.query_one("#settings-error").render())
             app.screen.query_one("#set-top-p", Input).value = "0.9"
+            app.screen.query_one("#set-min-p", Input).value = "1.5"
+            await pilot.press("ctrl+s")
+            assert "min-p" in str(app.screen.query_one("#settings-error").render())
+            app.screen.query_one("#set-min-p", Input).value = "0.1"
+            app.screen.query_one("#set-repeat-penalty", Input).value = "0"
+            await pilot.press("ctrl+s")
+            assert "repeat penalty" in str(app.screen.query_one("#settings-error").render())
+            for widget, value in (("#set-repeat-penalty", "1.2"), ("#set-repeat-last-n", "-1"),
+                                  ("#set-presence-penalty", "0.5"), ("#set-frequency-penalty", "-0.25")):
+                app.screen.query_one(widget, Input).value = value
             app.screen.query_one("#set-system").text = "Answer in French."
             await pilot.press("ctrl+s")
             await pilot.pause()
             assert not isinstance(app.screen, SettingsScreen)
-            assert app.settings.max_tokens == 12 and app.settings.top_p == 0.9
+            assert app.settings.max_tokens == 12 and app.settings.top_p == 0.9 and app.settings.min_p == 0.1
+            assert (app.settings.repeat_penalty, app.settings.repeat_last_n, app.settings.presence_penalty,
+                    app.settings.frequency_penalty) == (1.2, -1, 0.5, -0.25)
+            sampling = app.settings.config(True).sampling      # what the next reply samples with
+            assert (sampling.min_p, sampling.repeat_penalty, sampling.frequency_penalty) == (0.1, 1.2, -0.25)
             assert store.load(cid).system == "Answer in French."
     run(go())
 

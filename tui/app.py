@@ -442,7 +442,7 @@ class ChatApp(App):
             return rows
         t = engine.target_info
         rows.append(("target", f"{t.path.name}"))
-        rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} layers, {t.weight_type}"))
+        rows.append(("  arch / layers", f"{t.arch}, {t.n_layer} blocks, {t.weight_type}"))
         d = engine.drafter_info
         if engine.drafter is not None and getattr(engine, "mtp_heads", 0):
             rows.append(("drafter", f"the target's own MTP heads ({engine.mtp_heads}): source mtp"))

@@ -22,12 +22,12 @@ class ChatSettings:
     top_p: float = _C("top_p")
     policy: str = _C("policy")
     draft_max: int | None = _C("draft_max")   # None: the policy's default (auto chooses the depth, fixed a set depth)
-    # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
     min_p: float = _C("min_p")
     repeat_penalty: float = _C("repeat_penalty")
     repeat_last_n: int = _C("repeat_last_n")
     presence_penalty: float = _C("presence_penalty")
     frequency_penalty: float = _C("frequency_penalty")
+    # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
     seed: int | None = _C("seed")
     stop: tuple[str, ...] = ()
     tree: str = _C("tree")

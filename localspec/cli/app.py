@@ -5,6 +5,18 @@ A module of its own so that the subcommands do not import the package that impor
 """
 
 import typer
+from typer.core import TyperOption
+
+_type_label = TyperOption.display_type_rich
+
+
+def _flag_without_type(self, ctx):
+    """Help shows a value's type (``<int>``) but none on a flag, which takes no value (typer 0.29
+    labels flags ``<bool>``, ``--help`` included)."""
+    return None if self.is_flag else _type_label(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_without_type
 
 app = typer.Typer(
     name="localspec",
@@ -13,3 +25,30 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def version_line() -> str:
+    """``localspec X (llama-cpp-python Y)``: localspec's version and the llama.cpp binding it runs on."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    try:
+        binding = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        binding = "not installed"
+    return f"localspec {__version__} (llama-cpp-python {binding})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_print_version,
+                                 is_eager=True),
+) -> None:
+    """EAGLE-3 speculative decoding for local models on llama.cpp."""

@@ -18,7 +18,7 @@ from ..llama.contexts import KV_TYPES
 from ..formats.gguf_info import mtp_heads, read_gguf
 from ..memory.pair import plan_files
 from ..store.models import resolve
-from ..core.options import DEFAULT_CTX, check_cli
+from ..core.options import AUTO_DRAFT_MAX, DEFAULT_CTX, check_cli
 from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, ThreadsOpt
 from .flags import option
@@ -68,7 +68,7 @@ def fit(
         print(json.dumps(out))
     else:
         slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
-        _print_tables(plan, f"{model_spec.name} ({slots}", info)
+        _print_tables(plan, f"{model_spec.name} ({slots}", info, draft_max)
         if heads:
             print(f"note: the target's {heads} MTP head(s) draft (source mtp); their weights and KV are "
                   "counted in the target's row")
@@ -76,12 +76,13 @@ def fit(
         raise typer.Exit(2)
 
 
-def _print_tables(plan, what: str, info) -> None:
+def _print_tables(plan, what: str, info, draft_max: Optional[int]) -> None:
     """The plan per device and per model, its notes, and why it does not fit; ``what``: the model's
-    name and its context(s), an open parenthesis."""
+    name and its context(s), an open parenthesis; ``draft_max``: --draft-max (None: chat's and
+    serve's default, the auto policy's cap)."""
     console = Console()
-    table = Table(title=f"localspec fit: {what}, KV {plan.kv_type}, "
-                        f"draft-max {plan.draft_max})")
+    depth = f"draft-max {draft_max}" if draft_max is not None else f"draft-max auto / {AUTO_DRAFT_MAX}"
+    table = Table(title=f"localspec fit: {what}, KV {plan.kv_type}, {depth})")
     for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for d in plan.devices:
@@ -90,11 +91,11 @@ def _print_tables(plan, what: str, info) -> None:
                       format_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
     console.print(table)
     parts = Table(title="per model")
-    for col in ("model", "GPU layers", "weights", "CPU repack", "KV", "compute", "output"):
+    for col in ("model", "GPU offload", "weights", "CPU repack", "KV", "compute", "output"):
         parts.add_column(col, justify="left" if col == "model" else "right")
     for p in (plan.target, plan.drafter):
         if p is not None:
-            parts.add_row(p.role, f"{p.gpu_layers}/{p.n_units}", format_size(p.weights_bytes), format_size(p.repack_bytes),
+            parts.add_row(p.role, p.layers_on_gpu(), format_size(p.weights_bytes), format_size(p.repack_bytes),
                           f"{format_size(p.kv_bytes)} ({p.kv_type})", format_size(p.compute_bytes),
                           format_size(p.output_bytes))
     console.print(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -146,6 +147,7 @@ def generate(
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
         elif not as_json and engine.mtp_heads and not no_spec:
             print(f"note: {model_spec.name} drafts with its own MTP heads ({engine.mtp_heads})", file=sys.stderr)
+        warmup = _warm_up(engine, config)
         done = None
         for event in engine.generate(request, config):
             if isinstance(event, TokenEvent) and not as_json:
@@ -154,7 +156,21 @@ def generate(
             elif isinstance(event, DoneEvent):
                 done = event
         assert done is not None
-        _report(done, model_spec, engine, as_json)
+        _report(done, model_spec, engine, as_json, warmup)
+
+
+def _warm_up(engine, config: GenerationConfig) -> float:
+    """Seconds of a one-token generation of a one-token prompt, its cache then forgotten. llama.cpp's
+    first decode pays one-time costs (threads started, weights paged in, buffers allocated, and the
+    first calibration of the cost model), which counted as prompt time made a 31-token prompt read
+    at 10-15 tok/s; llama.cpp's own tools warm up the same way before they time anything."""
+    start = time.perf_counter()
+    warm = replace(config, max_tokens=1, stop=(), grammar=None, grammar_triggers=(), logprobs=None, prediction=None)
+    tokens = engine.prompt_tokens("\n", parse_special=False)[:2] or [0]   # any token will do
+    for _ in engine.generate(tokens, warm):
+        pass
+    engine.clear_cache()
+    return time.perf_counter() - start
 
 
 def _messages(prompt: str, system: str | None, model_spec) -> list[Message]:
@@ -165,8 +181,9 @@ def _messages(prompt: str, system: str | None, model_spec) -> list[Message]:
             + [Message(role, content) for role, content in model_spec.messages] + [Message("user", prompt)])
 
 
-def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
-    """The end of a generation: one JSON object, or the statistics line (and notes) on stderr."""
+def _report(done: DoneEvent, model_spec, engine, as_json: bool, warmup: float) -> None:
+    """The end of a generation: one JSON object, or the statistics line (and notes) on stderr;
+    ``warmup``: the seconds of the warm-up before it (not prompt time)."""
     stats = done.stats
     if as_json:
         result = {
@@ -177,12 +194,13 @@ def _report(done: DoneEvent, model_spec, engine, as_json: bool) -> None:
             "drafter": str(model_spec.drafter) if model_spec.drafter and engine.drafter else None,
             "mtp_heads": engine.mtp_heads,   # the target's own draft heads it drafted with (source mtp)
             **stats.to_dict(),
+            "warmup_seconds": round(warmup, 4),
             **({"logprobs": [_logprob_json(lp) for lp in done.logprobs]} if done.logprobs is not None else {}),
             "memory": memory_report(engine),  # llama.cpp's buffers vs the memory plan (localspec fit)
         }
         print(jsonout.dumps(result, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
-        print(format_stats(stats), file=sys.stderr)
+        print(f"{format_stats(stats)} | warm-up {warmup:.2f} s", file=sys.stderr)
         if done.finish_reason == "context":
             print("note: stopped at the end of the context window (raise --ctx)", file=sys.stderr)

@@ -13,7 +13,9 @@ from rich.table import Table
 from ..formats import modelfile as mfmod
 from ..store import registry
 from ..core.errors import LocalspecError
+from ..core.paths import embedded_target, package_data
 from ..core.units import format_size
+from ..store.models import DEFAULT_DRAFTER_FILE, DEFAULT_MODEL
 from .app import app
 
 TimeoutOpt = typer.Option(None, "--timeout", show_default=False,
@@ -51,26 +53,28 @@ def _size(*paths: str | None) -> str:
 def list_(
     catalog: bool = typer.Option(False, "--catalog", help="List the pairs `pull` can download instead."),
 ) -> None:
-    """List your models (created or pulled)."""
+    """List the embedded default and your models (created or pulled)."""
     console = Console()
     if catalog:
         mine = {m.name for m in registry.list_models()}
         # CHECKED: repositories, file names and drafter configs checked against public sources
         # (yes / partly / no); the catalog's verified/unverified notes say what and where.
-        table = Table("NAME", "TARGET", "DRAFTER", "CHECKED", "", "DESCRIPTION")
+        table = Table("NAME", "TARGET", "DRAFTER", "CHECKED", "LOCAL", "DESCRIPTION")
         for name, entry in registry.load_catalog().items():
             target = "(embedded)" if entry.embedded else f"{entry.target.repo}"  # type: ignore[union-attr]
             draft = f"{entry.draft.repo} ({entry.draft.variant})" if entry.draft else "-"
-            table.add_row(name, target, draft, entry.checked, "pulled" if name in mine else "",
-                          entry.description)
+            if entry.embedded:
+                draft = f"{DEFAULT_DRAFTER_FILE} (embedded)" if package_data(DEFAULT_DRAFTER_FILE).is_file() else "-"
+            local = "embedded" if entry.embedded else ("pulled" if name in mine else "")
+            table.add_row(name, target, draft, entry.checked, local, entry.description)
         console.print(table)
         return
     models, damaged, orphans = registry.scan()
     if not (models or damaged or orphans):
-        print("no models yet: `localspec create NAME -f Modelfile` or `localspec pull NAME` "
-              "(`localspec list --catalog` shows what can be pulled)", file=sys.stderr)
-        return
+        print("no models yet besides the embedded default: `localspec create NAME -f Modelfile` or "
+              "`localspec pull NAME` (`localspec list --catalog` shows what can be pulled)", file=sys.stderr)
     table = Table("NAME", "TARGET", "DRAFTER", "SIZE", "CREATED")
+    _embedded_row(table)
     for m in models:
         table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
@@ -80,6 +84,18 @@ def list_(
         table.add_row(path.stem, "orphaned drafter, no record", path.name, _size(str(path)),
                       f"`localspec rm {path.stem}`")
     console.print(table)
+
+
+def _embedded_row(table: Table) -> None:
+    """The embedded default (``chat`` with no MODEL runs it): shipped in the packages, nothing to create."""
+    try:
+        target = embedded_target()
+    except LocalspecError:
+        return   # the target's package is missing: `chat` says so itself
+    drafter = package_data(DEFAULT_DRAFTER_FILE)
+    drafter = drafter if drafter.is_file() else None
+    table.add_row(DEFAULT_MODEL, f"{target.name} (embedded; runs as Q4_0)", drafter.name if drafter else "-",
+                  _size(str(target), str(drafter) if drafter else None), "built in")
 
 
 @app.command()

@@ -122,12 +122,15 @@ def serve(
     keep_alive: str = typer.Option("5m", "--keep-alive",
                                    help="How long a model a request loaded stays loaded after its last request "
                                         "(Ollama's keep_alive: 5m, 1h, seconds, 0, -1: keep)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No request log (one line per request on stderr)."),
+    expose_paths: bool = typer.Option(False, "--expose-paths",
+                                      help="Show the model files' paths in /v1/models (default: their names)."),
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
-    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) and
-    Ollama's (/api/chat, /api/generate, /api/tags...), /health and Prometheus /metrics. A request
-    naming another model in the store loads it (within the memory budget). Up to --parallel
+    """Serve MODEL over HTTP with OpenAI's API (/v1/chat/completions, /v1/responses, /v1/completions,
+    /v1/models) and Ollama's (/api/chat, /api/generate, /api/tags...), /health and Prometheus /metrics.
+    A request naming another model in the store loads it (within the memory budget). Up to --parallel
     requests per model run at once, decoded in one batch; the others wait in arrival order."""
     from ..core.units import parse_size
 
@@ -160,13 +163,16 @@ def serve(
     sock = bind(host, port)
     state = _serve_state(resolved, settings, queue_size=queue_size, cache_ram=cache_ram, gpu_layers=gpu_layers,
                          parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram, vram=vram,
-                         keep_alive=keep_seconds, api_key=api_key, max_body=body_limit)
+                         keep_alive=keep_seconds, api_key=api_key, max_body=body_limit,
+                         expose_paths=expose_paths, log_requests=not quiet)
+    from ..server import responses
     from ..server.app import create_app
     from ..server.run import run
 
     primary = state.models.loaded[resolved.name]
     engine = primary.engine
     server_app = create_app(state)
+    responses.add_routes(server_app, state)   # /v1/responses
     announce(sock, f"{resolved.name} ({drafting(engine, resolved, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=state.models.abort, on_exit=state.close)
@@ -210,7 +216,7 @@ def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_al
 
 
 def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, parallel, verbose, max_loaded, ram, vram,
-                 keep_alive, api_key, max_body):
+                 keep_alive, api_key, max_body, expose_paths, log_requests):
     """The server's state with MODEL loaded (kept loaded until a request says otherwise or it is
     evicted); the other models in the store load on demand."""
     from ..core.options import check_cli, threads_warning
@@ -231,4 +237,5 @@ def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, paral
                       keep_alive=keep_alive)
     manager = ModelManager(config, device_budgets(vram_b, ram_b), default=resolved)
     manager.load_now(resolved)   # a plan that does not fit: one Error line
-    return ServerState(manager, api_key=api_key, max_body=max_body)
+    return ServerState(manager, api_key=api_key, max_body=max_body, expose_paths=expose_paths,
+                       log_requests=log_requests)

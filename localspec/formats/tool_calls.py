@@ -81,6 +81,35 @@ def _calls_from(objects: Sequence[Any], arguments_key: str, short_ids: bool = Fa
     return calls
 
 
+def _complete_values(text: str, i: int, separators: str) -> list[Any]:
+    """The JSON values that are complete in ``text`` from ``i`` on, separated by ``separators``
+    (and white space), up to the first one cut short."""
+    decoder, values = json.JSONDecoder(), []
+    while i < len(text):
+        while i < len(text) and text[i] in separators + " \t\r\n":
+            i += 1
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        values.append(value)
+    return values
+
+
+def _cut_calls(objects: Sequence[Any], arguments_key: str, short_ids: bool = False) -> list[ToolCall]:
+    """The calls among ``objects`` that are whole calls (a name and the arguments)."""
+    whole = [o for o in objects if isinstance(o, dict) and isinstance(o.get("name"), str) and arguments_key in o]
+    return _calls_from(whole, arguments_key, short_ids) or []
+
+
+def _partial_suffix(text: str, opening: str) -> int:
+    """The length of the longest tail of ``text`` that is a beginning of ``opening`` (0: none)."""
+    for k in range(min(len(opening) - 1, len(text)), 0, -1):
+        if text.endswith(opening[:k]):
+            return k
+    return 0
+
+
 def _template_arguments(arguments: str) -> Any:
     """A call's arguments for a template: the object (templates ``tojson`` it), or the text if it is not JSON."""
     try:
@@ -103,6 +132,33 @@ class ToolFormat:
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) from a whole answer; text that is not a well-formed call stays content."""
         raise NotImplementedError
+
+    def openings(self) -> tuple[str, ...]:
+        """The texts a call may begin with (a stream holds back from the first on)."""
+        return (self.trigger,)
+
+    def started(self, text: str) -> int:
+        """Where a call begins in ``text`` (-1: none began)."""
+        found = [i for t in self.openings() if (i := text.find(t)) >= 0]
+        return min(found) if found else -1
+
+    def parse_cut(self, text: str, start: int) -> list[ToolCall]:
+        """The complete calls of an answer cut inside its calls (by max_tokens or a stop string),
+        whose calls begin at ``start``."""
+        raise NotImplementedError
+
+    def parse_answer(self, text: str, length: bool = False) -> tuple[str, list[ToolCall], bool]:
+        """(content, calls, cut) from an answer that may have been cut: a call cut short is never
+        content; the calls complete before the cut come back, and ``cut`` is True. ``length``: the
+        answer ended at max_tokens, so a tail that begins an opening (``<tool_c``) began a call."""
+        content, calls = self.parse(text)
+        start = self.started(text)
+        if calls:
+            return content, calls, False
+        if start < 0:
+            partial = max(_partial_suffix(text, t) for t in self.openings()) if length else 0
+            return (text[:len(text) - partial].strip(), [], True) if partial else (content, calls, False)
+        return text[:start].strip(), self.parse_cut(text, start), True
 
     def history(self, messages: Sequence[Message]) -> list[dict]:
         """The conversation as template variables: assistant calls and tool results included."""
@@ -152,6 +208,12 @@ class HermesFormat(ToolFormat):
         calls = _calls_from(objects, "arguments")
         return (text[:start].strip(), calls) if calls else (text, [])
 
+    def parse_cut(self, text, start):
+        objects = []
+        for body in text[start:].split(self.trigger)[1:]:
+            objects += _complete_values(body, 0, "")[:1]
+        return _cut_calls(objects, "arguments")
+
 
 class Llama3Format(ToolFormat):
     name = "llama3"
@@ -183,6 +245,15 @@ class Llama3Format(ToolFormat):
         calls = _calls_from(objects, key)
         return (body[:start].strip(), calls) if calls else (text, [])
 
+    def openings(self):
+        return (self.PYTHON_TAG, self.trigger)
+
+    def parse_cut(self, text, start):
+        body = text[start:].replace(self.PYTHON_TAG, "")
+        objects = _complete_values(body, 0, ";")
+        key = "parameters" if any(isinstance(o, dict) and "parameters" in o for o in objects) else "arguments"
+        return _cut_calls(objects, key)
+
 
 class MistralFormat(ToolFormat):
     name = "mistral"
@@ -207,6 +278,11 @@ class MistralFormat(ToolFormat):
         calls = _calls_from(objects, "arguments", short_ids=True) if isinstance(objects, list) else None
         return (text[:start].strip(), calls) if calls else (text, [])
 
+    def parse_cut(self, text, start):
+        i = text.find("[", start + len(self.trigger))
+        objects = _complete_values(text, i + 1, ",") if i >= 0 else []
+        return _cut_calls(objects, "arguments", short_ids=True)
+
 
 GENERIC_PROMPT = (
     "You can call the following tools. Each is given as a JSON object with its name, description and the "
@@ -217,6 +293,23 @@ GENERIC_ANSWER = {
             "to answer the user directly.",
     "forced": "Answer with one JSON object and nothing else: {call}.",
 }
+
+
+def _partial_string(text: str) -> str:
+    """The text of a JSON string cut short (``text`` starts at its opening quote)."""
+    if not text.startswith('"'):
+        return ""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+        return value if isinstance(value, str) else ""
+    except ValueError:
+        pass
+    for end in range(len(text), max(0, len(text) - 7), -1):   # an escape (\\uXXXX) cut in the middle
+        try:
+            return json.loads(text[:end] + '"')
+        except ValueError:
+            continue
+    return ""
 
 
 class GenericFormat(ToolFormat):
@@ -249,6 +342,26 @@ class GenericFormat(ToolFormat):
         objects = obj.get("tool_calls") if "tool_calls" in obj else [obj.get("tool_call")]
         calls = _calls_from(objects, "arguments") if isinstance(objects, list) else None
         return ("", calls) if calls else (text, [])
+
+    OPENING = re.compile(r'\s*\{\s*"(tool_calls|tool_call|response)"\s*:\s*')
+
+    def started(self, text):
+        return 0 if self.OPENING.match(text) else -1
+
+    def parse_answer(self, text, length=False):
+        content, calls = self.parse(text)
+        opening = self.OPENING.match(text)
+        if calls or content != text:   # parsed: a call or a response
+            return content, calls, False
+        if opening is None:   # cut before its first key, or not JSON at all
+            return ("", [], True) if length and text.lstrip().startswith("{") else (content, calls, False)
+        key, i = opening.group(1), opening.end()
+        if key == "response":   # a direct answer cut short: its text so far
+            return _partial_string(text[i:]), [], True
+        if key == "tool_calls":
+            i = text.find("[", i) + 1 if text.find("[", i) >= 0 else len(text)
+            return "", _cut_calls(_complete_values(text, i, ","), "arguments"), True
+        return "", _cut_calls(_complete_values(text, i, "")[:1], "arguments"), True
 
     def history(self, messages):
         out = []
@@ -314,30 +427,29 @@ class CallStream:
         self.text = ""          # the whole answer so far
         self.sent = 0           # characters of it already streamed as content
         self.in_call = False
+        self.cut = False        # (after finish) the answer was cut inside its calls
 
     def feed(self, text: str) -> str:
         """The content that can stream now."""
         self.text += text
         if not self.format.native or self.in_call:
             return ""
-        trigger = self.format.trigger
-        start = self.text.find(trigger, max(0, self.sent - len(trigger)))
-        if start >= 0:
+        openings = self.format.openings()
+        starts = [i for t in openings if (i := self.text.find(t, max(0, self.sent - len(t)))) >= 0]
+        if starts:
             self.in_call = True
-            end = start
-        else:
-            end = len(self.text)
-            for k in range(min(len(trigger) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(trigger[:k]):
-                    end -= k
-                    break
+            end = min(starts)
+        else:   # hold back a tail that may be an opening's beginning
+            end = len(self.text) - max(_partial_suffix(self.text, t) for t in openings)
         out = self.text[self.sent:end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still to send, the calls)."""
-        content, calls = self.format.parse(self.text)
+    def finish(self, length: bool = False) -> tuple[str, list[ToolCall]]:
+        """(content still to send, the calls); a call cut short is neither (:attr:`cut` says so).
+        ``length``: the answer ended at max_tokens (see :meth:`ToolFormat.parse_answer`)."""
+        content, calls, self.cut = self.format.parse_answer(self.text, length)
         if not self.format.native:
             return content, calls
-        return ("" if calls else self.text[self.sent:]), calls
+        # the content before a call has been sent: what is held back is the call (or its opening, cut)
+        return ("" if calls or self.cut else self.text[self.sent:]), calls

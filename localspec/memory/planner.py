@@ -192,6 +192,11 @@ class Part:
     def total_bytes(self) -> int:
         return self.gpu_bytes + self.cpu_bytes
 
+    def layers_on_gpu(self) -> str:
+        """The offload in one wording for ``fit`` and the chat's F3: ``0/31 layers on the GPU``, counted
+        as llama.cpp's n_gpu_layers counts them (the repeating blocks plus the output layer)."""
+        return f"{self.gpu_layers}/{self.n_units} layers on the GPU"
+
 
 @dataclass
 class DeviceUse:

@@ -22,10 +22,12 @@ from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized
-from .features import REFUSAL_HINTS, ChatTools, chat_logprobs_content, completion_logprobs_content, prediction_usage
+from .features import (REFUSAL_HINTS, ChatTools, answer_calls, chat_logprobs_content, completion_logprobs_content,
+                       prediction_usage)
 from .params import chat_request, completion_request
+from .request_log import RequestLog
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .models_manager import Loaded, ModelManager, openai_models
+from .models_manager import Loaded, ModelManager, openai_models, unknown
 from .ollama import add_ollama_routes
 from .ollama_common import is_ollama, ollama_error
 from .worker import Failed, Finished, Job, Started, Text, log
@@ -36,8 +38,11 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "canc
 class ServerState:
     """What the routes share: the loaded models (:mod:`.models_manager`), the settings."""
 
-    def __init__(self, models: ModelManager, *, api_key: Optional[str], max_body: int) -> None:
+    def __init__(self, models: ModelManager, *, api_key: Optional[str], max_body: int, expose_paths: bool = False,
+                 log_requests: bool = True) -> None:
         self.models = models
+        self.expose_paths = expose_paths   # /v1/models shows the models' files (serve --expose-paths)
+        self.log_requests = log_requests   # one log line per request (serve --quiet: none)
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
@@ -286,16 +291,21 @@ class Reply:
         self.offset += sum(len(e.text) for e in entries)
         return content
 
+    def finish_of(self, done: DoneEvent) -> str:
+        """The finish reason ``/metrics`` counts: ``tool_calls`` when the answer is whole calls."""
+        if self.tools is None or done.finish_reason == "cancelled":
+            return done.finish_reason
+        return answer_calls(self.tools, done.text, done.finish_reason)[2]
+
     def whole(self, text: str, done: DoneEvent, drafts: int, entries: list = ()) -> dict:
         finish = FINISH_REASONS.get(done.finish_reason, "stop")
         if self.chat:
             message = {"role": "assistant", "content": text}
-            if self.tools is not None:
-                content, calls = self.tools.format.parse(text)
+            if self.tools is not None:   # a call cut short (max_tokens) is never content
+                content, calls, finish = answer_calls(self.tools, text, finish)
+                message = {"role": "assistant", "content": content}
                 if calls:
-                    message = {"role": "assistant", "content": content or None,
-                               "tool_calls": tool_call_items(calls, streamed=False)}
-                    finish = "tool_calls"
+                    message.update(content=content or None, tool_calls=tool_call_items(calls, streamed=False))
             choice = {"index": 0, "message": message, "logprobs": self.logprobs(entries), "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(entries), "finish_reason": finish}
@@ -350,18 +360,18 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
             if isinstance(end, Finished):
                 finish = FINISH_REASONS.get(end.done.finish_reason, "stop")
                 if reply.calls is not None:
-                    rest, calls = reply.calls.finish()
+                    rest, calls = reply.calls.finish(length=finish == "length")
                     if rest:
                         yield sse(reply.chunk(rest))
                     if calls:
                         yield sse(reply.chunk(None, calls=calls))
-                        finish = "tool_calls"
+                        finish = finish if reply.calls.cut or finish == "length" else "tool_calls"
                 final = reply.chunk(None, finish)
-                final["usage"] = usage(end.done, end.drafts, reply.predicted)
                 final["timings"] = timings(end.done)
                 yield sse(final)
-                if include_usage:
-                    yield sse({**reply.head(final["object"]), "choices": [], "usage": final["usage"]})
+                if include_usage:   # OpenAI's rule: usage once, on a last chunk without choices
+                    yield sse({**reply.head(final["object"]), "choices": [],
+                               "usage": usage(end.done, end.drafts, reply.predicted)})
                 yield b"data: [DONE]\n\n"
                 return
             if isinstance(end, Failed):
@@ -374,6 +384,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
 
 async def answer(served: Loaded, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
+    request.state.job = job    # for the request log
     await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
     watcher = asyncio.ensure_future(watch_disconnect(request, job))
     try:
@@ -442,6 +453,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
                   openapi_url=None)
     app.add_middleware(BodyLimit, limit=state.max_body)
     app.add_middleware(QuietShutdown, worker=state.models)
+    app.add_middleware(RequestLog, enabled=state.log_requests)
     _error_handlers(app)
 
     @app.post("/v1/chat/completions")
@@ -456,6 +468,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
                       predicted=config.prediction is not None)
         job = Job(prompt, config, param="messages", id=reply.id,
                   grammar_param="tools" if offered is not None else "response_format")
+        job.finish_of = reply.finish_of
         return await answer(served, request, job, reply, streaming=body.stream, include_usage=include)
 
     @app.post("/v1/completions")
@@ -473,7 +486,16 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     @app.get("/v1/models")
     async def models(request: Request):
         check_api_key(state, request)
-        return {"object": "list", "data": openai_models(state.models, state.created)}
+        return {"object": "list", "data": openai_models(state.models, state.created, paths=state.expose_paths)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str):
+        check_api_key(state, request)
+        name = state.models.canonical(model_id)   # 404 for a model the store does not hold
+        for listed in openai_models(state.models, state.created, paths=state.expose_paths):
+            if listed["id"] == name:
+                return listed
+        raise unknown(model_id)
 
     @app.get("/health")
     async def health():

@@ -69,6 +69,26 @@ def message_calls(message, index: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def check_tool_answers(messages) -> None:
+    """OpenAI's rule: each of an assistant message's ``tool_calls`` is answered by a ``tool`` message
+    (its ``tool_call_id``) among the messages right after it, and a ``tool`` message answers such a call."""
+    pending: set[str] = set()
+    where = 0
+    for i, message in enumerate(messages + [None]):
+        if message is not None and message.role == "tool":
+            if message.tool_call_id not in pending:
+                raise bad_request("Invalid parameter: messages with role 'tool' must be a response to a preceding "
+                                  "message with 'tool_calls' (their tool_call_id).", param=f"messages[{i}].tool_call_id")
+            pending.discard(message.tool_call_id)
+            continue
+        if pending:
+            raise bad_request("An assistant message with 'tool_calls' must be followed by tool messages responding "
+                              "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                              f"{', '.join(sorted(pending))}.", param=f"messages[{where}].tool_calls")
+        pending = {call.id for call in (message.tool_calls if message is not None else None) or ()}
+        where = i
+
+
 def content_text(content: str | list[ContentPart] | None, param: str) -> str:
     if content is None:
         return ""
@@ -125,6 +145,15 @@ def tool_grammar(tools: Optional[ChatTools]) -> tuple[Optional[str], tuple[str, 
         return tools.format.grammar(tools.request)
     except LocalspecError as exc:
         raise bad_request(f"A tool's parameters: {exc}.", param="tools") from None
+
+
+def answer_calls(tools: ChatTools, text: str, finish: str) -> tuple[str, list[ToolCall], str]:
+    """(content, calls, finish_reason) of an answer given tools: ``tool_calls`` when it is whole
+    calls; an answer cut by max_tokens (``finish``: length) keeps its finish reason and the calls
+    complete before the cut, and the cut call's text is never content."""
+    length = finish in ("length", "context")
+    content, calls, cut = tools.format.parse_answer(text, length=length)
+    return content, calls, ("tool_calls" if calls and not cut and not length else finish)
 
 
 # -- logprobs and predictions -------------------------------------------------------------------

@@ -23,7 +23,8 @@ from ..core.events import GenerationStats
 
 disable_created_metrics()  # no *_created series: llama-server and vLLM dashboards do not expect them
 
-FINISHED_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
+FINISHED_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
+                    "tool_calls": "tool_calls"}
 
 
 class ServerMetrics:

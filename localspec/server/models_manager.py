@@ -438,25 +438,26 @@ def store_names() -> list[str]:
     return names
 
 
-def openai_models(manager: ModelManager, created: int) -> list[dict]:
-    """``/v1/models``' ``data``: every model in the store (a request's ``model`` loads it)."""
+def openai_models(manager: ModelManager, created: int, *, paths: bool = False) -> list[dict]:
+    """``/v1/models``' ``data``: every model in the store (a request's ``model`` loads it). ``meta``
+    names the model's files; their paths only with ``paths`` (serve --expose-paths: a client on the
+    network has no business with the user's directories)."""
+    shown = str if paths else (lambda path: Path(path).name)
+
+    def entry(name: str, spec: ModelSpec) -> dict:
+        loaded = manager.loaded.get(name)
+        return {"id": name, "object": "model", "created": created, "owned_by": "localspec", "meta": {
+            "target": shown(spec.target), "drafter": shown(spec.drafter) if spec.drafter else None,
+            "n_ctx": loaded.engine.n_ctx if loaded else None,
+            "speculative": loaded.defaults.spec if loaded else None, "loaded": loaded is not None}}
+
     out = []
     for name in store_names():
         try:
             spec = manager.default if name == manager.default.name else resolve(name)
         except LocalspecError:
             continue   # a damaged record or a catalog entry not downloaded: not servable
-        loaded = manager.loaded.get(name)
-        out.append({"id": name, "object": "model", "created": created, "owned_by": "localspec", "meta": {
-            "target": str(spec.target), "drafter": str(spec.drafter) if spec.drafter else None,
-            "n_ctx": loaded.engine.n_ctx if loaded else None,
-            "speculative": loaded.defaults.spec if loaded else None, "loaded": loaded is not None}})
+        out.append(entry(name, spec))
     if manager.default.name not in {m["id"] for m in out}:   # a --target file: served under its own name
-        loaded = manager.loaded.get(manager.default.name)
-        out.insert(0, {"id": manager.default.name, "object": "model", "created": created, "owned_by": "localspec",
-                       "meta": {"target": str(manager.default.target),
-                                "drafter": str(manager.default.drafter) if manager.default.drafter else None,
-                                "n_ctx": loaded.engine.n_ctx if loaded else None,
-                                "speculative": loaded.defaults.spec if loaded else None,
-                                "loaded": loaded is not None}})
+        out.insert(0, entry(manager.default.name, manager.default))
     return out

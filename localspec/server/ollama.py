@@ -121,6 +121,7 @@ async def _watch(request: Request, job: Job) -> None:
 
 
 async def respond(served: Loaded, request: Request, job: Job, answer: Answer, streaming: bool) -> Response:
+    request.state.job = job    # for the request log
     await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
     watcher = asyncio.ensure_future(_watch(request, job))
     try:

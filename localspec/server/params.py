@@ -16,7 +16,7 @@ from ..store.models import ModelSpec
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
 from ..speculation.policy import PolicyConfig
 from .errors import bad_request
-from .features import (chat_logprobs, chat_tools, completion_logprobs, content_text, message_calls,
+from .features import (chat_logprobs, check_tool_answers, chat_tools, completion_logprobs, content_text, message_calls,
                        prediction_text, refuse_unhonoured, response_grammar, tool_grammar, with_features)
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
@@ -112,6 +112,7 @@ def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]
     """The conversation to render: the Modelfile's SYSTEM and MESSAGEs first unless the request
     brings its own system message (as Ollama does), then the request's messages (text, and an
     assistant's tool calls, a tool result's call id)."""
+    check_tool_answers(req.messages)
     out: list[Message] = []
     for i, message in enumerate(req.messages):
         for name in ("function_call", "audio"):

@@ -47,7 +47,8 @@ def run(app, sock: socket.socket, *, verbose: bool, on_shutdown: Callable[[], No
     """Serve ``app`` on ``sock`` until a signal; the signal that stopped it (None: none did).
     ``on_shutdown``: at the start of the shutdown; ``on_exit``: once the server has stopped (also
     after a second Ctrl-C, which skips uvicorn's wait and the app's lifespan shutdown)."""
-    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+    # no uvicorn access log: the request log (request_log) has a line per request
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=False,
                             timeout_graceful_shutdown=GRACE_S, lifespan="on")
     server = Server(config, on_shutdown)
     # After its shutdown uvicorn raises the signal it caught once more, under the handler it found

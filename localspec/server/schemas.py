@@ -162,3 +162,95 @@ class CompletionRequest(SamplingRequest):
     suffix: Optional[str] = None
     best_of: Optional[int] = None                     # only 1 is honoured
     logit_bias: Optional[dict[str, float]] = None     # only {} is honoured
+
+
+# -- the Responses API (/v1/responses) ----------------------------------------------------------------
+class ResponseTool(_Body):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ResponseNamedTool(_Body):
+    type: Literal["function"]
+    name: str
+
+
+class ResponseTextFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Optional[str] = Field(None, min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseText(_Body):
+    format: Optional[ResponseTextFormat] = None
+
+
+class ResponseInputMessage(_Body):
+    """An ``input`` item with a ``role`` (``type`` "message", or left out)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Union[str, list[ContentPart]]
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class ResponseFunctionCall(_Body):
+    """An earlier answer's tool call, sent back in ``input``."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class ResponseFunctionCallOutput(_Body):
+    """A tool's result, answering the ``function_call`` of the same ``call_id``."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Union[str, list[ContentPart]]
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+INPUT_ITEMS = {"message": ResponseInputMessage, "function_call": ResponseFunctionCall,
+               "function_call_output": ResponseFunctionCallOutput}
+
+
+class ResponsesRequest(_Harmless):
+    """``POST /v1/responses``. ``input`` items are checked one by one (:data:`INPUT_ITEMS`, by their
+    ``type``) so that an error names the item; ``previous_response_id``, ``reasoning`` and
+    ``background`` are declared to be refused by name (this server keeps no responses)."""
+
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[list[ResponseTool]] = None
+    tool_choice: Union[Literal["auto", "none", "required"], ResponseNamedTool, None] = None
+    parallel_tool_calls: Optional[bool] = None
+    text: Optional[ResponseText] = None
+    max_output_tokens: Optional[int] = request_field("max_tokens")
+    temperature: Optional[float] = request_field("temperature")
+    top_p: Optional[float] = request_field("top_p")
+    top_k: Optional[int] = request_field("top_k")
+    min_p: Optional[float] = request_field("min_p")
+    presence_penalty: Optional[float] = request_field("presence_penalty")
+    frequency_penalty: Optional[float] = request_field("frequency_penalty")
+    repeat_penalty: Optional[float] = request_field("repeat_penalty")
+    repeat_last_n: Optional[int] = request_field("repeat_last_n")
+    seed: Optional[int] = request_field("seed")
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    truncation: Optional[Literal["disabled"]] = None
+    include: Optional[list[str]] = None               # only [] is honoured
+    previous_response_id: Optional[str] = None        # refused: no response is stored
+    reasoning: Optional[dict[str, Any]] = None        # refused unless empty
+    background: Optional[bool] = None                 # refused when true

@@ -69,8 +69,12 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancel = threading.Event()
         self.shutdown = False                   # cancelled by the server's shutdown, not by the client
+        self.finish_of = None                   # DoneEvent -> the finish reason /metrics counts (tool_calls)
+        self.finished: Finished | None = None   # the end, once posted (the request log reads it)
 
     def post(self, item) -> None:
+        if isinstance(item, Finished):
+            self.finished = item
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
         except RuntimeError:   # the loop is closed (shutdown): nobody is listening
@@ -266,7 +270,7 @@ class EngineWorker:
     def _finished(self, job: Job, done: DoneEvent, drafts: int) -> None:
         if job in self._running:
             self._running.remove(job)
-        self.metrics.record(done.stats, drafts, done.finish_reason)
+        self.metrics.record(done.stats, drafts, job.finish_of(done) if job.finish_of else done.finish_reason)
         if job.shutdown and done.finish_reason == "cancelled":
             n = done.stats.generated_tokens
             after = f"after {n} generated token{'' if n == 1 else 's'}"

@@ -20,7 +20,7 @@ def _plan_rows(plan) -> list[tuple[str, str]]:
     for part in (plan.target, plan.drafter):
         if part is None:
             continue
-        rows.append((part.role, f"{format_size(part.total_bytes)} total, {part.gpu_layers} GPU layers"))
+        rows.append((part.role, f"{format_size(part.total_bytes)} total, {part.layers_on_gpu()}"))
         rows.append(("  weights", format_size(part.weights_bytes + part.repack_bytes)))
         rows.append((f"  KV ({part.kv_type})", format_size(part.kv_bytes)))
         rows.append(("  compute + output", format_size(part.compute_bytes + part.output_bytes)))

@@ -46,6 +46,19 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Label("Top-p", classes="field-label")
                 yield Input(str(s.top_p), id="set-top-p", compact=True)
             with Horizontal(classes="field-row"):
+                yield Label("Min-p", classes="field-label")
+                yield Input(str(s.min_p), id="set-min-p", compact=True)
+                yield Label("Rep. penalty", classes="field-label")
+                yield Input(str(s.repeat_penalty), id="set-repeat-penalty", compact=True)
+            with Horizontal(classes="field-row"):
+                yield Label("Rep. last-n", classes="field-label")
+                yield Input(str(s.repeat_last_n), id="set-repeat-last-n", compact=True)
+                yield Label("Presence pen.", classes="field-label")
+                yield Input(str(s.presence_penalty), id="set-presence-penalty", compact=True)
+            with Horizontal(classes="field-row"):
+                yield Label("Freq. penalty", classes="field-label")
+                yield Input(str(s.frequency_penalty), id="set-frequency-penalty", compact=True)
+            with Horizontal(classes="field-row"):
                 yield Label("Policy", classes="field-label")
                 yield Select([(p, p) for p in POLICIES], value=s.policy, allow_blank=False, id="set-policy",
                              compact=True)
@@ -79,12 +92,19 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             temperature=number("#set-temperature", float, "temperature"),
             top_k=number("#set-top-k", int, "top-k"),
             top_p=number("#set-top-p", float, "top-p"),
+            min_p=number("#set-min-p", float, "min-p"),
+            repeat_penalty=number("#set-repeat-penalty", float, "repeat penalty"),
+            repeat_last_n=number("#set-repeat-last-n", int, "repeat last-n"),
+            presence_penalty=number("#set-presence-penalty", float, "presence penalty"),
+            frequency_penalty=number("#set-frequency-penalty", float, "frequency penalty"),
             policy=str(self.query_one("#set-policy", Select).value),
             draft_max=self._draft_max(number),
         )
         # the ranges of localspec.core.options, named as the dialog labels them
         for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
-                            ("top_p", "top-p"), ("draft_max", "draft max")):
+                            ("top_p", "top-p"), ("min_p", "min-p"), ("repeat_penalty", "repeat penalty"),
+                            ("repeat_last_n", "repeat last-n"), ("presence_penalty", "presence penalty"),
+                            ("frequency_penalty", "frequency penalty"), ("draft_max", "draft max")):
             opt = options.OPTIONS[name]
             value = getattr(s, name) if name != "draft_max" else s.effective_draft_max
             opt.check(value, where=None if label == (opt.label or opt.name) else label)
