@@ -143,22 +143,7 @@ def serve(
         raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
     cache_ram = flags.pop("cache_ram")
-    given = is_default(cli)
-
-    def settings(spec):
-        """A model's context, threads and request defaults: the flags given, else its PARAMETERs."""
-        values = apply_model_defaults(spec, flags, given)   # PARAMETERs are checked when parsed
-        ctx, threads = values.pop("ctx"), values.pop("threads")
-        from ..runtime.generation_options import GenerationOptions
-
-        policy_config = GenerationOptions.from_values(values).policy_config()
-        from ..runtime.engine import GenerationConfig
-        from ..server.params import ServeDefaults
-
-        GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
-        return ctx, threads, ServeDefaults.for_model(spec, n_ctx=ctx, max_tokens=max_tokens,
-                                                     spec_enabled=not no_spec, policy=policy_config)
-
+    settings = _model_settings(flags, is_default(cli), max_tokens=max_tokens, no_spec=no_spec)
     settings(resolved)
     sock = bind(host, port)
     state = _serve_state(resolved, settings, queue_size=queue_size, cache_ram=cache_ram, gpu_layers=gpu_layers,
@@ -180,6 +165,22 @@ def serve(
         raise KeyboardInterrupt   # "Interrupted.", exit 130
     if stopped_by == signal.SIGTERM:
         raise typer.Exit(128 + signal.SIGTERM)   # 143, as a shell reports a process ended by SIGTERM
+
+
+def _model_settings(flags: dict, given, *, max_tokens: Optional[int], no_spec: bool):
+    """spec -> a model's context, threads and request defaults: the flags given, else its PARAMETERs."""
+    def settings(spec):
+        values = apply_model_defaults(spec, flags, given)   # PARAMETERs are checked when parsed
+        ctx, threads = values.pop("ctx"), values.pop("threads")
+        from ..runtime.engine import GenerationConfig
+        from ..runtime.generation_options import GenerationOptions
+        from ..server.params import ServeDefaults
+
+        policy_config = GenerationOptions.from_values(values).policy_config()
+        GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
+        return ctx, threads, ServeDefaults.for_model(spec, n_ctx=ctx, max_tokens=max_tokens,
+                                                     spec_enabled=not no_spec, policy=policy_config)
+    return settings
 
 
 def _given_api_key(api_key: Optional[str]) -> Optional[str]:

@@ -127,7 +127,11 @@ def _no_images(images, model: str, param: str) -> None:
 
 
 def openai_messages(messages: list[Message], model: str) -> list[dict]:
+    """Ollama's messages as OpenAI's. Ollama pairs a ``tool`` message with its call by ``tool_name``
+    (or by order) rather than by id: one without ``tool_call_id`` gets the id of the preceding
+    assistant's first unanswered call of that name, else of its first unanswered call."""
     out = []
+    pending: list[tuple[str, str]] = []   # (id, name) of the last assistant's calls not answered yet
     for i, m in enumerate(messages):
         _no_images(m.images, model, f"messages.{i}.images")
         message: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -138,9 +142,18 @@ def openai_messages(messages: list[Message], model: str) -> list[dict]:
                                      for j, c in enumerate(m.tool_calls)]
         if m.role == "tool":
             message["name"] = m.tool_name
-            message["tool_call_id"] = m.tool_call_id
+            message["tool_call_id"] = m.tool_call_id or _answered(pending, m.tool_name)
+            pending = [p for p in pending if p[0] != message["tool_call_id"]]
+        else:
+            pending = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls", ())]
         out.append(message)
     return out
+
+
+def _answered(pending: list[tuple[str, str]], name: Optional[str]) -> Optional[str]:
+    """The id of the pending call a tool result without an id answers (None: no call is pending)."""
+    named = [call_id for call_id, call_name in pending if call_name == name]
+    return (named or [call_id for call_id, _ in pending] or [None])[0]
 
 
 def _validated(schema, body: dict):
