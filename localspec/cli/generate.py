@@ -138,6 +138,8 @@ def generate(
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved)
     with engine:
+        if config.spec:   # a cached calibration at once, else measured while idle: the reply never waits
+            engine.calibrate_in_background()
         request = prompt if raw else _messages(prompt, system, model_spec)
         if not as_json and engine.drafter is None and not no_spec:
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
@@ -150,6 +152,19 @@ def generate(
                 done = event
         assert done is not None
         _report(done, model_spec, engine, as_json)
+        _finish_calibration(engine)
+
+
+def _finish_calibration(engine) -> None:
+    """After the reply: a calibration that started, or was paused for it, completes before the
+    process ends (bounded; once per machine and model files), so the next run plans with it."""
+    if engine.calibrator.busy:
+        print("note: measuring this machine's decode costs, once per model (after the reply; "
+              "Ctrl-C skips it)", file=sys.stderr)
+        engine.calibrator.wait(CALIBRATION_WAIT)
+
+
+CALIBRATION_WAIT = 60.0   # seconds at most (the calibration's own budget is cost_measure.BUDGET_SECONDS)
 
 
 def _messages(prompt: str, system: str | None, model_spec) -> list[Message]:

@@ -65,6 +65,23 @@ def announce(sock: socket.socket, what: str, *, api_key: Optional[str]) -> None:
     print(f"Listening on {url}  (OpenAI base_url: {url}/v1; Ctrl+C stops)", flush=True)
 
 
+def calibration_log(engine) -> None:
+    """Calibrate in the background (requests never wait for it) and say so in the log."""
+    from ..server.worker import log
+
+    def changed(state: str) -> None:
+        if state == "running" and engine.calibrator.runs > 1:
+            return   # a retry after a pause: said once
+        cost = engine.cost
+        detail = (f" (V(1) {cost.verify(1) * 1e3:.2f} ms, V(8) {cost.verify(8) * 1e3:.2f} ms, cached)"
+                  if state == "done" and cost is not None else "")
+        log(engine.calibrator.describe() + detail)
+    engine.calibrator.listeners.append(changed)
+    engine.calibrate_in_background()
+    if engine.calibrator.state == "cached":
+        log(engine.calibrator.describe())
+
+
 def drafting(engine, model_spec, no_spec: bool) -> str:
     if no_spec:
         return "speculation off"
@@ -148,6 +165,8 @@ def serve(
     server_app = create_app(state, on_shutdown=engine.close)
     announce(sock, f"{model_spec.name} ({drafting(engine, model_spec, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
+    if not no_spec:
+        calibration_log(engine)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=worker.abort, on_exit=state.close)
     if stopped_by == signal.SIGINT:
         raise KeyboardInterrupt   # "Interrupted.", exit 130
