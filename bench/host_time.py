@@ -81,7 +81,8 @@ class NativeClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.calls = 0
+        self.cpu = 0.0      # this thread's CPU seconds inside them (time.thread_time: a busy machine's
+        self.calls = 0      # preemptions do not count, so host CPU time holds under load)
         self._orig = {}
 
     def install(self) -> "NativeClock":
@@ -91,14 +92,15 @@ class NativeClock:
         return self
 
     def _timed(self, fn):
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
 
         def timed(*args):
-            t0 = clock()
+            t0, c0 = clock(), cpu()
             try:
                 return fn(*args)
             finally:
                 self.seconds += clock() - t0
+                self.cpu += cpu() - c0
                 self.calls += 1
         return timed
 
@@ -107,10 +109,10 @@ class AfterPrefill:
     """An observer: the native clock when the prompt is in (generation time starts just after)."""
 
     def __init__(self, clock: NativeClock) -> None:
-        self.clock, self.native0 = clock, None
+        self.clock, self.native0, self.cpu0, self.native_cpu0 = clock, None, None, None
 
     def after_prefill(self, ctx, sampler) -> None:
-        self.native0 = self.clock.seconds
+        self.native0, self.native_cpu0, self.cpu0 = self.clock.seconds, self.clock.cpu, time.thread_time()
 
     def after_verify(self, ctx, sampler, verified) -> None:
         pass
@@ -131,12 +133,14 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
             if isinstance(event, DoneEvent):
                 done = event
         native = clock.seconds - probe.native0
+        cpu, native_cpu = time.thread_time() - probe.cpu0, clock.cpu - probe.native_cpu0
         if profile is not None:
             profile.disable()
     finally:
         engine.calibrator.release()
     s = done.stats
-    return {"seconds": s.generation_seconds, "native": native, "cycles": s.cycles, "drafted": s.drafted,
+    return {"seconds": s.generation_seconds, "native": native, "cpu": cpu, "native_cpu": native_cpu,
+            "cycles": s.cycles, "drafted": s.drafted,
             "accepted": s.accepted, "tokens": s.generated_tokens, "text": done.text}
 
 
@@ -151,6 +155,7 @@ def slots(engine: Engine, clock: NativeClock, prompts: list[list[Message]], conf
     while any(s.loop is not None and s.loop.prefilling for s in sched.slots):
         sched.step()
     t0, n0, steps = time.perf_counter(), clock.seconds, 0
+    c0, nc0 = time.thread_time(), clock.cpu
     if profile is not None:
         profile.enable()
     while sched.active:
@@ -159,8 +164,10 @@ def slots(engine: Engine, clock: NativeClock, prompts: list[list[Message]], conf
     if profile is not None:
         profile.disable()
     seconds, native = time.perf_counter() - t0, clock.seconds - n0
+    cpu, native_cpu = time.thread_time() - c0, clock.cpu - nc0
     cycles = sum(d.stats.cycles for d in dones)
-    return {"seconds": seconds, "native": native, "cycles": steps, "slot_cycles": cycles,
+    return {"seconds": seconds, "native": native, "cpu": cpu, "native_cpu": native_cpu, "cycles": steps,
+            "slot_cycles": cycles,
             "drafted": sum(d.stats.drafted for d in dones), "accepted": sum(d.stats.accepted for d in dones),
             "tokens": sum(d.stats.generated_tokens for d in dones)}
 
@@ -171,7 +178,12 @@ def host_figures(runs: list[dict]) -> dict:
     host = max(0.0, seconds - sum(r["native"] for r in runs))
     cycles = sum(r["cycles"] for r in runs)
     drafted = sum(r["drafted"] for r in runs)
+    cpu_host = sum(r["cpu"] - r["native_cpu"] for r in runs if "cpu" in r)
     out = {"host_us_per_cycle": round(host / cycles * 1e6, 1) if cycles else None,
+           # the generating thread's CPU time outside llama.cpp's compute: what the host costs, a
+           # machine's load aside (wall time counts the thread's waits for a core too)
+           "host_cpu_us_per_cycle": round(cpu_host / cycles * 1e6, 1) if cycles and runs and "cpu" in runs[0] else None,
+           "host_cpu_us_per_drafted": round(cpu_host / drafted * 1e6, 1) if drafted and runs and "cpu" in runs[0] else None,
            "host_us_per_drafted": round(host / drafted * 1e6, 1) if drafted else None,
            "host_share": round(host / seconds, 4) if seconds else None,
            "native_ms_per_cycle": round((seconds - host) / cycles * 1e3, 3) if cycles else None,
@@ -259,11 +271,14 @@ def run_mode(engine: Engine, multi: Engine | None, clock: NativeClock, messages,
 
 
 def print_table(results: dict) -> None:
-    cols = ("host_us_per_cycle", "host_us_per_drafted", "host_share", "native_ms_per_cycle", "cycles", "drafted",
-            "accepted")
-    print(f"{'mode':<16}" + "".join(f"{c:>22}" for c in cols))
+    cols = ("host_cpu_us_per_cycle", "host_cpu_us_per_drafted", "host_us_per_cycle", "host_us_per_drafted",
+            "native_ms_per_cycle", "cycles", "drafted", "accepted")
+    short = {"host_cpu_us_per_cycle": "cpu us/cycle", "host_cpu_us_per_drafted": "cpu us/draft",
+             "host_us_per_cycle": "wall us/cycle", "host_us_per_drafted": "wall us/draft",
+             "native_ms_per_cycle": "llama ms/cycle"}
+    print(f"{'mode':<20}" + "".join(f"{short.get(c, c):>15}" for c in cols))
     for mode, fig in results.items():
-        print(f"{mode:<16}" + "".join(f"{str(fig.get(c)):>22}" for c in cols))
+        print(f"{mode:<20}" + "".join(f"{str(fig.get(c)):>15}" for c in cols))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         modes = [m for m in modes if m not in EAGLE_MODES]
     prompts = [p for path in args.prompts for p in load_prompts(path)[:args.limit]]
     clock = NativeClock().install()
-    profiles = {m: cProfile.Profile() for m in modes} if args.profile else {}
+    # CPU time of this thread: a busy machine's preemptions do not land on whatever ran then
+    profiles = {m: cProfile.Profile(time.thread_time) for m in modes} if args.profile else {}
     load = os.getloadavg()
     with Engine(spec.target, spec.drafter, n_threads=args.threads, n_ctx=4096, n_gpu_layers=args.gpu_layers,
                 drafter_gpu_layers=args.gpu_layers) as engine:
