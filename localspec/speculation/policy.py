@@ -123,18 +123,14 @@ MARGINAL_FLOOR = 0.01
 SHARED_ROWS_FREE = 2.2
 
 
-TAIL = 20.0   # top1_probability sums exp(l - top) over the logits within this of the top only
-
-
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
-    """The drafter's most likely token and its softmax probability. Only logits within ``TAIL`` of
-    the top enter the sum (the rest add under 49152 e^-20 = 1e-4 to it): a comparison pass over the
-    vocabulary instead of an exp over all of it (a drafter's row is peaked; this ran once per
-    drafted token and was the largest host cost of an EAGLE chain)."""
-    best = int(logits.argmax())
+    """The drafter's most likely token and its softmax probability: an exp over the whole row
+    (~200 µs of CPU for SmolLM2's 49,152 on a busy 2-core machine, against ~8 µs for the argmax
+    alone), so the chain asks for it only where a confidence test reads it (runtime.drafting)."""
+    best = int(np.argmax(logits))
     top = logits[best]
-    near = logits[logits > top - TAIL]
-    return best, 1.0 / float(np.exp(near - top).sum())
+    total = float(np.exp(logits - top, dtype=np.float32).sum())
+    return best, 1.0 / total
 
 
 class Acceptance:

@@ -145,8 +145,7 @@ def top_tokens(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         ids[j] = int(np.argmax(work))
         work[ids[j]] = -np.inf
     top = float(logits[ids[0]])
-    near = logits[logits > top - 20.0]   # as policy.top1_probability: the rest adds under 1e-4
-    total = float(np.exp(near - top).sum())
+    total = float(np.exp(logits - top, dtype=np.float32).sum())
     probs = np.exp(logits[ids] - top) / total
     return ids, probs
 
