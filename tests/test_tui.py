@@ -33,7 +33,7 @@ SIZE = (80, 24)
 # -- helpers -------------------------------------------------------------------------------------
 # the status line's calibration state (runtime.calibrator: a fresh home calibrates in the background,
 # so "· calibrating ..." comes and goes with time, and may be cut at the screen's edge): not compared
-CALIBRATION = re.compile(r" · (calibrat.*|c(a(l(i(b(r(a(t)?)?)?)?)?)?)?)?$")
+CALIBRATION = re.compile(r" ·( (calibrat.*|c(a(l(i(b(r(a(t)?)?)?)?)?)?)?)?)?$")
 
 
 def screen_text(app) -> str:

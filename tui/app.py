@@ -157,15 +157,15 @@ class ChatApp(App):
                 text.append(f" · {LOOKUP_NOTE}", style="yellow")
         else:
             text.append("· speculation OFF", style="bold red")
-        calibrator = getattr(self.engine, "calibrator", None)
-        if self.spec_enabled and calibrator is not None and (calibrator.busy or calibrator.state == "failed"):
-            text.append(f" · {calibrator.describe()}", style="yellow")   # runtime.calibrator
         if self.highlight:
             text.append(" · drafts highlighted", style="green")
         if self.conversation_id is not None:
             text.append(f" · chat #{self.conversation_id}", style="dim")
         if self.generating:
             text.append(" · generating (Esc cancels)", style="italic")
+        calibrator = getattr(self.engine, "calibrator", None)   # last: it comes and goes (runtime.calibrator)
+        if self.spec_enabled and calibrator is not None and (calibrator.busy or calibrator.state == "failed"):
+            text.append(f" · {calibrator.describe()}", style="yellow")
         return text
 
     def _refresh_status(self) -> None:
