@@ -122,7 +122,8 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
     """One generation alone: its host seconds after the prompt, cycles and drafts."""
     tokens = engine.prepare(messages)
     probe = AfterPrefill(clock)
-    if not engine.calibrator.acquire():
+    calibrator = getattr(engine, "calibrator", None)   # None: a localspec from before it (a baseline run)
+    if not (calibrator.acquire() if calibrator is not None else engine._lock.acquire(blocking=False)):
         raise SystemExit("engine busy")
     try:
         loop = engine.open_slot(engine.verifier, tokens, config, None, observers=[probe])
@@ -137,7 +138,7 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
         if profile is not None:
             profile.disable()
     finally:
-        engine.calibrator.release()
+        calibrator.release() if calibrator is not None else engine._lock.release()
     s = done.stats
     return {"seconds": s.generation_seconds, "native": native, "cpu": cpu, "native_cpu": native_cpu,
             "cycles": s.cycles, "drafted": s.drafted,
