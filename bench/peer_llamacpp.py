@@ -82,6 +82,7 @@ MODES = {  # localspec modes: generation config overrides
     "plain": dict(spec=False),
     "auto": dict(spec=True, policy=PolicyConfig("auto")),
     "chain": dict(spec=True, policy=PolicyConfig("auto", tree="off")),
+    "tree": dict(spec=True, policy=PolicyConfig("auto", tree="on")),   # EAGLE trees wherever it drafts
     "lookup": dict(spec=True, policy=PolicyConfig("auto", source="lookup")),
     # auto with every verify under 64 rows: on a CPU, greedy output equal to plain decoding bit for bit
     "exact": dict(spec=True, policy=PolicyConfig("auto", lookup_max=62)),
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                          "fastest load mode here; '' for its default mapping), e.g. '-fa off'")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--gpu-layers", type=int, default=0,
+                    help="layers offloaded, localspec's target and drafter and the native tool's (-ngl, -ngld)")
     args = ap.parse_args(argv)
     if not args.prompts:
         args.prompts = [Path(__file__).with_name(f"{name}.jsonl") for name in SETS]
@@ -333,15 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     if drafter is None:
         native = [k for k in native if k != "draft-eagle3"]
     results = {}
+    gpu = ["-ngl", str(args.gpu_layers), "-ngld", str(args.gpu_layers)] if args.gpu_layers else []
     load_start = os.getloadavg()[0]
     hog = busy_core() if args.busy else None
     try:
-        with Engine(target, drafter, n_ctx=args.ctx, n_threads=threads) as engine:
+        with Engine(target, drafter, n_ctx=args.ctx, n_threads=threads, n_gpu_layers=args.gpu_layers,
+                    drafter_gpu_layers=args.gpu_layers) as engine:
             engine.cost_model()  # calibrate before the clock runs, as a user's first chat would have
             for path in args.prompts:
                 results[str(path)] = bench_set(path, engine, tool, native, modes, args.max_tokens, threads,
                                                target, drafter, args.limit, args.exact_n,
-                                               shlex.split(args.native_args), args.repeats)
+                                               shlex.split(args.native_args) + gpu, args.repeats)
     finally:
         if hog is not None:
             hog.kill()

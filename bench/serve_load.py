@@ -95,6 +95,8 @@ def start(name: str, args, target: Path, port: int, log: Path) -> Running:
             cmd += ["--threads", str(args.threads)]
         if name == "localspec-plain":
             cmd += ["--no-spec"]
+        if args.gpu_layers:
+            cmd += ["--gpu-layers", str(args.gpu_layers)]
         cmd += shlex.split(args.localspec_args)
         return Running(name, cmd, port, log, env=dict(os.environ, LOCALSPEC_THREADS=str(args.threads or "")))
     from peer_llamacpp import build_tool
@@ -104,7 +106,21 @@ def start(name: str, args, target: Path, port: int, log: Path) -> Running:
            "-c", str(args.ctx * args.parallel), "--jinja", *NATIVE_SPEC[name]]
     if args.threads:
         cmd += ["-t", str(args.threads), "-tb", str(args.threads)]
+    cmd += ["-ngl", str(args.gpu_layers)]
     return Running(name, cmd, port, log)
+
+
+def calibrated(server: Running, name: str, timeout: float = 120.0) -> None:
+    """A localspec server calibrates in the background once (its log says when): wait for that, so
+    no level is timed while it runs (it pauses for requests, but takes idle moments between them)."""
+    if name != "localspec":
+        return
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        text = server.log.read_text(errors="replace") if server.log.is_file() else ""
+        if "calibrated" in text or "calibration failed" in text:
+            return
+        time.sleep(0.5)
 
 
 def one_request(url: str, model: str, prompt, n: int) -> dict:
@@ -200,6 +216,7 @@ def parse_args(argv=None):
     ap.add_argument("--localspec-args", default="", help="more flags for localspec serve (e.g. '--source lookup')")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded by every server (-ngl)")
     return ap.parse_args(argv)
 
 
@@ -216,7 +233,8 @@ def main(argv=None) -> None:
         server = start(name, args, target, free_port(), logs / f"serve_load-{name}.log")
         try:
             model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-            one_request(server.url, model, prompts[0], 4)   # warm: loads, calibrates, caches nothing we time
+            one_request(server.url, model, prompts[0], 4)   # warm: loads, caches nothing we time
+            calibrated(server, name)
             table[name] = {}
             for c in levels:
                 table[name][c] = level(server.url, model, prompts, c, args.n, args.requests or max(2 * c, 8))

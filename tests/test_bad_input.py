@@ -321,7 +321,7 @@ def test_bench_files(tiny, tmp_path):
 @pytest.mark.parametrize("content", ["[]", '{"version": 2, "entries": []}', '{"version": 2, "entries": {"k": 1}}',
                                      "\xff\xfe", "{"])
 def test_calibration_cache_of_the_wrong_shape_counts_as_absent(tmp_path, content):
-    from localspec.speculation import costmodel
+    from localspec.speculation import cost_cache, costmodel
 
     cache = tmp_path / "calibration.json"
     cache.write_bytes(content.encode("latin-1"))
@@ -336,7 +336,7 @@ def test_calibration_cache_of_the_wrong_shape_counts_as_absent(tmp_path, content
     assert calls == [1] and model.verify(1) == pytest.approx(0.01)
     assert json.loads(cache.read_text())["entries"]["k"]["verify"]["1"] == pytest.approx(0.01)  # replaced
     # a broken entry under the right key: recalibrated, with a note for --verbose
-    cache.write_text(json.dumps({"version": costmodel.CACHE_VERSION,
+    cache.write_text(json.dumps({"version": cost_cache.CACHE_VERSION,
                                  "entries": {"k": {"verify": {"1": "fast"}, "drafter_step": None}}}))
     costmodel.load_or_calibrate("k", cache, calibrate, note=notes.append)
     assert len(calls) == 2 and any("bad verify figure" in n for n in notes)

@@ -14,7 +14,7 @@ import pytest
 
 from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, Message
 from localspec.core.paths import user_dir
-from localspec.speculation import costmodel
+from localspec.speculation import cost_measure, costmodel
 from tiny_models import build_target
 
 
@@ -90,11 +90,11 @@ def test_a_calibration_taken_under_load_follows_live_timings_and_is_written_back
         bands: dict[int, list[float]] = {}
         for b, seconds in verifies[-40:]:
             bands.setdefault(costmodel._band(b), []).append(seconds / cm.verify(b))
-        checked = [costmodel._median(r) for r in bands.values() if len(r) >= 3]
+        checked = [cost_measure.median(r) for r in bands.values() if len(r) >= 3]
         assert checked and all(within(m, 1.0, 2.0) for m in checked), bands
         level = cm.verify(1)
     saved = cached(key)                      # written back at close: the live figures, not 3x
-    assert saved[1] == pytest.approx(level, rel=0.01) and costmodel.check_curve(saved) is None
+    assert saved[1] == pytest.approx(level, rel=0.01) and cost_measure.check_curve(saved) is None
 
 
 @pytest.mark.parametrize("damage", ["corrupted", "absurd"])
@@ -109,11 +109,11 @@ def test_a_cached_curve_that_cannot_be_a_measurement_is_calibrated_again(target,
     with Engine(target, n_ctx=CTX, n_threads=1, verbose=True) as engine:
         cm = engine.cost_model()
         assert "is not a plausible" in capsys.readouterr().err       # dropped, and why (--verbose)
-        assert costmodel.check_curve({b: cm.verify(b) for b in truth}) is None
+        assert cost_measure.check_curve({b: cm.verify(b) for b in truth}) is None
         assert cm.verify(8) != pytest.approx(bad[8]) and cm.verify(4) != pytest.approx(bad[4])
         generate(engine)
     saved = cached(key)                      # the fresh calibration replaced it
-    assert costmodel.check_curve(saved) is None and saved[8] != pytest.approx(bad[8])
+    assert cost_measure.check_curve(saved) is None and saved[8] != pytest.approx(bad[8])
 
 
 def strict_json(text: str) -> dict:
@@ -149,7 +149,7 @@ def test_json_output_is_strict_json_whatever_the_cache_holds(target, tmp_path, v
         if args[0] == "bench":
             assert out["calibration"]["verify_ms"] and all(0 < ms < 1e5 for ms in out["calibration"]["verify_ms"])
     for entry in json.loads(cache.read_text())["entries"].values():   # calibrated again, finite
-        assert costmodel.check_curve({int(b): v for b, v in entry["verify"].items()}) is None
+        assert cost_measure.check_curve({int(b): v for b, v in entry["verify"].items()}) is None
 
 
 def test_non_finite_figures_print_as_null():

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from localspec.speculation import costmodel
-from localspec.speculation.costmodel import CostModel, load_or_calibrate, with_threads
+from localspec.speculation import cost_cache, cost_measure, costmodel
+from localspec.speculation.cost_cache import with_threads
+from localspec.speculation.costmodel import CostModel, load_or_calibrate
 
 # a CPU-like curve measured at the calibration sizes: per-token cost keeps falling past 16
 CAL = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
@@ -29,7 +30,7 @@ def feed(cm: CostModel, sizes, factor: float, noise: float = 0.0, rng=None) -> N
 
 
 def test_calibration_sizes_reach_the_longest_draft():
-    sizes = list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES)
+    sizes = list(range(1, cost_measure.CALIBRATE_MAX + 1)) + list(cost_measure.EXTRA_SIZES)
     assert max(sizes) >= 128 and {16, 32, 64} <= set(sizes)
     cm = CostModel(CAL)
     assert cm.verify(128) == pytest.approx(0.145) and cm.verify(80) == pytest.approx((0.075 + 0.110) / 2)
@@ -95,7 +96,7 @@ def test_drafter_step_follows_the_machine_level():
 
 def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
     cache = tmp_path / "calibration.json"
-    key2 = costmodel.machine_key(2, 0) + "|kv=-|t.gguf"
+    key2 = cost_cache.machine_key(2, 0) + "|kv=-|t.gguf"
     key1 = with_threads(key2, 1)
     assert "-t1-gpu0|kv=-|t.gguf" in key1 and with_threads(key1, 2) == key2
 
@@ -119,27 +120,27 @@ def test_rekey_takes_up_the_other_thread_counts_figures(tmp_path):
 
 
 def test_an_interrupted_calibration_is_never_written_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(costmodel, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
+    monkeypatch.setattr(cost_measure, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
     cache = tmp_path / "calibration.json"
     cm = load_or_calibrate("k", cache, lambda: ({1: 0.005, 2: 0.009}, None, None, False))
     feed(cm, [1, 1, 1, 1], 3.0)
     cm.save_if_drifted()     # its live figures moved, but it knows sizes 1 and 2 only
     assert not cache.exists()
     calls = []
-    costmodel.measure(calls.append, [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 128], repeats=1)
+    cost_measure.measure(calls.append, [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 128], repeats=1)
     assert calls[1:6] == [1, 2, 4, 8, 16]              # powers of two first: cut short, still spans
 
 
 def test_measure_repeats_large_sizes_less_and_stops_on_request(monkeypatch):
-    monkeypatch.setattr(costmodel, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
+    monkeypatch.setattr(cost_measure, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
     calls = []
-    out = costmodel.measure(calls.append, [1, 16, 64, 128])
+    out = cost_measure.measure(calls.append, [1, 16, 64, 128])
     assert set(out) == {1, 16, 64, 128}
-    assert calls.count(1) == 1 + costmodel.REPEATS and calls.count(64) == costmodel.REPEATS_LARGE
+    assert calls.count(1) == 1 + cost_measure.REPEATS and calls.count(64) == cost_measure.REPEATS_LARGE
     # in rounds: every size once before any size twice (a slow spell cannot inflate all of one size)
     assert calls[1:5] == [1, 16, 64, 128] and calls[5:7] == [1, 16]
     calls.clear()
-    out = costmodel.measure(calls.append, [1, 2, 3], stop=lambda: len(calls) > 2)
+    out = cost_measure.measure(calls.append, [1, 2, 3], stop=lambda: len(calls) > 2)
     assert list(out) == [1, 2]                         # the sizes measured so far
 
 
@@ -193,14 +194,14 @@ def test_live_figures_written_back_keep_the_shape_of_sizes_not_measured(tmp_path
 
 
 def test_measure_settles_before_every_timed_run(monkeypatch):
-    monkeypatch.setattr(costmodel, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
+    monkeypatch.setattr(cost_measure, "EXTRA_ROUNDS", 0)   # calls of no duration: their spread is noise
     calls = []
-    costmodel.measure(calls.append, [1, 64, 2], repeats=2, settle=lambda: calls.append("settle"))
+    cost_measure.measure(calls.append, [1, 64, 2], repeats=2, settle=lambda: calls.append("settle"))
     timed = [c for i, c in enumerate(calls[1:], 1) if c != "settle"]
     # two one-token steps before each timed run: one untimed, one timed as the run's reference
     assert all(calls[i - 2:i] == ["settle", "settle"] for i, c in enumerate(calls) if i > 0 and c != "settle")
     # rounds, powers of two first; 64 (above 32 rows) min(repeats, REPEATS_LARGE) = 2 times
-    assert costmodel.REPEATS_LARGE >= 2 and timed == [1, 2, 64, 1, 2, 64]
+    assert cost_measure.REPEATS_LARGE >= 2 and timed == [1, 2, 64, 1, 2, 64]
 
 
 # -- a calibration that can be trusted -------------------------------------------------------------
@@ -211,7 +212,7 @@ FA = {1: 1.0, 2: 1.4, 3: 1.8, 4: 2.1, 5: 2.7, 6: 3.0, 7: 3.4, 8: 3.8, 9: 4.7, 12
 
 
 class SharedMachine:
-    """A clock and a target on a shared machine, for :func:`costmodel.measure_runs`: long slow
+    """A clock and a target on a shared machine, for :func:`cost_measure.measure_runs`: long slow
     spells (another process takes a core for a second or more: 1.5-3x), short ones (a few
     decodes: 2-4x) and single slow decodes (3x)."""
 
@@ -234,8 +235,8 @@ class SharedMachine:
 
 
 def calibrate_on(machine: SharedMachine, monkeypatch) -> dict:
-    monkeypatch.setattr(costmodel, "time", machine)
-    return costmodel.measure_runs(machine.run, list(machine.truth), settle=lambda: machine.run(1))
+    monkeypatch.setattr(cost_measure, "time", machine)
+    return cost_measure.measure_runs(machine.run, list(machine.truth), settle=lambda: machine.run(1))
 
 
 def effective(cm: CostModel, n: int = 128) -> list[float]:
@@ -256,7 +257,7 @@ def test_calibrations_on_a_shared_machine_agree_and_are_monotone(monkeypatch):
     errors, before = [], []
     for seed in range(30):
         runs = calibrate_on(SharedMachine(FA, seed), monkeypatch)
-        fitted = costmodel.fit_curve(costmodel.robust_costs(runs))
+        fitted = cost_measure.fit_curve(cost_measure.robust_costs(runs))
         errors.append(off(fitted))
         sizes = sorted(fitted)
         drops = [b for a, b in zip(sizes, sizes[1:]) if fitted[b] < fitted[a]]
@@ -270,18 +271,18 @@ def test_calibrations_on_a_shared_machine_agree_and_are_monotone(monkeypatch):
 
 def test_the_fit_averages_dips_away_and_keeps_a_kernel_step():
     costs = {1: 1.0, 2: 1.5, 3: 1.4, 4: 2.0, 5: 1.9, 8: 4.0, 63: 30.0, 64: 14.0, 72: 15.0, 96: 14.5}
-    fitted = costmodel.fit_curve(costs)
+    fitted = cost_measure.fit_curve(costs)
     assert fitted[2] == fitted[3] == pytest.approx(math.sqrt(1.5 * 1.4))   # a dip: pooled (log units)
     assert fitted[4] == fitted[5] == pytest.approx(math.sqrt(2.0 * 1.9))
     assert fitted[63] == pytest.approx(30.0) and fitted[64] == pytest.approx(14.0)   # under DROP: a step
     assert fitted[72] == fitted[96] == pytest.approx(math.sqrt(15.0 * 14.5))
     # one size far below the size before it, but not the size after it: noise (a loaded machine)
-    dip = costmodel.fit_curve({1: 1.0, 4: 3.4, 5: 1.9, 6: 3.6, 8: 4.0})
+    dip = cost_measure.fit_curve({1: 1.0, 4: 3.4, 5: 1.9, 6: 3.6, 8: 4.0})
     assert dip[4] == dip[5] <= dip[6] <= dip[8]
-    last = costmodel.fit_curve({1: 1.0, 63: 30.0, 64: 14.0})   # nothing after it confirms the step
+    last = cost_measure.fit_curve({1: 1.0, 63: 30.0, 64: 14.0})   # nothing after it confirms the step
     assert last[63] == last[64]
     gpu = {b: 0.01 * (1 + b / 2000) for b in (1, 2, 4, 8, 16, 32, 64, 128)}
-    assert costmodel.fit_curve(gpu) == pytest.approx(gpu)
+    assert cost_measure.fit_curve(gpu) == pytest.approx(gpu)
 
 
 def test_a_gpu_shaped_curve_makes_the_policy_draft_deep():
@@ -289,11 +290,11 @@ def test_a_gpu_shaped_curve_makes_the_policy_draft_deep():
     the drafter and from a long lookup match."""
     from localspec.speculation.policy import DraftPolicy, PolicyConfig, lookup_class
     gpu = {b: 0.010 * (1 + 0.002 * b) for b in (1, 2, 4, 8, 16, 32, 64)} | {128: 0.02}
-    assert costmodel.check_curve(gpu) is None
+    assert cost_measure.check_curve(gpu) is None
     cpu = {b: 0.005 * v for b, v in FA.items()}
     depths = {}
     for name, curve in (("gpu", gpu), ("cpu", cpu)):
-        policy = DraftPolicy(PolicyConfig("auto"), CostModel(costmodel.fit_curve(curve), 0.0005),
+        policy = DraftPolicy(PolicyConfig("auto"), CostModel(cost_measure.fit_curve(curve), 0.0005),
                              eagle=True, lookup=True)
         for _ in range(20):
             policy.eagle_acc.observe(16, 16)     # a drafter whose drafts all hold
@@ -320,14 +321,14 @@ def test_a_cached_curve_that_cannot_be_a_measurement_is_calibrated_again(tmp_pat
         return {int(b): v for b, v in good.items()}, 0.001, 1.5, True
 
     for name, verify in bad.items():
-        cache.write_text(json.dumps({"version": costmodel.CACHE_VERSION, "entries": {
+        cache.write_text(json.dumps({"version": cost_cache.CACHE_VERSION, "entries": {
             "k": {"verify": verify, "drafter_step": 0.001}}}))
         cm = load_or_calibrate("k", cache, calibrate, note=notes.append)
         assert len(calls) == len(notes) and cm.verify(4) == pytest.approx(0.005 * FA[4]), name
         saved = json.loads(cache.read_text())["entries"]["k"]    # replaced by the fresh calibration
-        assert costmodel.check_curve({int(b): v for b, v in saved["verify"].items()}) is None, name
+        assert cost_measure.check_curve({int(b): v for b, v in saved["verify"].items()}) is None, name
     assert len(calls) == len(bad)
-    cache.write_text(json.dumps({"version": costmodel.CACHE_VERSION, "entries": {
+    cache.write_text(json.dumps({"version": cost_cache.CACHE_VERSION, "entries": {
         "k": {"verify": good, "drafter_step": 1e308}}}))
     load_or_calibrate("k", cache, calibrate, note=notes.append)
     assert len(calls) == len(bad) + 1 and "drafter" in notes[-1]

@@ -17,7 +17,8 @@ from localspec.core.events import TokenEvent
 from localspec.runtime.sampling import SamplingParams
 from localspec.runtime.prompt_cache import PromptCache
 from localspec.runtime.scheduler import Scheduler
-from localspec.speculation.costmodel import CostModel, fit_curve
+from localspec.speculation.cost_measure import fit_curve
+from localspec.speculation.costmodel import CostModel
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
 from tiny_models import noisy_and_repeat
 

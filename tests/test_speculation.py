@@ -8,7 +8,6 @@ import pytest
 
 from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, LocalspecError, PolicyConfig, SamplingParams
 from localspec.core.paths import user_dir
-from localspec.speculation import costmodel
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore
 from localspec.speculation.policy import Acceptance, DraftPolicy, lookup_class
@@ -285,6 +284,7 @@ def test_auto_uses_the_drafter_where_it_pays_and_records_sources(tiny):
     # a perfect drafter and lookup on a repeating target: auto speculates and reports per source
     with Engine(tiny["repeat"], tiny["d_repeat"], n_ctx=1024) as engine:
         events = list(engine.generate("Hello world", GenerationConfig(max_tokens=80)))
+        assert engine.calibrator.wait(120)   # calibrated in the background, after the reply
     done = events[-1]
     assert isinstance(done, DoneEvent)
     srcs = {e.source for e in events if isinstance(e, CycleEvent)}

@@ -163,6 +163,9 @@ class ChatApp(App):
             text.append(f" · chat #{self.conversation_id}", style="dim")
         if self.generating:
             text.append(" · generating (Esc cancels)", style="italic")
+        calibrator = getattr(self.engine, "calibrator", None)   # last: it comes and goes (runtime.calibrator)
+        if self.spec_enabled and calibrator is not None and (calibrator.busy or calibrator.state == "failed"):
+            text.append(f" · {calibrator.describe()}", style="yellow")
         return text
 
     def _refresh_status(self) -> None:
@@ -205,7 +208,25 @@ class ChatApp(App):
         prompt.disabled = False
         prompt.placeholder = "Message (Enter sends)"
         prompt.focus()
+        self._calibrate()
         self._refresh_status()
+
+    def _calibrate(self) -> None:
+        """The cost model measured in the background (a reply never waits for it), its state on
+        the status line."""
+        calibrator = getattr(self.engine, "calibrator", None)
+        if calibrator is None:
+            return
+
+        def changed(_state: str) -> None:
+            if self._closing:
+                return
+            try:
+                self.call_from_thread(self._refresh_status)
+            except RuntimeError:   # on the app's own thread
+                self._refresh_status()
+        calibrator.listeners.append(changed)
+        self.engine.calibrate_in_background()
 
     # -- conversation display --------------------------------------------------------------------
     def _note(self, text: str, *, error: bool = False) -> None:

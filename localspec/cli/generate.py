@@ -142,6 +142,8 @@ def generate(
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      vram=vram, model_spec=resolved, source=values.get("source"))
     with engine:
+        if config.spec:   # a cached calibration at once, else measured while idle: the reply never waits
+            engine.calibrate_in_background()
         request = prompt if raw else _messages(prompt, system, model_spec)
         if not as_json and engine.drafter is None and not no_spec:
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
@@ -157,13 +159,14 @@ def generate(
                 done = event
         assert done is not None
         _report(done, model_spec, engine, as_json, warmup)
+        _finish_calibration(engine)
 
 
 def _warm_up(engine, config: GenerationConfig) -> float:
     """Seconds of a one-token generation of a one-token prompt, its cache then forgotten. llama.cpp's
-    first decode pays one-time costs (threads started, weights paged in, buffers allocated, and the
-    first calibration of the cost model), which counted as prompt time made a 31-token prompt read
-    at 10-15 tok/s; llama.cpp's own tools warm up the same way before they time anything."""
+    first decode pays one-time costs (threads started, weights paged in, buffers allocated), which
+    counted as prompt time made a 31-token prompt read at 10-15 tok/s; llama.cpp's own tools warm up
+    the same way before they time anything."""
     start = time.perf_counter()
     warm = replace(config, max_tokens=1, stop=(), grammar=None, grammar_triggers=(), logprobs=None, prediction=None)
     tokens = engine.prompt_tokens("\n", parse_special=False)[:2] or [0]   # any token will do
@@ -171,6 +174,18 @@ def _warm_up(engine, config: GenerationConfig) -> float:
         pass
     engine.clear_cache()
     return time.perf_counter() - start
+
+
+def _finish_calibration(engine) -> None:
+    """After the reply: a calibration that started, or was paused for it, completes before the
+    process ends (bounded; once per machine and model files), so the next run plans with it."""
+    if engine.calibrator.busy:
+        print("note: measuring this machine's decode costs, once per model (after the reply; "
+              "Ctrl-C skips it)", file=sys.stderr)
+        engine.calibrator.wait(CALIBRATION_WAIT)
+
+
+CALIBRATION_WAIT = 60.0   # seconds at most (the calibration's own budget is cost_measure.BUDGET_SECONDS)
 
 
 def _messages(prompt: str, system: str | None, model_spec) -> list[Message]:

@@ -13,6 +13,7 @@ import ctypes
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
 from ..core.errors import LocalspecError
 
@@ -124,3 +125,42 @@ def model_target_layer_ids(model: Any) -> list[int]:
     n = _function("llama_model_target_layer_ids_n")(model)
     ptr = _function("llama_model_target_layer_ids")(model)
     return [int(ptr[i]) for i in range(n)] if n and ptr else []
+
+
+# -- the hot path: addresses as ints, numpy views cached per address ------------------------------
+# A pointer result costs a ctypes object per call, and np.ctypeslib.as_array a new ctypes array type
+# (tens of µs): per drafted token that was a large part of a cycle's host time. These return the
+# address as an int, and float_view keeps one view per (address, shape) (llama.cpp reuses its
+# output buffers, so the same few addresses come back every cycle).
+_address_fns: dict[str, Any] = {}
+
+
+def _address_fn(name: str) -> Any:
+    fn = _address_fns.get(name)
+    if fn is None:
+        typed = _function(name)   # resolves the symbol (plain or mangled) and checks it exists
+        fn = ctypes.CFUNCTYPE(ctypes.c_void_p, *typed.argtypes)(ctypes.cast(typed, ctypes.c_void_p).value)
+        _address_fns[name] = fn
+    return fn
+
+
+def layer_inp_address(ctx: Any, layer: int) -> int:
+    """:func:`get_embeddings_layer_inp` as an int address (0: none)."""
+    return _address_fn("llama_get_embeddings_layer_inp")(ctx, layer) or 0
+
+
+def nextn_ith_address(ctx: Any, i: int) -> int:
+    """:func:`get_embeddings_nextn_ith` as an int address (0: none)."""
+    return _address_fn("llama_get_embeddings_nextn_ith")(ctx, i) or 0
+
+
+def float_view(address: int, shape: tuple[int, ...], cache: dict) -> Any:
+    """A float32 numpy view of ``shape`` at ``address``, kept in ``cache`` (valid while llama.cpp
+    keeps that buffer: read it before the next decode)."""
+    key = (address, shape)
+    view = cache.get(key)
+    if view is None:
+        if len(cache) > 256:
+            cache.clear()
+        view = cache[key] = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=shape)
+    return view

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..speculation import costmodel, tree
+from ..speculation import cost_measure, tree
 from ..speculation.eagle import EagleDrafter
 from .verifier import TargetVerifier
 
@@ -19,18 +19,22 @@ WARM_STEPS = 4   # one-token decodes before timing: the filler's prefill leaves 
 
 
 def calibrate(verifier: TargetVerifier, drafter: EagleDrafter | None,
-              cancel: threading.Event | None = None) -> tuple[dict[int, float], float | None, float | None, bool]:
+              cancel=None) -> tuple[dict[int, float], float | None, float | None, bool]:
     """Time target decodes of each batch size (logits for every row) after a short context, one
     drafter step and one step of ``tree.WIDTH`` branches: (seconds by batch size, drafter step,
-    branch step / drafter step, complete). Leaves both caches empty."""
-    deadline = time.perf_counter() + costmodel.BUDGET_SECONDS
+    branch step / drafter step, complete). Leaves both caches empty. ``cancel`` (``is_set()``: a
+    ``threading.Event``, or the background calibration's stop) ends it at the next decode."""
+    deadline = time.perf_counter() + cost_measure.BUDGET_SECONDS
 
     def stop() -> bool:  # an oversubscribed machine can make decodes 100x slower: keep what we have
         return time.perf_counter() > deadline or (cancel is not None and cancel.is_set())
     verify_costs, complete, tok = _time_verify(verifier, stop)
     drafter_step = drafter_width = None
     if drafter is not None:
-        drafter_step, drafter_width = _time_drafter(drafter, tok)
+        if cancel is not None and cancel.is_set():
+            complete = False
+        else:
+            drafter_step, drafter_width = _time_drafter(drafter, tok)
     return verify_costs, drafter_step, drafter_width, complete
 
 
@@ -40,9 +44,11 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
     n_ctx_room = ctx.n_ctx - 1
     base = min(128, n_ctx_room // 2, ctx.n_batch)   # one decode (a small --ctx gives a small n_batch)
     limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
-    sizes = [b for b in list(range(1, costmodel.CALIBRATE_MAX + 1)) + list(costmodel.EXTRA_SIZES) if b <= limit]
+    sizes = [b for b in list(range(1, cost_measure.CALIBRATE_MAX + 1)) + list(cost_measure.EXTRA_SIZES) if b <= limit]
     filler = [model.bos if model.bos >= 0 else 0] + [(i * 7919) % model.n_vocab for i in range(1, base)]
     verifier.forget()
+    if stop():
+        return {}, False, 0
     if base:
         ctx.decode(filler, 0, all_logits=False)
     tok = filler[-1] if filler else 0
@@ -53,7 +59,7 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
 
     for _ in range(WARM_STEPS):  # the first single steps after a large batch run slow (cold caches)
         verify(1)
-    verify_costs = costmodel.measure(verify, sizes, stop=stop, settle=lambda: verify(1))
+    verify_costs = cost_measure.measure(verify, sizes, stop=stop, settle=lambda: verify(1))
     ctx.seq_rm(0)
     return verify_costs, len(verify_costs) == len(sizes), tok
 
@@ -72,7 +78,7 @@ def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
         d.decode([tok], g, 0)
         d.ctx.seq_rm(0)
 
-    drafter_step = costmodel.measure(step, [1])[1]
+    drafter_step = cost_measure.measure(step, [1])[1]
     d.reset(0)
     gw = np.zeros((tree.WIDTH, d.n_embd), dtype=np.float32)
 
@@ -81,4 +87,4 @@ def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
         for s in seqs:
             d.forget(s)
 
-    return drafter_step, costmodel.measure(branches, [1])[1] / drafter_step
+    return drafter_step, cost_measure.measure(branches, [1])[1] / drafter_step

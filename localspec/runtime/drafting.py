@@ -159,10 +159,14 @@ class DraftStep:
         tokens: list[int] = []
         grammar = self.grammar.clone() if self.grammar is not None else None
         try:
+            sure = policy.fixed or policy.config.p_min <= 0.0   # no confidence test: no softmax
             while len(tokens) < k:
-                tok, prob = top1_probability(logits)
-                if not policy.keep_drafting(prob):
-                    break
+                if sure:
+                    tok = int(logits.argmax())
+                else:
+                    tok, prob = top1_probability(logits)
+                    if not policy.keep_drafting(prob):
+                        break
                 if grammar is not None:
                     if not grammar.allowed(tok):
                         break

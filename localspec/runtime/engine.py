@@ -47,12 +47,13 @@ from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
-from ..speculation import costmodel, tree
+from ..speculation import cost_cache, costmodel, tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
 from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
 from ..speculation.recall import Recall
 from .calibration import calibrate
+from .calibrator import Calibrator
 from .config import GenerationConfig
 from .generation import GenerationLoop
 from .margins import MarginRecorder
@@ -118,7 +119,7 @@ class Engine:
         self.formatter = self._chat_formatter(chat_template)
         self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
         self._verbose = verbose
-        self.cost: costmodel.CostModel | None = None  # verify/drafter costs, calibrated on first use
+        self.cost: costmodel.CostModel | None = None  # verify/drafter costs: cached, measured or a guess
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
         self.recall = Recall()  # the recent generations' text, a draft source for the next ones
@@ -127,6 +128,9 @@ class Engine:
         self.verifiers = self._verifiers()
         self.verifier = self.verifiers[0]
         self._lock = threading.Lock()
+        # calibrates while no generation holds the engine (runtime.calibrator); generations take the
+        # engine through it
+        self.calibrator = Calibrator(self._lock, self._measure_costs, self._install_cost, self._measured_cost)
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
     def _mtp_heads(self, mtp: bool | None) -> int:
@@ -241,12 +245,12 @@ class Engine:
             tokens = self._check_tokens(prompt)
         else:
             tokens = self.prepare(prompt, parse_special=config.parse_special)
-        if not self._lock.acquire(blocking=False):
+        if not self.calibrator.acquire():
             raise LocalspecError("the engine is already generating")
         try:
             yield from self._generate(tokens, config, cancel)
         finally:
-            self._lock.release()
+            self.calibrator.release()
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
         self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
@@ -262,8 +266,9 @@ class Engine:
                   cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
         """A generation of ``prompt`` on ``verifier``'s sequence, not started; it drafts with the
         drafter's sequence of the same number. Draft trees (their branches are sequences of their
-        own) only in an engine of one slot, and not with chained MTP heads. ``cost=False``: no
-        calibration now (the policy plans plain steps until a cost model exists)."""
+        own) only in an engine of one slot, and not with chained MTP heads. It never waits for a
+        calibration: without one, the policy plans with what :meth:`planning_cost` gives (``cost`` is
+        kept for callers; unused)."""
         pcfg = config.policy
         chained = self.drafter is not None and self.drafter.max_depth is not None
         if (self.n_slots > 1 or chained) and pcfg.tree != "off":
@@ -277,7 +282,7 @@ class Engine:
             pcfg = replace(pcfg, source=EAGLE)
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
-        model = (self.cost_model(cancel=cancel) if cost else self.cost) if wants_cost else None
+        model = self.planning_cost() if wants_cost else None
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
@@ -297,22 +302,60 @@ class Engine:
             compiled.close()
 
     # -- cost model --------------------------------------------------------------------------------
+    def cost_key(self) -> str:
+        """What the cost model's figures hold for: this machine, thread count, offload, KV type and files."""
+        return "|".join((cost_cache.machine_key(self.ctx.n_threads, self._n_gpu_layers),
+                         f"kv={self._kv_type or '-'}", cost_cache.file_key(self.target_info.path),
+                         cost_cache.file_key(self.drafter_info.path if self.drafter_info is not None else None)
+                         + ("|mtp" if self.mtp_heads else "")))
+
+    def calibrate_in_background(self) -> None:
+        """Have a cost model without making a request wait for one: the cached calibration at once,
+        else one measured in the background while the engine is idle (:mod:`.calibrator`)."""
+        if self.cost is None:
+            self.cost = costmodel.cached(self.cost_key(), user_dir() / "calibration.json", self._verbose_note)
+            if self.cost is not None:
+                self.calibrator.state = "cached"
+        if self.cost is None or self.cost.provisional:
+            self.calibrator.start()
+
+    def planning_cost(self) -> costmodel.CostModel:
+        """The cost model a generation plans with now, never waiting: the cached or measured one,
+        else a guess the generation's own cycles correct (:func:`costmodel.prior`) while a
+        calibration runs whenever the engine is idle."""
+        self.calibrate_in_background()
+        if self.cost is None:
+            self.cost = costmodel.prior(self.cost_key(), user_dir() / "calibration.json")
+        return self.cost
+
     def cost_model(self, *, refresh: bool = False, cancel: threading.Event | None = None) -> costmodel.CostModel:
         """Verify cost by batch size and drafter step cost on this machine: from the cache in
-        ``user_dir()/calibration.json`` or measured now (a few hundred ms; ``cancel`` cuts it short)."""
-        if self.cost is not None and not refresh:
+        ``user_dir()/calibration.json`` or measured now (``cancel`` cuts it short), waiting for a
+        background calibration under way. Call it between generations (bench does, before it times)."""
+        if not refresh and (self.cost is None or self.cost.provisional) and self.calibrator.busy:
+            self.calibrator.wait()
+        if self.cost is not None and not self.cost.provisional and not refresh:
             return self.cost
         self.cost = costmodel.load_or_calibrate(self.cost_key(), user_dir() / "calibration.json",
-                                                lambda: calibrate(self.verifier, self.drafter, cancel), refresh=refresh,
+                                                lambda: self._measure_costs(cancel), refresh=refresh,
                                                 note=self._verbose_note)
         return self.cost
 
-    def cost_key(self) -> str:
-        """What the cost model's figures hold for: this machine, thread count, offload, KV type and files."""
-        return "|".join((costmodel.machine_key(self.ctx.n_threads, self._n_gpu_layers),
-                         f"kv={self._kv_type or '-'}", costmodel._file_key(self.target_info.path),
-                         costmodel._file_key(self.drafter_info.path if self.drafter_info is not None else None)
-                         + ("|mtp" if self.mtp_heads else "")))
+    def _measure_costs(self, cancel=None):
+        """A calibration on sequence 0 (emptied) and the drafter's first sequences: every slot's
+        drafter pairs count as gone (call it while no generation runs)."""
+        try:
+            return calibrate(self.verifier, self.drafter, cancel)
+        finally:
+            for verifier in self.verifiers:
+                verifier.drafter_pairs = 0
+
+    def _measured_cost(self, verify, drafter_step, drafter_width, complete: bool) -> costmodel.CostModel:
+        return costmodel.measured(self.cost_key(), user_dir() / "calibration.json",
+                                  (verify, drafter_step, drafter_width, complete))
+
+    def _install_cost(self, model: costmodel.CostModel, complete: bool) -> None:
+        self.cost = model
 
     def _verbose_note(self, text: str) -> None:
         if self._verbose:
@@ -332,6 +375,9 @@ class Engine:
 
     # -- life cycle ------------------------------------------------------------------------------
     def close(self) -> None:
+        calibrator = getattr(self, "calibrator", None)
+        if calibrator is not None:
+            calibrator.close()   # before the contexts go
         cost = getattr(self, "cost", None)
         if cost is not None:
             cost.save_if_drifted()

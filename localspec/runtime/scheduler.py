@@ -87,14 +87,11 @@ class Scheduler:
         slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt), -s.admitted))
         idle = self.active == 0
         if idle:   # the engine is the scheduler's while a slot runs (generate() is refused meanwhile)
-            if not self.engine._lock.acquire(blocking=False):
+            if not self.engine.calibrator.acquire():   # a background calibration stops for it
                 raise LocalspecError("the engine is already generating")
             self.engine.threads.tick(start=True)
-        # calibration decodes on sequence 0 and empties it (the drafter's first sequences too): only
-        # while no slot runs
-        calibrated = self.engine.cost
         try:
-            loop = self.engine.open_slot(slot.verifier, prompt, config, cancel, cost=idle)
+            loop = self.engine.open_slot(slot.verifier, prompt, config, cancel)
             try:
                 if self.prompt_cache is not None:   # the prompt starts at the slot's next step (GenerationLoop.plan)
                     self._swap(slot, prompt)
@@ -104,11 +101,8 @@ class Scheduler:
                 raise
         except BaseException:
             if idle:
-                self.engine._lock.release()
+                self.engine.calibrator.release()
             raise
-        if self.engine.cost is not calibrated:
-            for other in self.slots:
-                other.verifier.drafter_pairs = 0
         # the slot is taken only now, whole: a failure above leaves it free (and the engine unlocked)
         slot.loop, slot.sink = loop, sink
         self._admissions += 1
@@ -156,7 +150,7 @@ class Scheduler:
             self._step(active)
         finally:
             if not self.active:
-                self.engine._lock.release()
+                self.engine.calibrator.release()
 
     def _step(self, active: list[Slot]) -> None:
         engine = self.engine
@@ -225,7 +219,7 @@ class Scheduler:
                 slot.loop, slot.sink = None, None
                 dropped.append(slot.index)
         if dropped and self.engine._lock.locked():
-            self.engine._lock.release()
+            self.engine.calibrator.release()
         return dropped
 
 

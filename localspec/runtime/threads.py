@@ -144,7 +144,7 @@ def for_engine(engine, n_threads: int | None) -> ThreadController | FixedThreads
         if engine.drafter is not None:
             engine.drafter.ctx.set_threads(n)
         if engine.cost is not None:   # the cost model follows: figures for n threads
-            from ..speculation.costmodel import with_threads
+            from ..speculation.cost_cache import with_threads
 
             engine.cost.rekey(with_threads(engine.cost.key, n))
 

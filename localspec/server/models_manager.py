@@ -328,7 +328,7 @@ class ModelManager:
         engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
                         chat_template=spec.template, mtp=mtp, **options)
         try:
-            self._warm_up(engine, defaults)
+            self._warm_up(engine, defaults, key)
             worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,
                                   cache_bytes=s.cache_bytes)
             worker.start()
@@ -341,19 +341,30 @@ class ModelManager:
         log(f"loaded {key} in {seconds:.2f} s ({_mib(sum(used.values()))} planned)")
         return Loaded(key, spec, engine, worker, defaults, used, gpu, seconds, s.keep_alive)
 
-    def _warm_up(self, engine: Engine, defaults: ServeDefaults) -> None:
-        """What a first request would otherwise wait for: the cost model the auto policy needs
-        before it drafts: from a model loaded earlier over the same files and settings (also a
-        calibration that an overloaded machine cut short, which the calibration cache does not
-        keep), else from the calibration cache, else measured now."""
+    def _warm_up(self, engine: Engine, defaults: ServeDefaults, name: str) -> None:
+        """The cost model the auto policy plans with, never in a request's time: from a model loaded
+        earlier over the same files and settings (also a calibration that an overloaded machine cut
+        short, which the calibration cache does not keep), else from the calibration cache, else
+        measured in the background while the engine is idle (requests meanwhile plan with what
+        exists: :mod:`localspec.runtime.calibrator`), each change of state in the log."""
         if not (defaults.spec and defaults.policy.name == "auto"):
             return
-        key = engine.cost_key()
-        known = self._costs.get(key)
+        known = self._costs.get(engine.cost_key())
         if known is not None:
             engine.cost = copy.deepcopy(known)
-        else:
-            self._costs[key] = copy.deepcopy(engine.cost_model())
+            return
+
+        def changed(state: str) -> None:
+            if state == "running" and engine.calibrator.runs > 1:
+                return   # a retry after a pause: said once
+            cost = engine.cost
+            detail = (f" (V(1) {cost.verify(1) * 1e3:.2f} ms, V(8) {cost.verify(8) * 1e3:.2f} ms, cached)"
+                      if state == "done" and cost is not None else "")
+            log(f"{name}: {engine.calibrator.describe()}{detail}")
+        engine.calibrator.listeners.append(changed)
+        engine.calibrate_in_background()
+        if engine.calibrator.state == "cached":
+            log(f"{name}: {engine.calibrator.describe()}")
 
     # -- unloading --
     def _unload_locked(self, loaded: Loaded) -> None:

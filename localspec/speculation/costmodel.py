@@ -1,12 +1,10 @@
-"""What a cycle costs on this machine: target verify time by batch size, drafter time per step.
+"""What a cycle costs on this machine, live: target verify time by batch size, drafter time per step.
 
-Calibrated at load (target decodes of each batch size 1..``CALIBRATE_MAX`` and ``EXTRA_SIZES``
-up to 128, a few runs of each taken against one-token steps timed around them, the curve fitted
-monotone: :func:`measure`) and cached in ``user_dir()/calibration.json`` under a key naming
-the machine (platform, CPU count, threads, offloaded layers) and the model files (path, size,
-mtime), so later loads cost nothing; a cached curve that cannot be a measurement
-(:func:`check_curve`) is calibrated again. Processes share the file under a lock
-(:meth:`CostModel.save`). During generation every verify and every drafting step refreshes the
+The live model. Its figures come from a calibration (target decodes of each batch size
+1..``CALIBRATE_MAX`` and ``EXTRA_SIZES`` up to 128, each run against the one-token steps around
+it, the curve fitted monotone: :mod:`.cost_measure`) kept in ``user_dir()/calibration.json`` per
+machine and model files (:mod:`.cost_cache`), so later loads cost nothing; a cached curve that
+cannot be a measurement is calibrated again. During generation every verify and every drafting step refreshes the
 figures: a machine level (the median of what the last few cycles say, so a load
 that starts or ends is followed within three cycles and one hiccup is ignored) times a clipped
 correction per band of sizes, learned against one-token steps (and replaced at once where the
@@ -22,39 +20,14 @@ ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import platform
-import re
-import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-try:
-    import fcntl
-except ImportError:   # not POSIX: writes stay atomic, concurrent saves may drop an entry
-    fcntl = None
-
-from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
+from . import cost_cache
+from .cost_measure import CALIBRATE_MAX, median as _median
 
-CALIBRATE_MAX = 17     # batch sizes measured at load: every one of 1..17 (auto weighs every depth to 16)
-# measured too: deep drafts (long lookup matches, up to 128 tokens) interpolate between measured
-# sizes instead of extrapolating. CPU costs are not smooth: llama.cpp's flash attention switches to
-# a tiled kernel at 64 query rows (GGML_FA_TILE_Q), so on this project's CPU V(64) ~ V(32) while
-# V(63) ~ 2 V(64): 56 and 63 pin the step, and a draft may be padded up to a cheaper size (PAD_GAIN)
-EXTRA_SIZES = (24, 32, 48, 56, 63, 64, 72, 96, 128)
-REPEATS = 3            # timed runs per size up to 9 ...
-REPEATS_MID = 3        # ... per size up to 32 ...
-REPEATS_LARGE = 3      # ... and above (each costs 15-40 plain steps); each run taken over the one-token
-                       # steps timed around it (a slow spell of the machine slows both), a size's figure
-                       # the lowest third of its runs (robust_costs): the fastest of 1-3 runs gave two
-                       # calibrations of one file on one idle machine V(4) / V(1) of 3.3 and 8.3
-EXTRA_ROUNDS = 4       # ... and up to 4 more runs for a size whose two best disagree by more than
-SPREAD = 1.25          # this (a decode slowed by another process, a reference slowed alone)
-BUDGET_SECONDS = 12.0  # calibration stops here (the sizes measured so far; not cached)
 TABLE_MIN = 160        # verify costs tabulated up to here at least (a 128-deep draft verifies 129 rows)
 ALPHA = 0.15           # weight of one live measurement in its band's own correction
 LEVEL_WINDOW = 5       # the machine's speed: the median of the last 5 cycles (3 agreeing move it)
@@ -67,45 +40,21 @@ FIRST_CLIP = 0.5       # ... by at most this
 FRESH_CYCLES = 32      # a size measured within this many cycles follows a faster machine at once
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
-CACHE_VERSION = 8      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
-                       # 5: bands learned against one-token steps (4's live saves could bend the curve);
-                       # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
-                       # (one-token steps 5-13% faster, so every V(k) / V(1) moved); 8: medians of
-                       # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve)
-# the fitted curve: a larger batch is cheaper than the size below only where it and the next size are
-# by this much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, pooled
-DROP = 0.8
-# a cached curve is corrupt (dropped, calibrated again) when between two measured sizes a < b ...
-FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third of fewer), or ...
-CEIL = 2.0             # ... V(b) / V(a) > CEIL * b / a (a row never costs twice what it costs in a
-                       # smaller batch), or a figure lies outside [MIN_SECONDS, MAX_SECONDS]
-MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
+# Before a calibration exists (a fresh machine, or one still being calibrated in the background: see
+# runtime.calibrator), the policy plans with a guess: a CPU's curve (SmolLM2-135M Q4_0 on 2 cores,
+# measured: per-row cost falls slowly, the costliest shape measured; a GPU's is flat, so the guess
+# drafts less than a calibration would, never more), one-token steps of PRIOR_STEP (the level
+# takes the measured one from the first cycle on) and a drafter step as dear as a target step.
+PRIOR_SHAPE = {1: 1.0, 2: 1.75, 3: 2.1, 4: 2.3, 6: 3.0, 8: 3.4, 12: 4.2, 16: 4.8, 24: 6.8, 32: 8.5,
+               48: 12.2, 64: 15.5, 96: 23.0, 128: 30.0}
+PRIOR_STEP = 0.01
+PRIOR_CLIP = 3.0       # a provisional model's first measurements of a band move it by up to this (log units)
 # the live check of a cached curve (a wrong one is corrected at once instead of crept towards):
 CHECK_N = 3            # a band whose last 3 verifies, each against the one-token steps around it,
 CHECK_TOL = 0.2        # agree within 2x this (log units) and are off its figure by more than this
                        # (1.22x) takes their median (CostModel._learn); on a busy machine, a band ...
 CHECK_WIDE = 5         # ... whose last 5, each against the last one-token steps, are off by more than
                        # 2 CHECK_TOL (1.5x) in their median takes that (CostModel._check_band)
-
-
-def _file_key(path: Path | None) -> str:
-    if path is None:
-        return "-"
-    p = Path(path)
-    try:
-        st = p.stat()
-        return f"{p.resolve()}:{st.st_size}:{int(st.st_mtime)}"
-    except OSError:
-        return str(p)
-
-
-def machine_key(n_threads: int, n_gpu_layers: int) -> str:
-    return f"{platform.system()}-{platform.machine()}-cpu{os.cpu_count()}-t{n_threads}-gpu{n_gpu_layers}"
-
-
-def with_threads(key: str, n_threads: int) -> str:
-    """``key`` (a :func:`machine_key`, possibly followed by more fields) for ``n_threads`` threads."""
-    return re.sub(r"-t\d+-gpu", f"-t{n_threads}-gpu", key, count=1)
 
 
 class CostModel:
@@ -130,6 +79,9 @@ class CostModel:
         self.key = key
         self.cache = cache
         self.cacheable = True   # False: figures of an interrupted calibration, never written back
+        # True: a guess (:func:`prior`) that plans until a calibration replaces it; each band's
+        # first measurements and the first drafter steps replace its figures instead of nudging them
+        self.provisional = False
         self._set_base(verify, drafter_step)
         # a drafter step of speculation.tree.WIDTH branches (one decode) over a one-branch step
         self.drafter_width = drafter_width
@@ -150,6 +102,7 @@ class CostModel:
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
         self._drafter_residual = 0.0
+        self._drafter_seen = False                  # a drafter step was measured live
         self._slow = 1.0                            # the level's slow EMA, for sizes not seen lately
         self._cycles = 0
         self._seen_at: dict[int, int] = {}          # band -> the cycle a size of it was last measured in
@@ -323,7 +276,7 @@ class CostModel:
             self.corrected.add(key)
             res[key] = r = _median(recent)
             return r
-        clip = FIRST_CLIP if n < FIRST_MEASURED else RESIDUAL_CLIP
+        clip = (PRIOR_CLIP if self.provisional else FIRST_CLIP) if n < FIRST_MEASURED else RESIDUAL_CLIP
         res[key] = r = r + max(ALPHA, 1.0 / (1 + n)) * min(max(d - r, -clip), clip)
         return r
 
@@ -331,7 +284,9 @@ class CostModel:
         if steps <= 0 or seconds <= 0:
             return
         per = seconds / steps
-        if self._drafter_base is None:   # never calibrated: this is its figure at today's level
+        if self._drafter_base is None or (self.provisional and not self._drafter_seen):
+            # never calibrated (or a guess): this is its figure at today's level
+            self._drafter_seen = True
             self._drafter_base = per / self._scale
             self._drafter_residual = math.log(per / self._drafter_expected())
             return
@@ -353,13 +308,14 @@ class CostModel:
             self._level, self._residual, self._learned, self._drafter_residual = level, residual, learned, dres
             self._rebuild()
             return
-        if self.cache is not None and self.cache.is_file():
+        if self.cache is not None:
             try:
-                entry = read_cache(self.cache)["entries"].get(key)
-                if entry is not None:
-                    verify, dstep, _ = _entry_figures(entry)
+                figures = cost_cache.cached_figures(self.cache, key)
+                if figures is not None:
+                    verify, dstep, _ = figures
                     self._set_base(verify, dstep if dstep is not None else self._drafter_base)
                     self.cacheable = True
+                    self.provisional = False
                     return
             except (OSError, ValueError):
                 pass
@@ -383,25 +339,11 @@ class CostModel:
         return max(moved) > DRIFT_SAVE
 
     def save(self) -> None:
-        """Write this key's live figures (fitted, made plausible) into the cache, keeping every other
-        key's: under a lock beside the file, read again, merged, written atomically, so processes
-        calibrating or closing at once (a chat and a server) lose none of each other's entries."""
+        """Write this key's live figures into the cache (:func:`.cost_cache.write_entry`: fitted,
+        made plausible, merged under a lock with every other key's)."""
         if self.cache is None or not self.key:
             return
-        entry = self.live()
-        fitted = plausible(fit_curve({int(b): sec for b, sec in entry["verify"].items()}))
-        entry["verify"] = {str(b): sec for b, sec in fitted.items()}
-        for name in ("drafter_step", "drafter_width"):
-            if entry[name] is not None and not MIN_SECONDS <= entry[name] <= MAX_SECONDS:
-                entry[name] = None
-        entry["measured_at"] = time.time()
-        with _locked(self.cache):
-            try:
-                data = read_cache(self.cache) if self.cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
-            except (OSError, ValueError):   # a cache of the wrong shape is replaced
-                data = {"version": CACHE_VERSION, "entries": {}}
-            data["entries"][self.key] = entry
-            atomic_write(self.cache, json.dumps(data, indent=1, allow_nan=False))
+        cost_cache.write_entry(self.cache, self.key, self.live())
 
     def save_if_drifted(self) -> None:
         if self.cacheable and self.drifted():
@@ -416,218 +358,10 @@ class CostModel:
                 "drafter_width_ratio": round(self.drafter_width, 3) if self.drafter_width else None}
 
 
-def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
-            stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
-    """Seconds of ``run(b)`` for each batch size, robust and fitted: :func:`measure_runs`, then
-    :func:`robust_costs`, :func:`fit_curve` and :func:`plausible`."""
-    return plausible(fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle))))
-
-
-def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
-                 stop: Callable[[], bool] | None = None,
-                 settle: Callable[[], None] | None = None) -> dict[int, list[tuple[float, float | None]]]:
-    """Timed runs of ``run(b)`` for each batch size: ``{b: [(seconds, reference), ...]}``,
-    ``repeats`` of them (fewer above 9 and 32 rows) and up to ``EXTRA_ROUNDS`` more for sizes
-    whose runs disagree, after one unmeasured warm-up; powers of two first. The repeats run in
-    rounds over all sizes, so a slow spell of the machine inflates no size's every run.
-    ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right after
-    a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify after a
-    plain step), then timed. A run's reference is the faster of the timed one-token steps just
-    before and after it (None without ``settle``): what a one-token step cost then, through a slow
-    spell of the machine, but not through one stalled step. ``stop()`` true ends it early (the
-    sizes measured so far)."""
-    sizes = _coarse_first(sizes)
-    run(sizes[0])
-    out: dict[int, list[tuple[float, int]]] = {}
-    refs: list[float] = []   # the timed one-token steps, in order; a run follows refs[j]
-
-    def reference() -> None:
-        if settle is not None:
-            settle()
-            t0 = time.perf_counter()
-            settle()
-            refs.append(time.perf_counter() - t0)
-
-    rounds = [[b for b in sizes if r < (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE))]
-              for r in range(repeats)]
-    for r in range(repeats + EXTRA_ROUNDS):
-        if r >= repeats:   # sizes whose runs disagree: more runs, so that their figure holds
-            rounds.append([b for b in sizes if b in out and _unsettled(_referenced(out[b], refs))])
-        for b in rounds[r]:
-            if stop is not None and out and stop():
-                break
-            reference()
-            t0 = time.perf_counter()
-            run(b)
-            out.setdefault(b, []).append((time.perf_counter() - t0, len(refs) - 1))
-        else:
-            continue
-        break
-    if out:   # the reference after the last run
-        reference()
-    return {b: _referenced(p, refs) for b, p in out.items()}
-
-
-def _referenced(runs: list[tuple[float, int]], refs: list[float]) -> list[tuple[float, float | None]]:
-    """(seconds, the faster of the one-token steps just before and after) for runs that followed refs[j]."""
-    return [(t, min(refs[j:j + 2]) if refs else None) for t, j in runs]
-
-
-def _unsettled(runs: list[tuple[float, float | None]]) -> bool:
-    """Whether a size needs more runs: its two fastest (each over its reference) disagree by more
-    than ``SPREAD``."""
-    xs = sorted(t / r if r else t for t, r in runs)
-    return len(xs) < 2 or xs[1] > SPREAD * xs[0]
-
-
-def _median(xs) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
-def robust_costs(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int, float]:
-    """Each size's seconds from :func:`measure_runs`: its runs, each over its reference times the
-    median one-token step (a slow spell of the machine moves neither the shape nor the level),
-    the lowest but a third of them (of 3 the fastest, of 5 the second; a stalled decode only ever
-    adds time, a reference a little off moves a run either way). Without references, the same of
-    its seconds."""
-    refs = [r for p in runs.values() for _, r in p if r]
-    one = _median(refs) if refs else 1.0
-    out = {}
-    for b, p in runs.items():
-        xs = sorted(t / r * one if r else t for t, r in p)
-        out[b] = xs[(len(xs) - 1) // 3]
-    return out
-
-
-def fit_curve(costs: dict[int, float]) -> dict[int, float]:
-    """A monotone curve through ``costs`` (seconds by batch size): non-decreasing total cost in
-    rows (isotonic regression, pool adjacent violators), except where a larger size costs under
-    ``DROP`` times the measured size below it, and so does the size above it: a kernel switch (a
-    CPU's flash attention at 64 rows: 72 rows cost less than 63 too), which stays, and the policy
-    pads to it (:meth:`CostModel.rows_for`), so what verifying ``b`` rows costs, padded, never
-    falls by more than the padding margin. One size alone below is noise, pooled."""
-    sizes = sorted(costs)
-    out: dict[int, float] = {}
-    segment: list[int] = []
-    for i, (a, b) in enumerate(zip([None] + sizes, sizes)):
-        after = sizes[i + 1] if i + 1 < len(sizes) else None
-        if segment and after is not None and max(costs[b], costs[after]) <= DROP * costs[a]:
-            out.update(_isotonic(segment, costs))
-            segment = []
-        segment.append(b)
-    out.update(_isotonic(segment, costs))
-    return out
-
-
-def _isotonic(sizes: list[int], costs: dict[int, float]) -> dict[int, float]:
-    """Pool adjacent violators: the non-decreasing sequence nearest ``costs`` over ``sizes`` (least
-    squares in log units, so a dip of 10% weighs alike at 1 row and at 128)."""
-    blocks: list[list[float]] = []   # [mean log cost, count]
-    for b in sizes:
-        blocks.append([math.log(costs[b]), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    values = [math.exp(m) for m, n in blocks for _ in range(int(n))]
-    return dict(zip(sizes, values))
-
-
-def plausible(verify: dict[int, float]) -> dict[int, float]:
-    """``verify`` brought within what :func:`check_curve` accepts, from one row up: each figure
-    within [MIN_SECONDS, MAX_SECONDS] and within ``FLOOR`` and ``CEIL`` of the size below (a
-    calibration on an oversubscribed machine, where decodes stall at random; the live check
-    then corrects the sizes drafted)."""
-    out: dict[int, float] = {}
-    a = None
-    for b in sorted(verify):
-        v = min(max(verify[b], MIN_SECONDS), MAX_SECONDS) if math.isfinite(verify[b]) else MAX_SECONDS
-        if a is not None:
-            v = min(max(v, FLOOR * out[a]), CEIL * out[a] * b / a)
-        out[b], a = v, b
-    return out
-
-
-def check_curve(verify: dict[int, float]) -> str | None:
-    """Why a cached curve cannot be a measurement (None: it can): a figure outside
-    [MIN_SECONDS, MAX_SECONDS], a larger batch costing under ``FLOOR`` of a smaller one, or a row
-    costing over ``CEIL`` times what it costs in the measured batch below."""
-    sizes = sorted(verify)
-    for a, b in zip([None] + sizes, sizes):
-        v = verify[b]
-        if not MIN_SECONDS <= v <= MAX_SECONDS:
-            return f"V({b}) = {v!r} s is not a plausible verify time"
-        if a is not None and not FLOOR * verify[a] * (1 - 1e-9) <= v <= CEIL * verify[a] * b / a * (1 + 1e-9):
-            return f"V({b}) = {v:.3g} s against V({a}) = {verify[a]:.3g} s is not a plausible curve"
-    return None
-
-
 def _band(b: int) -> int:
     """The band of batch sizes ``b`` shares its live correction with: 1, 2-3, 4-7, ... 64-127 (on a
     CPU, 64 rows is where flash attention turns tiled: the bands break where the curve does)."""
     return 1 << (b.bit_length() - 1) if b > 0 else 0
-
-
-def _coarse_first(sizes) -> list[int]:
-    """Powers of two first (1, 2, 4 ... 128: the whole range), then the sizes between: a
-    calibration cut short on a busy machine still spans every draft depth."""
-    sizes = sorted(set(sizes))
-    coarse = [b for b in sizes if b & (b - 1) == 0]
-    return coarse + [b for b in sizes if b & (b - 1)]
-
-
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
-
-
-@contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
-    """An exclusive lock on ``cache`` for a read-change-write: ``flock`` on ``.NAME.lock`` beside
-    it (kept: removing it would let a third process lock a new file while one holds the old)."""
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache.with_name(f".{cache.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)   # closing releases the lock
-
-
-def read_cache(cache: Path) -> dict:
-    """The cache file's data, ``{"version": CACHE_VERSION, "entries": {key: entry}}``; ValueError
-    saying what is wrong when the file is not of that shape (it is then treated as absent)."""
-    try:
-        data = json.loads(cache.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"not JSON text ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-        raise ValueError("not an object with an \"entries\" object")
-    if data.get("version") != CACHE_VERSION:
-        raise ValueError(f"version {data.get('version')!r}, expected {CACHE_VERSION}")
-    return data
-
-
-def _entry_figures(entry) -> tuple[dict[int, float], float | None, float | None]:
-    """(verify seconds by batch size, drafter step, drafter width) of one cache entry; ValueError
-    unless every figure is a positive finite number and the one-token cost is there."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("verify"), dict):
-        raise ValueError("an entry without a \"verify\" object")
-    verify = {}
-    for b, sec in entry["verify"].items():
-        if not (isinstance(b, str) and b.isdigit() and 0 < int(b) <= 4096 and _positive(sec)):
-            raise ValueError(f"a bad verify figure {b!r}: {sec!r}")
-        verify[int(b)] = float(sec)
-    if 1 not in verify:
-        raise ValueError("no one-token verify cost")
-    why = check_curve(verify)
-    if why is not None:
-        raise ValueError(why)
-    extra = [entry.get("drafter_step"), entry.get("drafter_width")]
-    if any(x is not None and not (_positive(x) and MIN_SECONDS <= x <= MAX_SECONDS) for x in extra):
-        raise ValueError(f"a bad drafter figure {extra!r}")
-    return fit_curve(verify), *(float(x) if x is not None else None for x in extra)
 
 
 def load_or_calibrate(key: str, cache: Path,
@@ -635,23 +369,54 @@ def load_or_calibrate(key: str, cache: Path,
                       *, refresh: bool = False, note: Callable[[str], None] | None = None) -> CostModel:
     """The cached figures for ``key``, else a fresh calibration (written to the cache). A cache of
     the wrong shape counts as absent (``note`` hears why: the engine prints it under --verbose)."""
-    if not refresh and cache.is_file():
-        try:
-            entry = read_cache(cache)["entries"].get(key)
-            if entry is not None:
-                verify, drafter_step, drafter_width = _entry_figures(entry)
-                return CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
-        except OSError:
-            pass
-        except ValueError as exc:
-            if note is not None:
-                note(f"{cache}: ignored ({exc}); calibrating again")
-    verify, drafter_step, drafter_width, complete = calibrate()
-    model = CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
-    model.cacheable = complete   # an interrupted calibration serves this engine only
+    if not refresh:
+        model = cached(key, cache, note)
+        if model is not None:
+            return model
+    return measured(key, cache, calibrate())
+
+
+def measured(key: str, cache: Path | None,
+             result: tuple[dict[int, float], float | None, float | None, bool]) -> CostModel:
+    """The live model of a calibration's ``(verify, drafter step, drafter width, complete)``,
+    written to the cache when complete; an interrupted one serves this engine only, provisional
+    (its drafter step, if not measured, a guess as dear as a one-token verify)."""
+    verify, drafter_step, drafter_width, complete = result
+    if 1 not in verify:   # stopped before its first size
+        return prior(key, cache)
+    model = CostModel(verify, drafter_step if drafter_step is not None or complete else verify[1],
+                      key=key, cache=cache, drafter_width=drafter_width)
+    model.cacheable = complete
+    model.provisional = not complete
     if complete:
         try:
             model.save()
         except (OSError, LocalspecError):
             pass
+    return model
+
+
+def cached(key: str, cache: Path, note: Callable[[str], None] | None = None) -> CostModel | None:
+    """The cached figures for ``key`` as a live model, None when there are none. A cache of the
+    wrong shape counts as absent (``note`` hears why: the engine prints it under --verbose)."""
+    try:
+        figures = cost_cache.cached_figures(cache, key)
+    except OSError:
+        return None
+    except ValueError as exc:
+        if note is not None:
+            note(f"{cache}: ignored ({exc}); calibrating again")
+        return None
+    if figures is None:
+        return None
+    verify, drafter_step, drafter_width = figures
+    return CostModel(verify, drafter_step, key=key, cache=cache, drafter_width=drafter_width)
+
+
+def prior(key: str = "", cache: Path | None = None) -> CostModel:
+    """A provisional model (``PRIOR_SHAPE``) for the cycles before a calibration: never cached,
+    corrected live from the first cycle (the level) and each band's first verifies."""
+    model = CostModel({b: r * PRIOR_STEP for b, r in PRIOR_SHAPE.items()}, PRIOR_STEP, key=key, cache=cache)
+    model.cacheable = False
+    model.provisional = True
     return model

@@ -44,6 +44,17 @@ def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True) + eps)
 
 
+def _rms_normalize_rows(x: np.ndarray, eps: float) -> None:
+    """:func:`_rms_normalize` of each row of ``x`` (2-D, float32), in place: no temporaries the
+    size of ``x`` (the hot path: three target features of every committed row)."""
+    scale = np.einsum("ij,ij->i", x, x)
+    scale *= 1.0 / x.shape[-1]
+    scale += eps
+    np.sqrt(scale, out=scale)
+    np.reciprocal(scale, out=scale)
+    x *= scale[:, None]
+
+
 class EagleDrafter:
     """Owns the drafter model/context and turns target features into draft tokens.
 
@@ -95,6 +106,7 @@ class EagleDrafter:
         self._written_until = 0   # committed pairs are written below this position; drafts above
         self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
         self._shared = False      # a view of another drafter's context (for_sequence): not closed here
+        self._views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
 
     def for_sequence(self, seq: int) -> "EagleDrafter":
         """A drafter for sequence ``seq`` of this context (no draft trees: their branches use
@@ -104,7 +116,7 @@ class EagleDrafter:
         view = copy.copy(self)
         view.seq, view._shared = seq, True
         view._pending_feats, view._pending_tokens, view._pending_start = [], [], None
-        view._written_until, view.seconds = 0, 0.0
+        view._written_until, view.seconds, view._views = 0, 0.0, {}
         return view
 
     # -- target side -------------------------------------------------------------------------
@@ -113,16 +125,20 @@ class EagleDrafter:
         (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
         n_out = n_rows if rows is None else len(rows)
         n_batch = n_rows if rows is None else max(rows) + 1
-        out = np.empty((n_out, 3 * self.n_embd_tgt), dtype=np.float32)
+        width = self.n_embd_tgt
+        out = np.empty((n_out, 3 * width), dtype=np.float32)
         for k, lid in enumerate(self.layers):
-            ptr = llama_ext.get_embeddings_layer_inp(self.target.ptr, lid)
-            if not ptr:
+            address = llama_ext.layer_inp_address(self.target.ptr, lid)
+            if not address:
                 raise LocalspecError(f"llama.cpp extracted no features for target layer {lid}")
-            src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd_tgt))
-            block = out[:, k * self.n_embd_tgt:(k + 1) * self.n_embd_tgt]
-            block[:] = src if rows is None else src[rows]
-            if self.info.fc_norm:
-                block[:] = _rms_normalize(block, self.fc_norm_eps)
+            src = llama_ext.float_view(address, (n_batch, width), self._views)
+            block = out[:, k * width:(k + 1) * width]
+            if rows is None:
+                block[:] = src
+            else:
+                np.take(src, rows, axis=0, out=block)
+        if self.info.fc_norm:   # each of the three blocks of every row, in place
+            _rms_normalize_rows(out.reshape(n_out * 3, width), self.fc_norm_eps)
         return out
 
     # -- drafter graphs ------------------------------------------------------------------------
@@ -221,12 +237,15 @@ class EagleDrafter:
         return self.ctx.logits(idx), self._state(idx)
 
     def _state(self, idx: int) -> np.ndarray:
-        ptr = llama_ext.get_embeddings_nextn_ith(self.ctx.ptr, idx)
-        if not ptr:
+        address = llama_ext.nextn_ith_address(self.ctx.ptr, idx)
+        if not address:
             raise LocalspecError("the drafter returned no hidden state")
-        state = np.array(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)))
-        if self.out_norm is not None:
-            state = _rms_normalize(state, self.out_norm_eps) * self.out_norm
+        src = llama_ext.float_view(address, (self.n_embd,), self._views)
+        if self.out_norm is None:
+            return src.copy()
+        x = float(np.dot(src, src))
+        state = np.multiply(src, self.out_norm)
+        state *= np.float32(1.0 / np.sqrt(x / self.n_embd + self.out_norm_eps))
         return state
 
     # -- draft trees (speculation.tree) --------------------------------------------------------

@@ -125,7 +125,9 @@ SHARED_ROWS_FREE = 2.2
 
 
 def top1_probability(logits: np.ndarray) -> tuple[int, float]:
-    """The drafter's most likely token and its softmax probability."""
+    """The drafter's most likely token and its softmax probability: an exp over the whole row
+    (~200 µs of CPU for SmolLM2's 49,152 on a busy 2-core machine, against ~8 µs for the argmax
+    alone), so the chain asks for it only where a confidence test reads it (runtime.drafting)."""
     best = int(np.argmax(logits))
     top = logits[best]
     total = float(np.exp(logits - top, dtype=np.float32).sum())
