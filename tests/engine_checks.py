@@ -1,9 +1,12 @@
 """Shared engine checks: the prompt set, one generation to its DoneEvent, and losslessness up to a
-numerical near-tie. Used by test_engine, test_speculation, test_tree and test_penalties."""
+numerical near-tie, and the slots' helpers (a sink that collects, a scheduler drained). Used by
+test_engine, test_speculation, test_tree, test_penalties, test_slots and test_mtp."""
 
 from __future__ import annotations
 
 from localspec import DoneEvent, Engine, GenerationConfig
+from localspec.core.events import TokenEvent
+from localspec.runtime.scheduler import Scheduler
 
 PROMPTS = [
     "Hello world, this is",
@@ -42,3 +45,43 @@ def propose(lookup, k: int) -> tuple[list[int], int]:
     the engine's draft step builds it: ``find``, then ``continuation``."""
     start, n = lookup.find()
     return (lookup.continuation(start, k), n) if n and k > 0 else ([], 0)
+
+
+class Collect:
+    """A slot's sink: its events in order."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+
+    @property
+    def done(self) -> DoneEvent | None:
+        return next((e for e in self.events if isinstance(e, DoneEvent)), None)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(1 for e in self.events if isinstance(e, TokenEvent) and e.token >= 0)
+
+
+def solo(path, prompts, n_ctx=512, **kw) -> dict:
+    """Each prompt alone on a fresh cache, greedy, with logit margins (near-ties)."""
+    with Engine(path, n_ctx=n_ctx) as engine:
+        out = {}
+        for p in prompts:
+            engine.clear_cache()
+            out[p] = run(engine, p, spec=False, record_margins=True, **kw)
+        return out
+
+
+def drain(scheduler: Scheduler, queue=(), admit=None) -> int:
+    """Step until every slot is free and ``queue`` (prompt, config, sink) is admitted; steps taken."""
+    queue, steps = list(queue), 0
+    while queue or scheduler.active:
+        while queue and scheduler.free:
+            prompt, config, sink = queue.pop(0)
+            scheduler.admit(scheduler.engine.prepare(prompt), config, None, sink)
+        scheduler.step()
+        steps += 1
+    return steps

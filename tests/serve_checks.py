@@ -127,3 +127,44 @@ def error_of(response: httpx.Response) -> dict:
     return body["error"]
 
 
+class Served:
+    """A ``localspec serve`` child (SIGINT at its default, in a session of its own) and its log."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
+        env.pop("LOCALSPEC_API_KEY", None)
+        self.log = home / "server.log"
+        with open(self.log, "w") as sink:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "localspec", "serve", "--port", "0", *args], stdout=sink,
+                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited: {self.text()}"
+            if m := re.search(r"Listening on http://\S+?:(\d+)", self.text()):
+                self.url = f"http://127.0.0.1:{m.group(1)}"
+                try:
+                    if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.2)
+        self.stop()
+        pytest.fail(f"the server did not come up: {self.text()}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -142,7 +142,10 @@ def test_quantized_parity_reported(outtype, target, tmp_path):
     assert summary.outtype == outtype
     errs = parity(target, out, ref)
     print(f"\nPARITY localspec-eagle3.1 {outtype}: {errs}")
-    assert errs["logits"] < 0.1 and errs["state"] < 0.1, errs
+    # q8_0's error depends on the CPU's dot-product kernels: 0.107 (state) on an AVX2-only AMD EPYC,
+    # under 0.1 on AVX-512 machines; a broken conversion is off by far more, and its argmax disagrees
+    bound = 0.15 if outtype == "q8_0" else 0.1
+    assert errs["logits"] < bound and errs["state"] < bound and errs["argmax_agree"] == 1.0, errs
 
 
 def test_pytorch_bin_checkpoint(target, tmp_path):

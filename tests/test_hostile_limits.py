@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from cli_run import LOCALSPEC, assert_one_error, cli_batch, default_sigint, one_error_cli as cli, works
-from test_serve_hostile import Served, error_of
+from serve_checks import Served, error_of
 from tiny_models import build_drafter, build_target, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32

@@ -65,8 +65,20 @@ def test_logprobs_are_the_same_with_and_without_speculation(tiny):
                 assert spec.tokens == plain.tokens
                 for a, b in zip(plain.logprobs, spec.logprobs):
                     assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-3
-                    assert [t.token for t in a.top] == [t.token for t in b.top]
-                    assert all(abs(x.logprob - y.logprob) < 1e-3 for x, y in zip(a.top, b.top))
+                    assert_same_alternatives(a.top, b.top)
+
+
+def assert_same_alternatives(a, b, tol=1e-3):
+    """The same top alternatives, rank by rank within ``tol``; two tokens may trade places only at a
+    near-tie (batched rows round differently from one-row decoding on some CPUs: an AVX2-only EPYC
+    reordered two alternatives 4e-5 apart at 1 thread), or drop out at the cut-off at one."""
+    assert len(a) == len(b)
+    assert all(abs(x.logprob - y.logprob) < tol for x, y in zip(a, b)), (a, b)
+    in_a = {t.token: t.logprob for t in a}
+    for rank, y in enumerate(b):
+        if y.token != a[rank].token:
+            assert (y.token in in_a and abs(in_a[y.token] - y.logprob) < tol) or \
+                abs(a[-1].logprob - y.logprob) < tol, (rank, a, b)
 
 
 def test_no_logprobs_unless_asked_and_zero_alternatives(tiny):

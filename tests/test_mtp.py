@@ -82,7 +82,7 @@ def test_mtp_chained_heads_load_and_draft_losslessly(mtp_files):
 def test_mtp_drafts_in_every_slot_of_a_parallel_engine(mtp_files):
     """Two slots draft with their own sequences of the head's context in shared batches; each
     answer is the one plain decoding gives alone."""
-    from test_slots import Collect, drain, solo
+    from engine_checks import Collect, drain, solo
     from localspec.runtime.scheduler import Scheduler
 
     prompts = [PROMPT, "One, two, three, four, five, six"]
