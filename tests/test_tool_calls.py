@@ -1,12 +1,11 @@
 """Tool-call formats (formats/tool_calls.py) and JSON grammars (formats/json_grammar.py): rendering
 through templates of each family's shape, parsing the model's calls, grammars that llama.cpp's own
-parser reads, and the held-back stream. Real templates (copied from the pinned sdist into
-tests/data/templates) and small templates of the same shape, written here."""
+parser reads, and the held-back stream. Real templates (read from the pinned sdist, fetched once:
+``sdist_templates``) and small templates of the same shape, written here."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,9 @@ from localspec.core.errors import LocalspecError
 from localspec.formats.chat_format import ChatFormatter, Message, ToolCall
 from localspec.formats.json_grammar import any_json_grammar, schema_grammar
 from localspec.formats.tool_calls import FORMATS, CallStream, Tool, ToolRequest, detect_format
+from sdist_templates import templates_dir
 from tool_templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, MISTRAL_TEMPLATE
 
-REAL_TEMPLATES = Path(__file__).parent / "data" / "templates"   # from llama.cpp's models/templates
 
 WEATHER = Tool("get_weather", "Current weather in a city",
                {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -72,7 +71,7 @@ def test_generic_format_describes_the_tools_in_a_system_message():
                                   "Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct",
                                   "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407"])
 def test_real_templates_from_the_sdist(name):
-    source = (REAL_TEMPLATES / f"{name}.jinja").read_text()
+    source = (templates_dir() / f"{name}.jinja").read_text()
     fmt = detect_format(source)
     assert fmt.name == {"N": "hermes", "Q": "hermes", "m": "llama3"}[name[0]] if "Mistral" not in name \
         else fmt.name == "mistral"
