@@ -99,7 +99,11 @@ def test_clients_that_close_mid_body_leave_nothing_in_the_log(tiny_server):
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 5000\r\n\r\n{\"prompt\": \"" + b"a" * (i * 100))
     time.sleep(1.0)
-    assert tiny_server.text() == before
+    after = tiny_server.text()
+    assert after.startswith(before)
+    # The model's background calibration may finish meanwhile and say so; nothing else may appear.
+    added = [line for line in after[len(before):].splitlines() if ": calibrat" not in line]
+    assert added == []
     r = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
