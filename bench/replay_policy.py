@@ -106,7 +106,8 @@ def replay_hindsight(texts: list[tuple[list[int], list[int]]], cost: CostModel) 
         n = len(output)
         lookup, agree = NgramLookup(prompt + output[:1]), [0] * (n + 1)
         for pos in range(1, n):
-            proposal, _ = lookup.propose(min(MAX_DEPTH, n - pos))
+            start, match = lookup.find()
+            proposal = lookup.continuation(start, min(MAX_DEPTH, n - pos)) if match else []
             while agree[pos] < len(proposal) and output[pos + agree[pos]] == proposal[agree[pos]]:
                 agree[pos] += 1
             lookup.extend(output[pos:pos + 1])
