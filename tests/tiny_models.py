@@ -184,6 +184,13 @@ def rewrite_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = Non
     return dst
 
 
+def repeat_pair(d: Path) -> tuple[Path, Path]:
+    """A repeating target and its drafter in ``d`` (t.gguf, d.gguf): the pair the bad-input tests
+    start from."""
+    target = build_target(d / "t.gguf", "repeat")
+    return target, build_drafter(d / "d.gguf", target, "repeat")
+
+
 def noisy_and_repeat(d: Path) -> dict[str, Path]:
     """A noisy target, a repeating target and its drafter in ``d`` (the pair the logprob and slot
     tests run on): {"noisy", "repeat", "d_repeat"}."""
