@@ -56,6 +56,15 @@ async def run(served: Loaded, request: Request, job: Job, *, streaming: bool,
             job.cancel.set()
 
 
+async def pending(job: Job) -> tuple[list, str]:
+    """A streaming job's next event and every one that piled up meanwhile (they go out as one
+    chunk), with their text joined."""
+    items = [await job.events.get()]
+    while not job.events.empty():
+        items.append(job.events.get_nowait())
+    return items, "".join(item.text for item in items if isinstance(item, Text))
+
+
 async def gathered(job: Job) -> tuple[str, list, Union[Finished, Failed]]:
     """A started job's whole text, its logprob entries and how it ended."""
     parts: list[str] = []

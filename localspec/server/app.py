@@ -21,7 +21,7 @@ from .. import __version__
 from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
-from .answering import event_stream, gathered, run
+from .answering import event_stream, gathered, pending, run
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized
 from .features import (REFUSAL_HINTS, ChatTools, answer_calls, chat_logprobs_content, completion_logprobs_content,
                        prediction_usage)
@@ -339,10 +339,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
         if prefix:
             yield sse(reply.chunk(prefix))
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():      # what piled up meanwhile goes out as one chunk
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)   # what piled up meanwhile goes out as one chunk
             entries = [e for item in items if isinstance(item, Text) for e in item.logprobs]
             if reply.calls is not None:
                 text = reply.calls.feed(text)   # a tool call is held back, then sent whole

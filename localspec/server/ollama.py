@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..core.events import DoneEvent
 from ..formats.tool_calls import CallStream
-from .answering import run
+from .answering import pending, run
 from .errors import APIError
 from .models_manager import Loaded
 from .ollama_common import NDJSON, check_key, keep_alive_of, ndjson, now_iso, ollama_error, read_json
@@ -27,7 +27,7 @@ from .ollama_models import add_model_routes
 from .ollama_params import chat_body, generate_body, read_options, with_policy
 from .ollama_schemas import ChatRequest, GenerateRequest
 from .params import chat_request, completion_request
-from .worker import Failed, Finished, Job, Text
+from .worker import Failed, Finished, Job
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -83,10 +83,7 @@ async def _events(job: Job, answer: Answer) -> AsyncIterator[dict]:
     """The answer's objects from the job's events (text piled up meanwhile goes out as one)."""
     try:
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)
             if answer.calls is not None:
                 text = answer.calls.feed(text)
             end = items[-1]

@@ -24,14 +24,14 @@ from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
 from .app import FINISH_REASONS, ServerState, check_api_key, read_body, serving, timings, usage
-from .answering import event_stream, gathered, run
+from .answering import event_stream, gathered, pending, run
 from .errors import APIError, bad_request
 from .features import ChatTools, answer_calls
 from .params import chat_request
 from .schemas import (INPUT_ITEMS, ChatCompletionRequest, ContentPart, ResponseFunctionCall, ResponseInputMessage,
                       ResponsesRequest)
 from .models_manager import Loaded
-from .worker import Failed, Finished, Job, Text
+from .worker import Failed, Finished, Job
 
 # a chat request's field -> the Responses field an error names
 PARAMS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
@@ -296,10 +296,7 @@ async def stream(job: Job, reply: ResponseReply) -> AsyncIterator[bytes]:
         yield events("response.created", response=reply.response("in_progress", []))
         yield events("response.in_progress", response=reply.response("in_progress", []))
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)
             if reply.calls is not None:
                 text = reply.calls.feed(text)
             for chunk in message.add(text) if text else ():
