@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, unit_embeddings
+from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, add_shape, unit_embeddings
 from localspec.core.paths import embedded_target
 
 ARCH = "step35"
@@ -55,16 +55,7 @@ def build_mtp_target(path: Path, *, heads: int = 1, seed: int = 0, noise: float 
     writer = gguf.GGUFWriter(str(path), ARCH)
     writer.add_name(f"tiny-mtp-{heads}")
     n_vocab = _copy_tokenizer(writer, embedded_target())
-    writer.add_context_length(4096)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(n_all)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_vocab_size(n_vocab)
+    add_shape(writer, n_all, n_vocab)
     writer.add_uint32(f"{ARCH}.expert_feed_forward_length", N_FF)
     writer.add_uint32(f"{ARCH}.attention.sliding_window", SWA_WINDOW)
     # the trunk's first layer slides (llama.cpp's step35 asserts some layer does), the rest attend fully

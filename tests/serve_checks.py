@@ -102,6 +102,22 @@ def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None 
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
+def creates_model(home: Path, name: str, template: str) -> Callable[[dict], None]:
+    """``setup`` for :func:`running_server`: ``localspec create name`` in the server's environment,
+    from a Modelfile in ``home`` that takes the default model's files with ``template`` as its
+    TEMPLATE."""
+    from localspec.store.models import resolve
+
+    modelfile = home / "Modelfile"
+    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{template}"""\n')
+
+    def setup(env: dict) -> None:
+        proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    return setup
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The engine itself, built as the server builds it, in this process."""

@@ -26,7 +26,7 @@ from localspec.formats.gguf_info import check_pair, read_gguf
 from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
 from cli_run import assert_one_error, cli_batch, one_error_cli as cli, works
-from tiny_models import HEAD_DIM, build_drafter, build_target, rewrite_gguf
+from tiny_models import HEAD_DIM, build_target, repeat_pair, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32
 
@@ -34,9 +34,7 @@ U32 = gguf.GGUFValueType.UINT32
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
-    target = build_target(d / "t.gguf", "repeat")
-    drafter = build_drafter(d / "d.gguf", target, "repeat")
-    return d, target, drafter
+    return d, *repeat_pair(d)
 
 
 # -- values: one table, every entry point ----------------------------------------------------------------

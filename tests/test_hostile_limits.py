@@ -29,7 +29,7 @@ import pytest
 
 from cli_run import LOCALSPEC, assert_one_error, cli_batch, default_sigint, one_error_cli as cli, works
 from serve_checks import Served, error_of
-from tiny_models import build_drafter, build_target, rewrite_gguf
+from tiny_models import build_drafter, build_target, repeat_pair, rewrite_gguf
 
 U32 = gguf.GGUFValueType.UINT32
 STR = gguf.GGUFValueType.STRING
@@ -40,9 +40,7 @@ DEEP = 100_000
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("limits")
-    target = build_target(d / "t.gguf", "repeat")
-    drafter = build_drafter(d / "d.gguf", target, "repeat")
-    return d, target, drafter
+    return d, *repeat_pair(d)
 
 
 # -- grammars: bounded before llama.cpp parses them ----------------------------------------------------

@@ -6,9 +6,7 @@ distribution), named ``mtp`` in the stats and on ``--source``."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 
-import numpy as np
 import pytest
 
 from cli_run import run_cli
@@ -18,10 +16,9 @@ from localspec.core.errors import LocalspecError
 from localspec.core.events import DoneEvent
 from localspec.formats.gguf_info import mtp_heads, read_gguf
 from localspec.runtime.config import GenerationConfig
-from localspec.runtime.sampling import SamplingParams
 from localspec.speculation.policy import PolicyConfig
 from mtp_models import build_mtp_target
-from sampling_checks import SIGMAS
+from sampling_checks import assert_same_marginals, plain_and_speculative_samples
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 
@@ -102,28 +99,10 @@ def test_mtp_sampled_output_follows_the_target_s_distribution(mtp_files):
     rejected (and resampled)."""
     params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
     n = 250
-    samples: dict[bool, list[tuple[int, ...]]] = {False: [], True: []}
-    drafted = accepted = 0
     with Engine(mtp_files["noisy"], n_ctx=256) as engine:
-        for spec in (False, True):
-            for seed in range(n):
-                cfg = GenerationConfig(max_tokens=6, spec=spec, policy=PolicyConfig("fixed", 2, tree="off"),
-                                       sampling=SamplingParams(seed=seed + (0 if spec else 10_000), **params))
-                done = _done(engine, "The quick brown fox", cfg)
-                samples[spec].append(tuple(done.tokens))
-                drafted += done.stats.drafted
-                accepted += done.stats.accepted
+        samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
     assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
-    for position in (2, 3, 4, 5):
-        plain = Counter(s[position] for s in samples[False] if len(s) > position)
-        spec = Counter(s[position] for s in samples[True] if len(s) > position)
-        n1, n2 = sum(plain.values()), sum(spec.values())
-        assert n1 > 0.9 * n and n2 > 0.9 * n
-        for tok in set(plain) | set(spec):
-            f1, f2 = plain[tok] / n1, spec[tok] / n2
-            pooled = (plain[tok] + spec[tok]) / (n1 + n2)
-            sigma = np.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / n1 + 1 / n2))
-            assert abs(f1 - f2) <= SIGMAS * sigma, f"position {position}, token {tok}: {f1:.3f} vs {f2:.3f}"
+    assert_same_marginals(samples, n)
 
 
 def test_source_mtp_needs_heads_and_is_one_error_line(mtp_files):

@@ -6,8 +6,6 @@ Hermes-style tool template (loaded when a request names it)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from typing import Literal
@@ -17,7 +15,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from serve_checks import KEY, MODEL, running_server
+from serve_checks import KEY, MODEL, creates_model, running_server
 from tool_templates import HERMES_TEMPLATE
 
 SECOND = "smol-tools"
@@ -36,24 +34,10 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "descrip
                                                  "parameters": Weather.model_json_schema()}}
 
 
-def create_second(home):
-    """``setup`` for running_server: SECOND = the default's files with a tool template."""
-    from localspec.store.models import resolve
-
-    modelfile = home / "Modelfile"
-    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
-
-    def setup(env):
-        proc = subprocess.run([sys.executable, "-m", "localspec", "create", SECOND, "-f", str(modelfile)],
-                              env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-    return setup
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("ollama_home")
-    with running_server(home, *ARGS, setup=create_second(home)) as srv:
+    with running_server(home, *ARGS, setup=creates_model(home, SECOND, HERMES_TEMPLATE)) as srv:
         yield srv
 
 

@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from localspec import DoneEvent, Engine, GenerationConfig, PolicyConfig, SamplingParams
+from localspec import DoneEvent, Engine, GenerationConfig, SamplingParams
 from localspec.runtime.sampling import Sampler, distribution
-from sampling_checks import SIGMAS, within_binomial_bounds  # noqa: F401
+from sampling_checks import SIGMAS, assert_same_marginals, plain_and_speculative_samples, within_binomial_bounds
 from tiny_models import build_drafter, build_target
 
 def test_distribution_filters_in_llama_cpp_order():
@@ -62,26 +62,7 @@ def test_speculative_sampling_matches_plain_sampling_end_to_end(tmp_path, tree):
     drafter = build_drafter(tmp_path / "d.gguf", target, "repeat")
     params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
     n = 300
-    samples: dict[bool, list[tuple[int, ...]]] = {False: [], True: []}
-    drafted = accepted = 0
     with Engine(target, drafter, n_ctx=256) as engine:
-        for spec in (False, True):
-            for seed in range(n):
-                cfg = GenerationConfig(max_tokens=6, spec=spec, policy=PolicyConfig("fixed", 2, tree=tree),
-                                       sampling=SamplingParams(seed=seed + (0 if spec else 10_000), **params))
-                done = [e for e in engine.generate("The quick brown fox", cfg) if isinstance(e, DoneEvent)][0]
-                samples[spec].append(tuple(done.tokens))
-                if spec:
-                    drafted += done.stats.drafted
-                    accepted += done.stats.accepted
+        samples, drafted, accepted = plain_and_speculative_samples(engine, params, n, tree)
     assert 0.1 * drafted < accepted < 0.9 * drafted  # both branches of the rule are exercised
-    for position in (2, 3, 4, 5):
-        plain = Counter(s[position] for s in samples[False] if len(s) > position)
-        spec = Counter(s[position] for s in samples[True] if len(s) > position)
-        n1, n2 = sum(plain.values()), sum(spec.values())
-        assert n1 > 0.9 * n and n2 > 0.9 * n
-        for tok in set(plain) | set(spec):
-            f1, f2 = plain[tok] / n1, spec[tok] / n2
-            pooled = (plain[tok] + spec[tok]) / (n1 + n2)
-            sigma = np.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / n1 + 1 / n2))
-            assert abs(f1 - f2) <= SIGMAS * sigma, f"position {position}, token {tok}: {f1:.3f} vs {f2:.3f}"
+    assert_same_marginals(samples, n)

@@ -6,8 +6,6 @@ through a Modelfile), structured output, logprobs, Predicted Outputs, and the fi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
 from typing import Literal
 
@@ -20,7 +18,7 @@ from localspec.formats.chat_format import Message
 from localspec.formats.json_grammar import schema_grammar
 from localspec.runtime.config import GenerationConfig
 from localspec.runtime.sampling import CHAT_SAMPLING, SamplingParams
-from serve_checks import MODEL, POLICY, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
+from serve_checks import MODEL, POLICY, creates_model, error_of, reference, running_server  # noqa: F401  (reference: a fixture)
 from tool_templates import HERMES_TEMPLATE
 
 HERMES_MODEL = "smol-hermes"
@@ -60,18 +58,9 @@ def clean(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hermes(tmp_path_factory):
     """The same model with a Hermes/Qwen-style tool template given as the Modelfile's TEMPLATE."""
-    from localspec.store.models import resolve
-
     home = tmp_path_factory.mktemp("hermes_home")
-    modelfile = home / "Modelfile"
-    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
-
-    def create(env):
-        proc = subprocess.run([sys.executable, "-m", "localspec", "create", HERMES_MODEL, "-f", str(modelfile)],
-                              env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-
-    with running_server(home, HERMES_MODEL, "--ctx", "2048", "--api-key", "k", setup=create) as srv:
+    with running_server(home, HERMES_MODEL, "--ctx", "2048", "--api-key", "k",
+                        setup=creates_model(home, HERMES_MODEL, HERMES_TEMPLATE)) as srv:
         srv.http.headers["Authorization"] = "Bearer k"
         yield srv
 

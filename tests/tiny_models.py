@@ -56,16 +56,8 @@ def unit_embeddings(n_vocab: int, seed: int = 0) -> np.ndarray:
     return e / np.linalg.norm(e, axis=1, keepdims=True)
 
 
-def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed: int = 0,
-                 n_layer: int = N_LAYER, noise: float = 0.35, chat_template: str | None = None) -> Path:
-    import gguf
-
-    rng = np.random.default_rng(seed + 1)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"tiny-{kind}")
-    n_vocab = _copy_tokenizer(writer, embedded_target(), skip=(K.KEY_CHAT_TEMPLATE,) if chat_template else ())
-    if chat_template:
-        writer.add_chat_template(chat_template)
+def add_shape(writer, n_layer: int, n_vocab: int) -> None:
+    """The tiny targets' hyperparameters (context, widths, heads, norm, rope) on a GGUF writer."""
     writer.add_context_length(4096)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(n_layer)
@@ -76,6 +68,19 @@ def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed:
     writer.add_rope_freq_base(10000.0)
     writer.add_rope_dimension_count(HEAD_DIM)
     writer.add_vocab_size(n_vocab)
+
+
+def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed: int = 0,
+                 n_layer: int = N_LAYER, noise: float = 0.35, chat_template: str | None = None) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed + 1)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{kind}")
+    n_vocab = _copy_tokenizer(writer, embedded_target(), skip=(K.KEY_CHAT_TEMPLATE,) if chat_template else ())
+    if chat_template:
+        writer.add_chat_template(chat_template)
+    add_shape(writer, n_layer, n_vocab)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
@@ -177,6 +182,13 @@ def rewrite_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = Non
     writer.write_tensors_to_file()
     writer.close()
     return dst
+
+
+def repeat_pair(d: Path) -> tuple[Path, Path]:
+    """A repeating target and its drafter in ``d`` (t.gguf, d.gguf): the pair the bad-input tests
+    start from."""
+    target = build_target(d / "t.gguf", "repeat")
+    return target, build_drafter(d / "d.gguf", target, "repeat")
 
 
 def noisy_and_repeat(d: Path) -> dict[str, Path]:

@@ -15,12 +15,13 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from .. import __version__
 from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
+from .answering import event_stream, gathered, pending, run
 from .errors import APIError, bad_request, internal, shutting_down, too_large, unauthorized
 from .features import (REFUSAL_HINTS, ChatTools, answer_calls, chat_logprobs_content, completion_logprobs_content,
                        prediction_usage)
@@ -30,7 +31,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .models_manager import Loaded, ModelManager, openai_models, unknown
 from .ollama import add_ollama_routes
 from .ollama_common import is_ollama, ollama_error
-from .worker import Failed, Finished, Job, Started, Text, log
+from .worker import Failed, Finished, Job, Text, log
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -329,15 +330,6 @@ def sse(data) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` when the client goes away (used while no streaming response listens)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel.set()
-            return
-
-
 async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") -> AsyncIterator[bytes]:
     """Server-sent events until ``data: [DONE]``; leaving early (the client disconnected) cancels.
     ``prefix``: text sent first (a completion's ``echo``)."""
@@ -347,10 +339,7 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
         if prefix:
             yield sse(reply.chunk(prefix))
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():      # what piled up meanwhile goes out as one chunk
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)   # what piled up meanwhile goes out as one chunk
             entries = [e for item in items if isinstance(item, Text) for e in item.logprobs]
             if reply.calls is not None:
                 text = reply.calls.feed(text)   # a tool call is held back, then sent whole
@@ -384,33 +373,14 @@ async def stream(job: Job, reply: Reply, include_usage: bool, prefix: str = "") 
 
 async def answer(served: Loaded, request: Request, job: Job, reply: Reply, *, streaming: bool,
                  include_usage: bool, prefix: str = "") -> Response:
-    request.state.job = job    # for the request log
-    await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
-    watcher = asyncio.ensure_future(watch_disconnect(request, job))
-    try:
-        first = await job.events.get()
-        if isinstance(first, Failed):
-            return first.error.response()
-        assert isinstance(first, Started)
-        if streaming:
-            watcher.cancel()   # from here the streaming response notices a disconnect itself
-            return StreamingResponse(stream(job, reply, include_usage, prefix), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        parts: list[str] = [prefix]
-        entries: list = []
-        while True:
-            item = await job.events.get()
-            if isinstance(item, Text):
-                parts.append(item.text)
-                entries.extend(item.logprobs)
-            elif isinstance(item, Finished):
-                return JSONResponse(reply.whole("".join(parts), item.done, item.drafts, entries))
-            elif isinstance(item, Failed):
-                return item.error.response()
-    finally:
-        watcher.cancel()
-        if not streaming:
-            job.cancel.set()
+    async def whole() -> Response:
+        text, entries, end = await gathered(job)
+        if isinstance(end, Failed):
+            return end.error.response()
+        return JSONResponse(reply.whole(prefix + text, end.done, end.drafts, entries))
+
+    return await run(served, request, job, streaming=streaming, whole=whole,
+                     streamed=lambda: event_stream(stream(job, reply, include_usage, prefix)))
 
 
 # -- the app ---------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ is Ollama's ``{"error": "..."}`` with the HTTP status (inside a stream: one such
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import AsyncIterator
@@ -20,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..core.events import DoneEvent
 from ..formats.tool_calls import CallStream
+from .answering import pending, run
 from .errors import APIError
 from .models_manager import Loaded
 from .ollama_common import NDJSON, check_key, keep_alive_of, ndjson, now_iso, ollama_error, read_json
@@ -27,7 +27,7 @@ from .ollama_models import add_model_routes
 from .ollama_params import chat_body, generate_body, read_options, with_policy
 from .ollama_schemas import ChatRequest, GenerateRequest
 from .params import chat_request, completion_request
-from .worker import Failed, Finished, Job, Started, Text
+from .worker import Failed, Finished, Job
 
 DONE_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
@@ -83,10 +83,7 @@ async def _events(job: Job, answer: Answer) -> AsyncIterator[dict]:
     """The answer's objects from the job's events (text piled up meanwhile goes out as one)."""
     try:
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)
             if answer.calls is not None:
                 text = answer.calls.feed(text)
             end = items[-1]
@@ -112,43 +109,24 @@ async def _stream(job: Job, answer: Answer) -> AsyncIterator[bytes]:
         yield ndjson(obj)
 
 
-async def _watch(request: Request, job: Job) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel.set()
-            return
-
-
 async def respond(served: Loaded, request: Request, job: Job, answer: Answer, streaming: bool) -> Response:
-    request.state.job = job    # for the request log
-    await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
-    watcher = asyncio.ensure_future(_watch(request, job))
-    try:
-        first = await job.events.get()
-        if isinstance(first, Failed):
-            raise first.error
-        assert isinstance(first, Started)
-        if streaming:
-            watcher.cancel()
-            return StreamingResponse(_stream(job, answer), media_type=NDJSON)
-        whole, last = "", None
+    async def whole() -> Response:
+        text, last = "", None
         async for obj in _events(job, answer):
             if answer.failed is not None:
                 return ollama_error(answer.failed)
             last = obj
             key = "message" if answer.chat else "response"
             if not obj["done"]:
-                whole += obj[key]["content"] if answer.chat else obj[key]
+                text += obj[key]["content"] if answer.chat else obj[key]
         if answer.chat:
-            last["message"]["content"] = whole + last["message"]["content"]
+            last["message"]["content"] = text + last["message"]["content"]
         else:
-            last["response"] = whole + last["response"]
+            last["response"] = text + last["response"]
         return JSONResponse(last)
-    finally:
-        watcher.cancel()
-        if not streaming:
-            job.cancel.set()
+
+    return await run(served, request, job, streaming=streaming, whole=whole,
+                     streamed=lambda: StreamingResponse(_stream(job, answer), media_type=NDJSON))
 
 
 # -- routes ------------------------------------------------------------------------------------------

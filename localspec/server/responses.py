@@ -11,7 +11,6 @@ chat completions, the response llama-server's ``timings``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -19,19 +18,20 @@ from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream
-from .app import FINISH_REASONS, ServerState, check_api_key, read_body, serving, timings, usage, watch_disconnect
+from .app import FINISH_REASONS, ServerState, check_api_key, read_body, serving, timings, usage
+from .answering import event_stream, gathered, pending, run
 from .errors import APIError, bad_request
 from .features import ChatTools, answer_calls
 from .params import chat_request
 from .schemas import (INPUT_ITEMS, ChatCompletionRequest, ContentPart, ResponseFunctionCall, ResponseInputMessage,
                       ResponsesRequest)
 from .models_manager import Loaded
-from .worker import Failed, Finished, Job, Started, Text
+from .worker import Failed, Finished, Job
 
 # a chat request's field -> the Responses field an error names
 PARAMS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
@@ -296,10 +296,7 @@ async def stream(job: Job, reply: ResponseReply) -> AsyncIterator[bytes]:
         yield events("response.created", response=reply.response("in_progress", []))
         yield events("response.in_progress", response=reply.response("in_progress", []))
         while True:
-            items = [await job.events.get()]
-            while not job.events.empty():
-                items.append(job.events.get_nowait())
-            text = "".join(item.text for item in items if isinstance(item, Text))
+            items, text = await pending(job)
             if reply.calls is not None:
                 text = reply.calls.feed(text)
             for chunk in message.add(text) if text else ():
@@ -318,31 +315,14 @@ async def stream(job: Job, reply: ResponseReply) -> AsyncIterator[bytes]:
 
 
 async def respond(served: Loaded, request: Request, job: Job, reply: ResponseReply, streaming: bool) -> Response:
-    request.state.job = job    # for the request log
-    await served.admit(job)   # a grammar that cannot run: 400 naming its field; a full queue: 429
-    watcher = asyncio.ensure_future(watch_disconnect(request, job))
-    try:
-        first = await job.events.get()
-        if isinstance(first, Failed):
-            return first.error.response()
-        assert isinstance(first, Started)
-        if streaming:
-            watcher.cancel()
-            return StreamingResponse(stream(job, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        parts: list[str] = []
-        while True:
-            item = await job.events.get()
-            if isinstance(item, Text):
-                parts.append(item.text)
-            elif isinstance(item, Finished):
-                return JSONResponse(reply.whole("".join(parts), item))
-            elif isinstance(item, Failed):
-                return item.error.response()
-    finally:
-        watcher.cancel()
-        if not streaming:
-            job.cancel.set()
+    async def whole() -> Response:
+        text, _entries, end = await gathered(job)
+        if isinstance(end, Failed):
+            return end.error.response()
+        return JSONResponse(reply.whole(text, end))
+
+    return await run(served, request, job, streaming=streaming, whole=whole,
+                     streamed=lambda: event_stream(stream(job, reply)))
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:

@@ -77,6 +77,14 @@ class ResponseFormat(_Body):
     json_schema: Optional[JSONSchemaFormat] = None
 
 
+class _FunctionTyped(_Body):
+    """A ``type`` that must be "function": a base listed last, so that pydantic (which takes the
+    fields of the bases in reverse method-resolution order) checks it before every other field, and a
+    refused ``{"type": "web_search"}`` names ``type``, not a missing ``name``."""
+
+    type: Literal["function"]
+
+
 class FunctionDef(_Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: Optional[str] = None
@@ -165,17 +173,12 @@ class CompletionRequest(SamplingRequest):
 
 
 # -- the Responses API (/v1/responses) ----------------------------------------------------------------
-class ResponseTool(_Body):
-    type: Literal["function"]
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
-    strict: Optional[bool] = None
+class ResponseTool(FunctionDef, _FunctionTyped):
+    """A chat tool's function flattened into the tool: ``type`` first, then FunctionDef's fields."""
 
 
-class ResponseNamedTool(_Body):
-    type: Literal["function"]
-    name: str
+class ResponseNamedTool(NamedFunction, _FunctionTyped):
+    """A named tool choice, flattened as :class:`ResponseTool`."""
 
 
 class ResponseTextFormat(_Body):

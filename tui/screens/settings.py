@@ -20,6 +20,25 @@ from localspec.speculation.policy import POLICIES
 from ..settings import ChatSettings
 
 
+# the numeric settings in the dialog's order, two to a row: the setting, its label in the dialog, the
+# name an error gives it (also checked against the ranges of localspec.core.options), its type
+_NUMBERS = (
+    ("max_tokens", "Max tokens", "max tokens", int),
+    ("temperature", "Temperature", "temperature", float),
+    ("top_k", "Top-k", "top-k", int),
+    ("top_p", "Top-p", "top-p", float),
+    ("min_p", "Min-p", "min-p", float),
+    ("repeat_penalty", "Rep. penalty", "repeat penalty", float),
+    ("repeat_last_n", "Rep. last-n", "repeat last-n", int),
+    ("presence_penalty", "Presence pen.", "presence penalty", float),
+    ("frequency_penalty", "Freq. penalty", "frequency penalty", float),
+)
+
+
+def _widget_id(name: str) -> str:
+    return "set-" + name.replace("_", "-")
+
+
 class SettingsScreen(ModalScreen[ChatSettings | None]):
     """Edit the system prompt and generation settings; bad values are named, nothing is applied."""
 
@@ -35,29 +54,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Static("Settings (apply to the next reply)", classes="dialog-title")
             yield Label("System prompt")
             yield TextArea(s.system, id="set-system", soft_wrap=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Max tokens", classes="field-label")
-                yield Input(str(s.max_tokens), id="set-max-tokens", compact=True)
-                yield Label("Temperature", classes="field-label")
-                yield Input(str(s.temperature), id="set-temperature", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Top-k", classes="field-label")
-                yield Input(str(s.top_k), id="set-top-k", compact=True)
-                yield Label("Top-p", classes="field-label")
-                yield Input(str(s.top_p), id="set-top-p", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Min-p", classes="field-label")
-                yield Input(str(s.min_p), id="set-min-p", compact=True)
-                yield Label("Rep. penalty", classes="field-label")
-                yield Input(str(s.repeat_penalty), id="set-repeat-penalty", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Rep. last-n", classes="field-label")
-                yield Input(str(s.repeat_last_n), id="set-repeat-last-n", compact=True)
-                yield Label("Presence pen.", classes="field-label")
-                yield Input(str(s.presence_penalty), id="set-presence-penalty", compact=True)
-            with Horizontal(classes="field-row"):
-                yield Label("Freq. penalty", classes="field-label")
-                yield Input(str(s.frequency_penalty), id="set-frequency-penalty", compact=True)
+            for row in range(0, len(_NUMBERS), 2):  # two to a row
+                with Horizontal(classes="field-row"):
+                    for name, short, _label, _kind in _NUMBERS[row:row + 2]:
+                        yield Label(short, classes="field-label")
+                        yield Input(str(getattr(s, name)), id=_widget_id(name), compact=True)
             with Horizontal(classes="field-row"):
                 yield Label("Policy", classes="field-label")
                 yield Select([(p, p) for p in POLICIES], value=s.policy, allow_blank=False, id="set-policy",
@@ -88,23 +89,12 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         s = replace(
             self.settings,   # what the dialog does not show stays as it was
             system=self.query_one("#set-system", TextArea).text.strip(),
-            max_tokens=number("#set-max-tokens", int, "max tokens"),
-            temperature=number("#set-temperature", float, "temperature"),
-            top_k=number("#set-top-k", int, "top-k"),
-            top_p=number("#set-top-p", float, "top-p"),
-            min_p=number("#set-min-p", float, "min-p"),
-            repeat_penalty=number("#set-repeat-penalty", float, "repeat penalty"),
-            repeat_last_n=number("#set-repeat-last-n", int, "repeat last-n"),
-            presence_penalty=number("#set-presence-penalty", float, "presence penalty"),
-            frequency_penalty=number("#set-frequency-penalty", float, "frequency penalty"),
+            **{name: number(f"#{_widget_id(name)}", kind, label) for name, _short, label, kind in _NUMBERS},
             policy=str(self.query_one("#set-policy", Select).value),
             draft_max=self._draft_max(number),
         )
         # the ranges of localspec.core.options, named as the dialog labels them
-        for name, label in (("max_tokens", "max tokens"), ("temperature", "temperature"), ("top_k", "top-k"),
-                            ("top_p", "top-p"), ("min_p", "min-p"), ("repeat_penalty", "repeat penalty"),
-                            ("repeat_last_n", "repeat last-n"), ("presence_penalty", "presence penalty"),
-                            ("frequency_penalty", "frequency penalty"), ("draft_max", "draft max")):
+        for name, label in [(n, label) for n, _short, label, _kind in _NUMBERS] + [("draft_max", "draft max")]:
             opt = options.OPTIONS[name]
             value = getattr(s, name) if name != "draft_max" else s.effective_draft_max
             opt.check(value, where=None if label == (opt.label or opt.name) else label)
