@@ -6,8 +6,6 @@ Hermes-style tool template (loaded when a request names it)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from typing import Literal
@@ -17,6 +15,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
+from cli_run import run_cli
 from serve_checks import KEY, MODEL, running_server
 from tool_templates import HERMES_TEMPLATE
 
@@ -44,8 +43,7 @@ def create_second(home):
     modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
 
     def setup(env):
-        proc = subprocess.run([sys.executable, "-m", "localspec", "create", SECOND, "-f", str(modelfile)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = run_cli("create", SECOND, "-f", str(modelfile), env=env)   # in-process: no interpreter start
         assert proc.returncode == 0, proc.stderr
     return setup
 

@@ -5,8 +5,6 @@ alone is one clear error, ``--max-loaded`` (with the pull test); and ``/api/pull
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -15,6 +13,7 @@ import httpx
 import ollama
 import pytest
 
+from cli_run import run_cli
 from hub_stub import FakeHub, _listing_handler
 from serve_checks import KEY, MODEL, running_server
 
@@ -36,8 +35,7 @@ def _create(env, name: str, *lines: str, source=None) -> None:
 
     modelfile = Path(env["LOCALSPEC_HOME"]) / f"{name}.Modelfile"
     modelfile.write_text(f"FROM {source or resolve(None).target}\n" + "".join(f"{line}\n" for line in lines))
-    proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("create", name, "-f", str(modelfile), env=env)   # in-process: no interpreter start
     assert proc.returncode == 0, proc.stderr
 
 
