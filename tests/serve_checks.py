@@ -4,11 +4,14 @@ shape (:func:`error_of`). Shared by the server's test modules."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -59,12 +62,35 @@ class Server:
         return out
 
 
+_DERIVED: list[Path] = []   # this process's default target, derived once (see shared_default_target)
+
+
+def shared_default_target(home: Path) -> Path:
+    """The embedded target as ``home`` uses it (``models/SmolLM2-135M-Instruct.Q4_0.gguf``, which
+    core.paths.default_target derives from the shipped F16 on a home's first use: ~1.3 s of CPU on an
+    idle core), linked to one copy derived once per test process: every server's home is fresh."""
+    from localspec.core.paths import default_target
+
+    if not _DERIVED:
+        cache = Path(tempfile.mkdtemp(prefix="localspec_target_"))
+        atexit.register(shutil.rmtree, cache, True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LOCALSPEC_HOME", str(cache))
+            _DERIVED.append(default_target())
+    link = home / "models" / _DERIVED[0].name
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(_DERIVED[0])
+    return link
+
+
 @contextmanager
 def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None = None) -> Iterator[Server]:
     """``localspec serve`` on a free port with LOCALSPEC_HOME ``home`` and ``args`` after the model
     flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
     env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("LOCALSPEC_API_KEY", None)
+    shared_default_target(home)
     if setup is not None:
         setup(env)
     log = home / "server.log"
@@ -133,6 +159,7 @@ class Served:
     def __init__(self, home: Path, *args: str) -> None:
         env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
         env.pop("LOCALSPEC_API_KEY", None)
+        shared_default_target(home)
         self.log = home / "server.log"
         with open(self.log, "w") as sink:
             self.proc = subprocess.Popen(

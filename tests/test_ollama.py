@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from cli_run import run_cli
-from serve_checks import KEY, MODEL, running_server
+from serve_checks import KEY, MODEL, running_server, shared_default_target
 from tool_templates import HERMES_TEMPLATE
 
 SECOND = "smol-tools"
@@ -37,10 +37,8 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "descrip
 
 def create_second(home):
     """``setup`` for running_server: SECOND = the default's files with a tool template."""
-    from localspec.store.models import resolve
-
     modelfile = home / "Modelfile"
-    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
+    modelfile.write_text(f'FROM {shared_default_target(home)}\nTEMPLATE """{HERMES_TEMPLATE}"""\n')
 
     def setup(env):
         proc = run_cli("create", SECOND, "-f", str(modelfile), env=env)   # in-process: no interpreter start
