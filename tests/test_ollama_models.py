@@ -15,7 +15,7 @@ import pytest
 
 from cli_run import run_cli
 from hub_stub import FakeHub, _listing_handler
-from serve_checks import KEY, MODEL, running_server
+from serve_checks import KEY, MODEL, running_server, seed_calibration, shared_default_target
 
 ASK = [{"role": "user", "content": "Say hello."}]
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -118,12 +118,17 @@ def hub(tmp_path_factory):
 
 
 def test_pull_from_the_registry_with_ollamas_progress_and_max_loaded(hub, tmp_path):
+    from localspec.store.models import default_model
+
     url, fake = hub
     (tmp_path / "models.toml").write_text(
         'schema = 1\n[models.tiny]\ndescription = "tiny test target"\n'
         '[models.tiny.target]\nrepo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n', encoding="utf-8")
 
     def online(env):
+        # the preloaded default is never asked for text here: its background calibration would only
+        # take a core while the pull runs
+        seed_calibration(tmp_path, shared_default_target(tmp_path), default_model().drafter)
         env.update(HF_ENDPOINT=url, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="0")
         env.pop("HF_HUB_CACHE", None)
         env.pop("HF_TOKEN", None)
@@ -141,6 +146,7 @@ def test_pull_from_the_registry_with_ollamas_progress_and_max_loaded(hub, tmp_pa
         assert c.generate(model="tiny", prompt="Hi", options={"num_predict": 4}).done
         assert loaded(c) == {"tiny"}   # --max-loaded 1: the default went first, though both fit
         assert any("/test/tiny-GGUF/" in path for _, path, _ in fake.log)
+        assert f"{MODEL}: calibrated (cached)" in srv.log.read_text()   # the seed was read: no calibration
         r = httpx.post(srv.url + "/api/pull", json={"model": "absent", "stream": False},
                        headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 404 and "catalog" in r.json()["error"]
