@@ -90,7 +90,8 @@ def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None 
     flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
     env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("LOCALSPEC_API_KEY", None)
-    shared_default_target(home)
+    if "--target" not in args:
+        shared_default_target(home)
     if setup is not None:
         setup(env)
     log = home / "server.log"
@@ -146,21 +147,16 @@ def engine_output(engine, prompt, *, max_tokens: int, **sampling) -> DoneEvent:
     return [e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent)][0]
 
 
-# a CPU-like verify curve (seconds by batch size) of the calibration's sizes (as in test_costmodel)
-CPU_CURVE = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
-             12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
-
-
 def seed_calibration(home: Path, target: Path, drafter: Path | None) -> None:
     """A calibration of ``target`` + ``drafter`` (one thread, CPU, F16 KV cache) in ``home``'s cache,
     as an earlier run leaves it: a server of that model reads it at load and calibrates nothing.
     For servers whose tests are not about the calibration: a background calibration takes a core
     for up to cost_measure.BUDGET_SECONDS, away from the other test worker (xdist)."""
-    from localspec.speculation.cost_cache import file_key, machine_key, write_entry
+    from localspec.speculation.cost_cache import file_key, machine_key
 
-    key = "|".join((machine_key(1, 0), "kv=f16", file_key(target), file_key(drafter)))
-    write_entry(home / "calibration.json", key, {"verify": {str(b): sec for b, sec in CPU_CURVE.items()},
-                                                 "drafter_step": 0.002, "drafter_width": None})
+    from engine_checks import seed_calibration as seed
+
+    seed(home / "calibration.json", "|".join((machine_key(1, 0), "kv=f16", file_key(target), file_key(drafter))))
 
 
 def error_of(response: httpx.Response) -> dict:
@@ -176,7 +172,8 @@ class Served:
     def __init__(self, home: Path, *args: str) -> None:
         env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
         env.pop("LOCALSPEC_API_KEY", None)
-        shared_default_target(home)
+        if "--target" not in args:
+            shared_default_target(home)
         self.log = home / "server.log"
         with open(self.log, "w") as sink:
             self.proc = subprocess.Popen(
