@@ -4,6 +4,8 @@ test_engine, test_speculation, test_tree, test_penalties, test_slots and test_mt
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from localspec import DoneEvent, Engine, GenerationConfig
 from localspec.core.events import TokenEvent
 from localspec.runtime.scheduler import Scheduler
@@ -85,3 +87,19 @@ def drain(scheduler: Scheduler, queue=(), admit=None) -> int:
         scheduler.step()
         steps += 1
     return steps
+
+
+# a CPU-like verify curve (seconds by batch size) at the calibration's sizes (as in test_costmodel)
+CPU_CURVE = {1: 0.005, 2: 0.0087, 3: 0.0105, 4: 0.010, 5: 0.016, 6: 0.018, 7: 0.016, 8: 0.014, 9: 0.015,
+             12: 0.019, 16: 0.022, 24: 0.032, 32: 0.040, 48: 0.058, 64: 0.075, 96: 0.110, 128: 0.145}
+
+
+def seed_calibration(cache: Path, key: str) -> None:
+    """A calibration under ``key`` (an Engine.cost_key) in ``cache``, as an earlier run leaves it: an
+    engine of that key reads it at load and calibrates nothing in the background. For tests that are
+    not about the calibration: one takes the engine's threads for up to cost_measure.BUDGET_SECONDS
+    whenever the engine is idle, away from the other test worker (xdist)."""
+    from localspec.speculation.cost_cache import write_entry
+
+    write_entry(cache, key, {"verify": {str(b): sec for b, sec in CPU_CURVE.items()},
+                             "drafter_step": 0.002, "drafter_width": None})

@@ -4,11 +4,14 @@ shape (:func:`error_of`). Shared by the server's test modules."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -20,7 +23,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli_run import default_sigint
+from cli_run import default_sigint, run_cli
 
 from localspec.runtime.engine import GenerationConfig
 from localspec.core.events import DoneEvent
@@ -59,12 +62,36 @@ class Server:
         return out
 
 
+_DERIVED: list[Path] = []   # this process's default target, derived once (see shared_default_target)
+
+
+def shared_default_target(home: Path) -> Path:
+    """The embedded target as ``home`` uses it (``models/SmolLM2-135M-Instruct.Q4_0.gguf``, which
+    core.paths.default_target derives from the shipped F16 on a home's first use: ~1.3 s of CPU on an
+    idle core), linked to one copy derived once per test process: every server's home is fresh."""
+    from localspec.core.paths import default_target
+
+    if not _DERIVED:
+        cache = Path(tempfile.mkdtemp(prefix="localspec_target_"))
+        atexit.register(shutil.rmtree, cache, True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LOCALSPEC_HOME", str(cache))
+            _DERIVED.append(default_target())
+    link = home / "models" / _DERIVED[0].name
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(_DERIVED[0])
+    return link
+
+
 @contextmanager
 def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None = None) -> Iterator[Server]:
     """``localspec serve`` on a free port with LOCALSPEC_HOME ``home`` and ``args`` after the model
     flags (default: SERVE_ARGS on the default model); ``setup(env)`` runs first (e.g. ``create``)."""
     env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("LOCALSPEC_API_KEY", None)
+    if "--target" not in args:
+        shared_default_target(home)
     if setup is not None:
         setup(env)
     log = home / "server.log"
@@ -103,17 +130,14 @@ def running_server(home: Path, *args: str, setup: Callable[[dict], None] | None 
 
 
 def creates_model(home: Path, name: str, template: str) -> Callable[[dict], None]:
-    """``setup`` for :func:`running_server`: ``localspec create name`` in the server's environment,
-    from a Modelfile in ``home`` that takes the default model's files with ``template`` as its
-    TEMPLATE."""
-    from localspec.store.models import resolve
-
+    """``setup`` for :func:`running_server`: ``localspec create name`` in the server's environment
+    (in this process: no interpreter start), from a Modelfile in ``home`` that takes the default
+    model's files (:func:`shared_default_target`) with ``template`` as its TEMPLATE."""
     modelfile = home / "Modelfile"
-    modelfile.write_text(f'FROM {resolve(None).target}\nTEMPLATE """{template}"""\n')
+    modelfile.write_text(f'FROM {shared_default_target(home)}\nTEMPLATE """{template}"""\n')
 
     def setup(env: dict) -> None:
-        proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = run_cli("create", name, "-f", str(modelfile), env=env)
         assert proc.returncode == 0, proc.stderr
     return setup
 
@@ -136,6 +160,18 @@ def engine_output(engine, prompt, *, max_tokens: int, **sampling) -> DoneEvent:
     return [e for e in engine.generate(prompt, config) if isinstance(e, DoneEvent)][0]
 
 
+def seed_calibration(home: Path, target: Path, drafter: Path | None) -> None:
+    """A calibration of ``target`` + ``drafter`` (one thread, CPU, F16 KV cache) in ``home``'s cache,
+    as an earlier run leaves it: a server of that model reads it at load and calibrates nothing.
+    For servers whose tests are not about the calibration: a background calibration takes a core
+    for up to cost_measure.BUDGET_SECONDS, away from the other test worker (xdist)."""
+    from localspec.speculation.cost_cache import file_key, machine_key
+
+    from engine_checks import seed_calibration as seed
+
+    seed(home / "calibration.json", "|".join((machine_key(1, 0), "kv=f16", file_key(target), file_key(drafter))))
+
+
 def error_of(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
@@ -149,6 +185,8 @@ class Served:
     def __init__(self, home: Path, *args: str) -> None:
         env = dict(os.environ, LOCALSPEC_HOME=str(home), LOCALSPEC_THREADS="1", HF_HUB_OFFLINE="1")
         env.pop("LOCALSPEC_API_KEY", None)
+        if "--target" not in args:
+            shared_default_target(home)
         self.log = home / "server.log"
         with open(self.log, "w") as sink:
             self.proc = subprocess.Popen(

@@ -298,14 +298,20 @@ def _text(out: dict) -> str:
     return "".join(c["choices"][0]["text"] for c in chunks)
 
 
-def test_a_bad_grammar_fails_its_sender_only_while_another_client_streams(two_slots):
+@pytest.fixture(scope="module")
+def long_alone(two_slots) -> str:
+    """LONG's text streamed alone (greedy, no drafting: the same on every request), once a module."""
+    alone: dict = {}
+    _stream(two_slots.url, LONG, alone)
+    return _text(alone)
+
+
+def test_a_bad_grammar_fails_its_sender_only_while_another_client_streams(two_slots, long_alone):
     """Each bad request above, sent while a long stream runs: a 400 naming the field its grammar
     came from, at once; the stream goes on and ends complete, its text the same as alone (the
     unmatchable grammar used to end every running stream with the sender's error)."""
     url = two_slots.url
-    alone: dict = {}
-    _stream(url, LONG, alone)
-    expected = _text(alone)
+    expected = long_alone
     for body, param in BAD_REQUESTS:
         streaming: dict = {}
         thread = threading.Thread(target=_stream, args=(url, LONG, streaming))
@@ -324,12 +330,10 @@ def test_a_bad_grammar_fails_its_sender_only_while_another_client_streams(two_sl
     assert two_slots.health()["requests_processing"] == 0
 
 
-def test_a_grammar_that_dies_midway_ends_its_own_stream_only(two_slots):
+def test_a_grammar_that_dies_midway_ends_its_own_stream_only(two_slots, long_alone):
     """A grammar that allows a first token and then none: the sender's stream ends with an error
     event naming response_format; the other stream is unchanged and complete."""
     url = two_slots.url
-    alone: dict = {}
-    _stream(url, LONG, alone)
     streaming: dict = {}
     thread = threading.Thread(target=_stream, args=(url, LONG, streaming))
     thread.start()
@@ -343,7 +347,7 @@ def test_a_grammar_that_dies_midway_ends_its_own_stream_only(two_slots):
     assert lines[-1] == "data: [DONE]", lines
     error = json.loads(lines[-2][len("data: "):])["error"]
     assert error["param"] == "response_format" and "allows no token" in error["message"], error
-    assert _text(streaming) == _text(alone)
+    assert _text(streaming) == long_alone
 
 
 # -- the scheduler's bookkeeping: never half-done --------------------------------------------------------

@@ -5,8 +5,6 @@ alone is one clear error, ``--max-loaded`` (with the pull test); and ``/api/pull
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -15,8 +13,9 @@ import httpx
 import ollama
 import pytest
 
+from cli_run import run_cli
 from hub_stub import FakeHub, _listing_handler
-from serve_checks import KEY, MODEL, running_server
+from serve_checks import KEY, MODEL, running_server, seed_calibration, shared_default_target
 
 ASK = [{"role": "user", "content": "Say hello."}]
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -36,8 +35,7 @@ def _create(env, name: str, *lines: str, source=None) -> None:
 
     modelfile = Path(env["LOCALSPEC_HOME"]) / f"{name}.Modelfile"
     modelfile.write_text(f"FROM {source or resolve(None).target}\n" + "".join(f"{line}\n" for line in lines))
-    proc = subprocess.run([sys.executable, "-m", "localspec", "create", name, "-f", str(modelfile)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("create", name, "-f", str(modelfile), env=env)   # in-process: no interpreter start
     assert proc.returncode == 0, proc.stderr
 
 
@@ -120,12 +118,17 @@ def hub(tmp_path_factory):
 
 
 def test_pull_from_the_registry_with_ollamas_progress_and_max_loaded(hub, tmp_path):
+    from localspec.store.models import default_model
+
     url, fake = hub
     (tmp_path / "models.toml").write_text(
         'schema = 1\n[models.tiny]\ndescription = "tiny test target"\n'
         '[models.tiny.target]\nrepo = "test/tiny-GGUF"\nfile = "tiny-target.gguf"\n', encoding="utf-8")
 
     def online(env):
+        # the preloaded default is never asked for text here: its background calibration would only
+        # take a core while the pull runs
+        seed_calibration(tmp_path, shared_default_target(tmp_path), default_model().drafter)
         env.update(HF_ENDPOINT=url, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="0")
         env.pop("HF_HUB_CACHE", None)
         env.pop("HF_TOKEN", None)
@@ -143,6 +146,7 @@ def test_pull_from_the_registry_with_ollamas_progress_and_max_loaded(hub, tmp_pa
         assert c.generate(model="tiny", prompt="Hi", options={"num_predict": 4}).done
         assert loaded(c) == {"tiny"}   # --max-loaded 1: the default went first, though both fit
         assert any("/test/tiny-GGUF/" in path for _, path, _ in fake.log)
+        assert f"{MODEL}: calibrated (cached)" in srv.log.read_text()   # the seed was read: no calibration
         r = httpx.post(srv.url + "/api/pull", json={"model": "absent", "stream": False},
                        headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 404 and "catalog" in r.json()["error"]
