@@ -39,7 +39,7 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
                 threads: Optional[int], gpu_layers: Optional[int], verbose: bool,
                 vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None,
                 parallel: Optional[int] = 1, ram: Optional[str] = None,
-                source=None) -> tuple[ModelSpec, Engine]:
+                source=None, rows_match: bool = False) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan;
     ``source`` mtp: the target's MTP heads must be there (they draft whenever no drafter file is given)."""
     import sys
@@ -61,5 +61,5 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
         print(f"note: {note}", file=sys.stderr)
     mtp = True if getattr(source, "value", source) == "mtp" else None
     engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
-                    mtp=mtp, **options)
+                    mtp=mtp, rows_match=rows_match, **options)
     return model_spec, engine

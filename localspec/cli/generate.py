@@ -32,7 +32,7 @@ from .spec_options import NoSpecOpt, Policy, Source, SPEC_OPTIONS, Tree, default
 
 # the declared options (localspec.core.options) `generate` takes; one more is one more name here
 GENERATE_OPTIONS = (*SPEC_OPTIONS, "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                    "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "n_ctx", "threads", "gpu_layers")
+                    "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "n_ctx", "threads", "gpu_layers", "rows_match")
 
 
 def _read_text(flag: str, path: Path) -> str:
@@ -132,6 +132,7 @@ def generate(
     values = apply_model_defaults(resolved, {**flags, "stop": stop}, is_default(cli))
     check_flags(values)
     ctx, threads, gpu_layers = values.pop("ctx"), values.pop("threads"), values.pop("gpu_layers")
+    rows_match = values.pop("rows_match")
     check_text("the prompt", prompt)
     if logprobs is not None and not as_json:
         raise typer.BadParameter("--logprobs prints them in the --json output: add --json", param_hint="--logprobs")
@@ -140,7 +141,8 @@ def generate(
     config = structured_config(build_config(**values, no_spec=no_spec, no_special=no_special),
                                grammar=grammar, json_schema=json_schema, logprobs=logprobs, prediction=prediction)
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
-                                     vram=vram, model_spec=resolved, source=values.get("source"))
+                                     vram=vram, model_spec=resolved, source=values.get("source"),
+                                     rows_match=rows_match)
     with engine:
         if config.spec:   # a cached calibration at once, else measured while idle: the reply never waits
             engine.calibrate_in_background()

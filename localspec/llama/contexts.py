@@ -20,6 +20,12 @@ KV_TYPES: dict[str, tuple[int, float]] = {
     "f32": (0, 4.0),
 }
 
+# ggml-cpu's flash attention tiles batches of this many query rows or more (GGML_FA_TILE_Q), which
+# rounds otherwise than fewer rows do (Engine's rows_match keeps every verify under it)
+TILED_ROWS = 64
+# ... and attends a single query row over a KV view of this many cells or more by another path (split
+# across the threads); the view is the used cells rounded up to 256 (llama-kv-cache.cpp get_n_kv)
+SPLIT_KV_CELLS = 512
 PROMPT_BATCH = 512          # the target context's n_batch = n_ubatch
 # the target context's n_outputs_max: the largest verify batch, a chain (draft-max + 1, or auto's
 # lookup draft on a long match, lookup-max + 1) or a tree (its nodes + the root), 129

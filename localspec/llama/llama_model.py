@@ -160,6 +160,8 @@ def _outputs_param(n_outputs_max: int, n_ctx: int, n_batch: int, n_seq_max: int)
 class Context:
     """A llama.cpp context (KV cache + compute buffers) over one model, decoding sequence 0."""
 
+    pad_single: range | None = None   # positions where one row is decoded as two (runtime.batch)
+
     def __init__(
         self,
         model: Model,

@@ -5,6 +5,17 @@ chunk, a plain step's one row, or a chain to verify) to a :class:`Batch` and rem
 it got; the batch is decoded once (one ``llama_decode``); then each generation reads its logits at
 its own rows (:class:`~localspec.runtime.verifier.Decoded`). A batch of one sequence 0 segment is
 decoded exactly as a generation alone decodes it (the same rows, the same call).
+
+``rows_match`` (:class:`~localspec.runtime.engine.Engine`; the context's ``pad_single``: the
+positions where it applies): a batch of one row is decoded as two, the second a filler at the next
+position that is dropped at once. llama.cpp's CPU attention takes another path for a single query
+row once the KV view reaches 512 cells (ggml-cpu ``ops.cpp``, ``use_split_kv_path``: the cells
+split across threads, their partial sums reduced; the view is the used cells rounded up to 256,
+llama-kv-cache.cpp ``get_n_kv``), so plain steps
+round differently from the rows of a verify batch; two rows keep every step on the path verify
+rows take. Measured on SmolLM2 Q4_0, a ~970-token context, 2 threads: rows of 2-32-row verifies
+then equal plain steps bit for bit (max logit difference 0, against 0.7-0.9 and argmax flips
+without); on this CPU V(2) costs what V(1) does.
 """
 
 from __future__ import annotations
@@ -56,12 +67,21 @@ class Batch:
         if not self.tokens:
             return
         t0 = time.perf_counter()
-        if len(self.segments) == 1 and self.segments[0][0] == 0:
+        pad = self.ctx.pad_single
+        if len(self.tokens) == 1 and pad is not None and self.positions[0] in pad:
+            self._decode_padded()
+        elif len(self.segments) == 1 and self.segments[0][0] == 0:
             _, _, start, all_logits = self.segments[0]
             self.ctx.decode(self.tokens, start, all_logits=all_logits)
         else:
             self.ctx.decode_batch(self.tokens, self.positions, self.seqs, self.outputs)
         self.seconds = time.perf_counter() - t0
+
+    def _decode_padded(self) -> None:
+        """One row decoded as two (``rows_match``): a filler after it, without logits, then dropped."""
+        seq, pos = self.seqs[0], self.positions[0]
+        self.ctx.decode_batch(self.tokens * 2, [pos, pos + 1], [seq, seq], [True, False])
+        self.ctx.seq_rm(pos + 1, seq=seq)
 
     def at(self, offset: int) -> Decoded:
         return Decoded(offset, self.seconds)

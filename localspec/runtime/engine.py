@@ -41,7 +41,7 @@ from ..core import options
 from ..core.errors import GrammarError, LocalspecError
 from ..core.events import DoneEvent, Event
 from ..llama.grammar import Grammar
-from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, target_context
+from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, SPLIT_KV_CELLS, TILED_ROWS, target_context
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
@@ -96,6 +96,7 @@ class Engine:
         chat_template: str | None = None,
         parallel: int = 1,
         mtp: bool | None = None,
+        rows_match: bool = False,
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -116,6 +117,8 @@ class Engine:
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
+        self.rows_match = rows_match
+        self._match_rows(n_ctx)
         self.formatter = self._chat_formatter(chat_template)
         self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
         self._verbose = verbose
@@ -132,6 +135,15 @@ class Engine:
         # engine through it
         self.calibrator = Calibrator(self._lock, self._measure_costs, self._install_cost, self._measured_cost)
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
+
+    def _match_rows(self, n_ctx: int) -> None:
+        """``rows_match``: greedy text the same with and without drafts on a CPU, whatever the thread
+        count: plain steps decoded as two rows (runtime.batch) where the KV view may reach
+        SPLIT_KV_CELLS (past its first 256 cells, less a draft's or a tree's transient cells; with
+        several slots, anywhere), and every verify under TILED_ROWS rows (:meth:`open_slot`)."""
+        if self.rows_match:
+            first = 0 if self.n_slots > 1 else SPLIT_KV_CELLS // 2 - TILED_ROWS
+            self.ctx.pad_single = range(first, n_ctx - 1)   # the filler needs the next position
 
     def _mtp_heads(self, mtp: bool | None) -> int:
         """The target's MTP heads this engine drafts with (:mod:`localspec.speculation.mtp`):
@@ -280,6 +292,9 @@ class Engine:
                 raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
                                      "a target that ships them and no drafter file)")
             pcfg = replace(pcfg, source=EAGLE)
+        if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
+            pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
+                           tree_nodes=min(pcfg.tree_nodes, TILED_ROWS - 2))
         use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = self.planning_cost() if wants_cost else None
