@@ -2,7 +2,7 @@
 
     python bench/exactness.py [--model NAME] [--threads 1,2] [-n 64] [--limit 4] \\
         [--prompts bench/chat.jsonl bench/copy.jsonl bench/summarize.jsonl] [--modes lookup,auto,eagle] \\
-        [--native --tool PATH] [--json out.json]
+        [--native --tool PATH] [--rows-match] [--json out.json]
 
 For every prompt, thread count and mode: a plain greedy run and a speculative one from the same
 empty cache (penalties off), the first token where they differ, and at that point a check that
@@ -105,7 +105,7 @@ def batched(engine: Engine, prompt: list[int], spec: list[int], i: int, cycles: 
         ctx.decode([tok], len(prompt) + j, all_logits=False)
     rows_tokens = (spec[start:start + rows] + [spec[start]] * rows)[:rows]
     ctx.decode(rows_tokens, len(prompt) + start, all_logits=True)
-    return _logits(ctx, i - start), rows
+    return _logits(ctx, i - start - 1), rows   # row r (token start + r) chose token start + r + 1
 
 
 def classify(engine: Engine, prompt: list[int], plain: DoneEvent, spec: DoneEvent, cycles: list) -> dict | None:
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tool", type=Path)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localspec" / "peer")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rows-match", action="store_true",
+                    help="the engine's rows_match: plain steps as two rows, verifies under 64 rows")
     args = ap.parse_args(argv)
     spec = resolve(args.model)
     modes = [m for m in args.modes.split(",") if m and (m != "eagle" or spec.drafter is not None)]
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         tool = args.tool or build_tool(args.cache)
     load = os.getloadavg()[0]
     for threads in [int(t) for t in args.threads.split(",")]:
-        with Engine(spec.target, spec.drafter, n_ctx=4096, n_threads=threads) as engine:
+        with Engine(spec.target, spec.drafter, n_ctx=4096, n_threads=threads, rows_match=args.rows_match) as engine:
             engine.cost_model()
             for path in args.prompts:
                 for bp in load_prompts(path)[:args.limit]:
