@@ -15,7 +15,8 @@ llama-kv-cache.cpp ``get_n_kv``), so plain steps
 round differently from the rows of a verify batch; two rows keep every step on the path verify
 rows take. Measured on SmolLM2 Q4_0, a ~970-token context, 2 threads: rows of 2-32-row verifies
 then equal plain steps bit for bit (max logit difference 0, against 0.7-0.9 and argmax flips
-without); on this CPU V(2) costs what V(1) does.
+without). The price: on long contexts the split path is the faster one, and a padded step there
+cost ~1.46 one-row steps (docs/speculation.md#exactness).
 """
 
 from __future__ import annotations
