@@ -77,7 +77,13 @@ def run(coro) -> None:
 
 @pytest.fixture
 def factory(smollm2):
-    return lambda: Engine(smollm2, n_ctx=512, n_threads=2)
+    def make():
+        from engine_checks import seed_calibration
+        from localspec.core.paths import user_dir
+        engine = Engine(smollm2, n_ctx=512, n_threads=2)
+        seed_calibration(user_dir() / "calibration.json", engine.cost_key())
+        return engine
+    return make
 
 
 @pytest.fixture
