@@ -20,7 +20,17 @@ def isolated_home(tmp_path_factory, monkeypatch) -> Path:
     # One llama.cpp thread: spinning workers on an oversubscribed machine are 100x slower, and
     # tests check behaviour, not speed (benchmarks live in `localspec bench`).
     monkeypatch.setenv("LOCALSPEC_THREADS", "1")
+    # No calibration in the background: a fresh home has none cached, and each engine's would take a
+    # core for up to cost_measure.BUDGET_SECONDS whenever it is idle, away from the other test worker.
+    # The tests of the background calibration turn it on (`background_calibration`).
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "off")
     return home
+
+
+@pytest.fixture
+def background_calibration(monkeypatch) -> None:
+    """The default: a fresh home calibrates in the background while the engine is idle."""
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "background")
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,12 @@ import threading
 import pytest
 
 from localspec import DoneEvent, Engine, GenerationConfig, TokenEvent
+from localspec.core.errors import LocalspecError
 from localspec.core.paths import user_dir
 from localspec.speculation import cost_measure
 from localspec.speculation.policy import PolicyConfig
+
+pytestmark = pytest.mark.usefixtures("background_calibration")   # the suite turns it off elsewhere (conftest)
 
 CTX = 96   # calibrated up to 48 rows (a short calibration: seconds)
 
@@ -105,3 +108,21 @@ def test_cost_model_waits_for_the_background_calibration(smollm2):
         model = engine.cost_model()
         assert engine.calibrator.state in ("done", "budget") and log.count("running") == 1, log
         assert model is engine.cost and not model.provisional
+
+
+def test_the_calibration_stays_off_when_the_environment_says_so(smollm2, monkeypatch, tmp_path):
+    """``LOCALSPEC_CALIBRATION=off``: no thread, no measurement; the generation plans with the guess
+    and nothing is cached. A value that is neither is one error naming the variable."""
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "off")
+    with Engine(smollm2, n_ctx=CTX, n_threads=1) as engine:
+        engine.calibrate_in_background()
+        done = [e for e in engine.generate("The capital of France is", GenerationConfig(max_tokens=4))
+                if isinstance(e, DoneEvent)]
+        assert done and done[0].stats.generated_tokens == 4
+        assert engine.calibrator.state == "off" and engine.calibrator.runs == 0 and not engine.calibrator.busy
+        assert engine.cost is not None and engine.cost.provisional   # the guess its cycles correct
+    assert not (user_dir() / "calibration.json").exists()
+    monkeypatch.setenv("LOCALSPEC_CALIBRATION", "sometimes")
+    with Engine(smollm2, n_ctx=CTX, n_threads=1) as engine:
+        with pytest.raises(LocalspecError, match="LOCALSPEC_CALIBRATION must be 'background' or 'off'"):
+            engine.calibrate_in_background()

@@ -18,6 +18,8 @@ from localspec.speculation import cost_measure, costmodel
 from tiny_models import build_target
 
 
+pytestmark = pytest.mark.usefixtures("background_calibration")   # the suite turns it off elsewhere (conftest)
+
 CTX = 256   # calibrated up to 96 rows; one explicit thread: one cache key whatever the load
 
 

@@ -15,21 +15,36 @@ warm on a busy machine). Now:
 - the calibration starts again once the engine has been idle for ``IDLE_SECONDS``, until one
   completes; that one is cached, as before, and replaces the engine's model between generations.
 
+``$LOCALSPEC_CALIBRATION=off`` turns the background calibration off (a shared or battery-powered
+machine, a test suite): a cached calibration is still read, and without one the engine plans with
+the guess its cycles correct; ``localspec bench`` still calibrates (it asks for the model itself).
+
 ``state`` (one of ``STATES``) and :meth:`Calibrator.describe` are what the chat's status line and
 ``serve``'s log show; ``log`` lists what happened, in order (tests read it).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
 
+from ..core.errors import LocalspecError
 from ..speculation import costmodel
 
 IDLE_SECONDS = 0.5    # the engine idle this long before a calibration (re)starts: not between two requests
 RETRY_SECONDS = 2.0   # after an interrupted one, at least this long before the next try
+ENV = "LOCALSPEC_CALIBRATION"   # "background" (the default) or "off"
 STATES = ("off", "cached", "waiting", "running", "interrupted", "done", "budget", "failed")
+
+
+def in_background() -> bool:
+    """Whether calibrations may run in the background (``$LOCALSPEC_CALIBRATION``)."""
+    value = os.environ.get(ENV, "background").strip().lower()
+    if value not in ("background", "off"):
+        raise LocalspecError(f"{ENV} must be 'background' or 'off' (got '{value}')")
+    return value == "background"
 
 
 class _Stop:
@@ -64,8 +79,9 @@ class Calibrator:
 
     # -- the engine's side --------------------------------------------------------------------
     def start(self) -> None:
-        """Calibrate in the background until one calibration completes (idempotent)."""
-        if self.state in ("cached", "done") or self._closing.is_set():
+        """Calibrate in the background until one calibration completes (idempotent); nothing
+        with ``$LOCALSPEC_CALIBRATION=off``."""
+        if self.state in ("cached", "done") or self._closing.is_set() or not in_background():
             return
         if self._thread is None or not self._thread.is_alive():
             self._set("waiting")
