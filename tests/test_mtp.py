@@ -137,3 +137,41 @@ def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_file
     drafted = [v for (name, labels), v in metrics.items()
                if name.endswith("draft_tokens_by_source_total") and ("source", "mtp") in labels]
     assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
+
+
+def _native_tool():
+    """llama.cpp's own llama-speculative-simple built from the pinned sdist (bench/peer_llamacpp.py
+    builds it into ~/.cache/localspec/peer; LOCALSPEC_PEER_TOOL names another), or None."""
+    import importlib.metadata
+    import os
+    from pathlib import Path
+
+    named = os.environ.get("LOCALSPEC_PEER_TOOL")
+    version = importlib.metadata.version("llama-cpp-python")
+    tool = Path(named) if named else (Path.home() / ".cache" / "localspec" / "peer" / f"llama.cpp-{version}"
+                                      / "build" / "bin" / "llama-speculative-simple")
+    return tool if tool.is_file() else None
+
+
+@pytest.mark.parametrize("heads", [1, 3], ids=["one-head", "chained-heads"])
+def test_mtp_drafts_are_llama_cpp_s_own_draft_mtp_drafts(tmp_path, heads):
+    """bench/peer_mtp_drafts.py on one prompt: every draft llama.cpp's ``draft-mtp`` made, drafted
+    again by MtpDrafter from the same context, and the drafts of localspec's own generation made
+    after the same committed text, are token for token llama.cpp's. Runs only where the native
+    tool was built (docs/speculation.md gives the full bench's figures)."""
+    import importlib.util
+    from pathlib import Path
+
+    tool = _native_tool()
+    if tool is None:
+        pytest.skip("llama-speculative-simple of the pinned llama.cpp not built (bench/peer_llamacpp.py)")
+    spec = importlib.util.spec_from_file_location(
+        "peer_mtp_drafts", Path(__file__).resolve().parents[1] / "bench" / "peer_mtp_drafts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    target = build_mtp_target(tmp_path / "mtp.gguf", heads=heads, head_noise=0.05)
+    with Engine(target, n_ctx=512) as engine:
+        same, steps, whole, drafts, g_same, g_steps, g_whole, g_drafts = bench.compare(
+            engine, tool, target, PROMPT, 24, 3, verbose=False)
+    assert drafts >= 4 and steps >= drafts and g_drafts >= 2, (drafts, steps, g_drafts)
+    assert (same, whole) == (steps, drafts) and (g_same, g_whole) == (g_steps, g_drafts)
