@@ -1,6 +1,7 @@
 """Do localspec's MTP drafts equal llama.cpp's own ``draft-mtp`` drafts, for the same file and context?
 
     python bench/peer_mtp_drafts.py --tool PATH/llama-speculative-simple [--heads 1] [-n 48] [--k 4]
+        [--head-noise 0.05] [--prompt TEXT ...] [-v]
 
 It writes a tiny step35 target with MTP heads (tests/mtp_models.py), runs llama.cpp's
 ``llama-speculative-simple --spec-type draft-mtp`` on it greedily with debug logging, and reads
@@ -8,7 +9,9 @@ every draft llama.cpp made (``draft candidate 0`` of each step) and each cycle's
 fix the context of every draft: the committed tokens ``x_0..x_{n-1}`` and ``id_last = x_n``. For
 each, localspec's :class:`~localspec.speculation.mtp.MtpDrafter` drafts from the same context (the
 target prefilled with ``x_0..x_{n-1}``, its first token ``x_n``, the head's catch-up and greedy
-chain) and the two drafts are compared token by token. ``--tool``: the tool built from the pinned
+chain) and the two drafts are compared token by token. Then localspec generates the same text
+greedily with ``--source mtp`` (the drafter's real, incremental path) and its drafts made after
+the same committed length as one of llama.cpp's are compared too. ``--tool``: the tool built from the pinned
 sdist (``bench/peer_llamacpp.py`` builds one into ``~/.cache/localspec/peer``). ``p_min`` is 0 on
 both sides (llama.cpp's draft probability comes from a top-10 softmax, localspec's from the whole
 vocabulary: they would stop at different depths, never on different tokens).
