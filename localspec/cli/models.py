@@ -63,6 +63,8 @@ def list_(
         for name, entry in registry.load_catalog().items():
             target = "(embedded)" if entry.embedded else f"{entry.target.repo}"  # type: ignore[union-attr]
             draft = f"{entry.draft.repo} ({entry.draft.variant})" if entry.draft else "-"
+            if entry.source == "mtp":
+                draft = "mtp (the target's own heads)"
             if entry.embedded:
                 draft = f"{DEFAULT_DRAFTER_FILE} (embedded)" if package_data(DEFAULT_DRAFTER_FILE).is_file() else "-"
             local = "embedded" if entry.embedded else ("pulled" if name in mine else "")
