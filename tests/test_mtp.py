@@ -206,6 +206,13 @@ def test_fit_names_the_mtp_heads_weights_and_kv_and_llama_cpp_allocates_them(mtp
         assert abs(actual["drafter"]["compute_bytes"] - planned["mtp"]["compute_bytes"]) <= 6000, report
         weights = planned["target"]["weights_bytes"] + planned["mtp"]["weights_bytes"]
         assert abs(actual["target"]["weights_bytes"] - weights) <= 6000, report
+    # with a drafter file llama.cpp skips the heads' tensors (no load_mtp): not counted at all
+    from localspec.memory import planner
+    info = read_gguf(mtp_files["three"])
+    loaded, skipped = planner.layout(info, mtp=True), planner.layout(info, mtp=False)
+    assert loaded.weights_bytes - skipped.weights_bytes == 543744 and skipped.n_nextn == 3 and not skipped.mtp
+    assert planner.kv_bytes(loaded, 256, "f16") == planner.kv_bytes(skipped, 256, "f16") == 2 * kv_layer
+    assert planner.mtp_kv_bytes(loaded, 256) == 3 * kv_layer and planner.mtp_kv_bytes(skipped, 256) == 0
     assert json.loads(run_cli("fit", "--target", str(mtp_files["none"]), "--ctx", "256", "--json").stdout)["mtp"] is None
     text = run_cli("fit", "--target", str(mtp_files["one"]), "--ctx", "256").stdout
     assert "mtp heads" in text and "counted in the target's row" not in text, text
