@@ -211,6 +211,9 @@ def test_parse_hf_ref():
 def test_pull_an_mtp_pair_needs_no_drafter_file_and_checks_the_heads(hub_server, tmp_path):
     """A catalog entry with ``source = "mtp"``: only the target is downloaded, the model drafts with
     its own heads (``mtp``); a file without heads under such an entry is one clear error."""
+    import os
+
+    from cli_run import run_cli
     from localspec import Engine
     from mtp_models import build_mtp_target
 
@@ -226,6 +229,8 @@ def test_pull_an_mtp_pair_needs_no_drafter_file_and_checks_the_heads(hub_server,
     assert spec.drafter is None and spec.target.read_bytes() == with_heads
     with Engine(spec.target, n_ctx=128) as engine:
         assert engine.mtp_heads == 1 and engine.drafter.name == "mtp"
+    listed = run_cli("list", env={**os.environ, "COLUMNS": "300"}).stdout
+    assert "mtp (the target's own heads)" in next(line for line in listed.splitlines() if " tinymtp " in line)
     with pytest.raises(LocalspecError, match="drafts with its own MTP heads, but the file has none"):
         pull("tinytrunk")
     assert registry.load("tinytrunk") is None

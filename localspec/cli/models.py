@@ -78,7 +78,9 @@ def list_(
     table = Table("NAME", "TARGET", "DRAFTER", "SIZE", "CREATED")
     _embedded_row(table)
     for m in models:
-        table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
+        drafter = Path(m.drafter).name if m.drafter else ("mtp (the target's own heads)"
+                                                          if m.origin.get("source") == "mtp" else "-")
+        table.add_row(m.name, Path(m.target).name, drafter,
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
     for name, reason in damaged:
         table.add_row(name, f"damaged record ({reason})", "-", "-", f"`localspec rm {name}`")

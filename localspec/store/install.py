@@ -229,6 +229,7 @@ def _pull(name: str, entry: registry.CatalogEntry) -> UserModel:
         name=name, target=str(target), drafter=str(drafter) if drafter else None, parameters=dict(entry.parameters),
         template=entry.template, system=entry.system, license=[entry.license] if entry.license else [],
         origin={"catalog": name, "from": f"hf.co/{t.repo}/{t_file}" + (f"@{t.revision}" if t.revision else ""),
+                **({"source": entry.source} if entry.source else {}),
                 **({"draft": f"hf.co/{d.repo}" + (f"/{d_file}" if d.file else "")
                     + (f"@{d.revision}" if d.revision else "")} if d else {})},
         owned=owned,

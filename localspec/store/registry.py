@@ -278,7 +278,7 @@ class UserModel(BaseModel):
     system: Optional[str] = None
     messages: list[tuple[str, str]] = Field(default_factory=list)
     license: list[str] = Field(default_factory=list)
-    origin: dict[str, str] = Field(default_factory=dict)    # "from", "draft", "modelfile", "catalog"
+    origin: dict[str, str] = Field(default_factory=dict)    # "from", "draft", "modelfile", "catalog", "source"
     owned: list[str] = Field(default_factory=list)          # files localspec made (removed by rm)
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
