@@ -91,7 +91,7 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
 
     engine.clear_cache()
     drafter, drafts, inside = engine.drafter, [], [False]
-    catch_up, decode = drafter.catch_up, drafter.decode
+    catch_up, decode, decode_steps = drafter.catch_up, drafter.decode, drafter.decode_steps
 
     def wrapped_catch_up(*a, **kw):
         inside[0] = True
@@ -108,7 +108,17 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
             drafts[-1].append(int(np.argmax(logits)))
         return logits, state
 
-    drafter.catch_up, drafter.decode = wrapped_catch_up, wrapped_decode
+    def wrapped_decode_steps(rows):   # a scheduler's chain steps (one slot here: one row each)
+        inside[0] = True
+        try:
+            out = decode_steps(rows)
+        finally:
+            inside[0] = False
+        if drafts:
+            drafts[-1].extend(int(np.argmax(logits)) for logits, _ in out)
+        return out
+
+    drafter.catch_up, drafter.decode, drafter.decode_steps = wrapped_catch_up, wrapped_decode, wrapped_decode_steps
     try:
         from localspec.runtime.sampling import SamplingParams
 
@@ -116,7 +126,7 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
                                policy=PolicyConfig("fixed", k, tree="off", source="mtp", p_min=0.0))
         done = [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
     finally:
-        del drafter.catch_up, drafter.decode
+        del drafter.catch_up, drafter.decode, drafter.decode_steps
     out, n_prompt, done_n = list(done.tokens), len(engine.prompt_tokens(prompt)), 1
     keyed = {}
     for draft in drafts:
