@@ -1,6 +1,7 @@
 """Do localspec's MTP drafts equal llama.cpp's own ``draft-mtp`` drafts, for the same file and context?
 
     python bench/peer_mtp_drafts.py --tool PATH/llama-speculative-simple [--heads 1] [-n 48] [--k 4]
+        [--head-noise 0.05] [--prompt TEXT ...] [-v]
 
 It writes a tiny step35 target with MTP heads (tests/mtp_models.py), runs llama.cpp's
 ``llama-speculative-simple --spec-type draft-mtp`` on it greedily with debug logging, and reads
@@ -8,7 +9,9 @@ every draft llama.cpp made (``draft candidate 0`` of each step) and each cycle's
 fix the context of every draft: the committed tokens ``x_0..x_{n-1}`` and ``id_last = x_n``. For
 each, localspec's :class:`~localspec.speculation.mtp.MtpDrafter` drafts from the same context (the
 target prefilled with ``x_0..x_{n-1}``, its first token ``x_n``, the head's catch-up and greedy
-chain) and the two drafts are compared token by token. ``--tool``: the tool built from the pinned
+chain) and the two drafts are compared token by token. Then localspec generates the same text
+greedily with ``--source mtp`` (the drafter's real, incremental path) and its drafts made after
+the same committed length as one of llama.cpp's are compared too. ``--tool``: the tool built from the pinned
 sdist (``bench/peer_llamacpp.py`` builds one into ``~/.cache/localspec/peer``). ``p_min`` is 0 on
 both sides (llama.cpp's draft probability comes from a top-10 softmax, localspec's from the whole
 vocabulary: they would stop at different depths, never on different tokens).
@@ -32,11 +35,11 @@ _CAND = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(-?\d+)")
 _ACC = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
 
 
-def native_drafts(tool: Path, target: Path, n: int, k: int) -> tuple[list[list[int]], list[int]]:
+def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT) -> tuple[list[list[int]], list[int]]:
     """llama.cpp's drafts, one list per draft call, and each cycle's accepted count."""
-    cmd = [str(tool), "-m", str(target), "-p", PROMPT, "-n", str(n), "--temp", "0", "--spec-type", "draft-mtp",
+    cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), "--temp", "0", "--spec-type", "draft-mtp",
            "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "-c", "512", "-lv", "5", "-t", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise SystemExit(f"{tool.name} failed ({proc.returncode}):\n{log[-3000:]}")
@@ -77,37 +80,135 @@ def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = Non
     return [first] + out
 
 
+def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int]]:
+    """The drafts MtpDrafter made during a real greedy generation (``--source mtp``, fixed chains
+    of ``k``), keyed by the committed length they drafted after (prompt and generated tokens, the
+    last of them the chain's ``id_last``): the drafter's incremental path (rows observed after each
+    verification, catch-up over them), recorded by wrapping the drafter's own calls."""
+    from localspec.core.events import DoneEvent
+    from localspec.runtime.config import GenerationConfig
+    from localspec.speculation.policy import PolicyConfig
+
+    engine.clear_cache()
+    drafter, drafts, inside = engine.drafter, [], [False]
+    catch_up, decode, decode_steps = drafter.catch_up, drafter.decode, drafter.decode_steps
+
+    def wrapped_catch_up(*a, **kw):
+        inside[0] = True
+        try:
+            logits, state = catch_up(*a, **kw)
+        finally:
+            inside[0] = False
+        drafts.append([int(np.argmax(logits))])
+        return logits, state
+
+    def wrapped_decode(tokens, g, pos):
+        logits, state = decode(tokens, g, pos)
+        if not inside[0] and drafts:
+            drafts[-1].append(int(np.argmax(logits)))
+        return logits, state
+
+    def wrapped_decode_steps(rows):   # a scheduler's chain steps (one slot here: one row each)
+        inside[0] = True
+        try:
+            out = decode_steps(rows)
+        finally:
+            inside[0] = False
+        if drafts:
+            drafts[-1].extend(int(np.argmax(logits)) for logits, _ in out)
+        return out
+
+    drafter.catch_up, drafter.decode, drafter.decode_steps = wrapped_catch_up, wrapped_decode, wrapped_decode_steps
+    try:
+        from localspec.runtime.sampling import SamplingParams
+
+        cfg = GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0, repeat_penalty=1.0),
+                               policy=PolicyConfig("fixed", k, tree="off", source="mtp", p_min=0.0))
+        done = [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+    finally:
+        del drafter.catch_up, drafter.decode, drafter.decode_steps
+    out, n_prompt, done_n = list(done.tokens), len(engine.prompt_tokens(prompt)), 1
+    keyed = {}
+    for draft in drafts:
+        keyed[n_prompt + done_n] = draft
+        acc = 0
+        while acc < len(draft) and done_n + acc < len(out) and draft[acc] == out[done_n + acc]:
+            acc += 1
+        done_n += acc + 1
+    return keyed
+
+
+PROMPTS = [PROMPT, "One, two, three, four, five, six, seven", "def fibonacci(n):\n    if n < 2:\n        return n",
+           "Once upon a time, in a small village by the sea, there lived"]
+
+
+def compare(engine, tool: Path, target: Path, prompt: str, n: int, k: int, verbose: bool) -> list[int]:
+    """[draft tokens equal, draft tokens, drafts equal, drafts] for one prompt, from the same
+    contexts; then the same four for the drafts of localspec's own generation made after the same
+    committed length as one of llama.cpp's."""
+    calls, accepted = native_drafts(tool, target, n, k, prompt)
+    tokens = engine.prompt_tokens(prompt)
+    n_past = len(tokens) - 1   # speculative-simple keeps the prompt's last token as id_last
+    same = steps = whole = 0
+    native: dict[int, list[int]] = {}
+    for call, acc in zip(calls, accepted + [0]):
+        prefix = tokens[:n_past]
+        native[n_past + 1] = call
+        mine = localspec_draft(engine, prefix, len(call), tokens[n_past])[1:]
+        same += sum(1 for a, b in zip(mine, call) if a == b)
+        steps += len(call)
+        whole += mine == call
+        if verbose or mine != call:
+            print(f"n_past {n_past:3d}  llama.cpp {call}  localspec {mine}  {'=' if mine == call else 'DIFFER'}")
+        # the committed text grows by the accepted drafts and the target's token
+        tokens = tokens[:n_past + 1] + call[:acc]
+        bonus = localspec_draft(engine, tokens, 0)[0]   # the target's next token after them
+        tokens.append(bonus)
+        n_past += acc + 1
+    generated = generation_drafts(engine, prompt, n, k)
+    g_same = g_steps = g_whole = g_n = 0
+    for key in sorted(set(native) & set(generated)):
+        call, mine = native[key], generated[key]
+        m = min(len(call), len(mine))   # the last drafts may be cut by the tokens left
+        g_same += sum(1 for a, b in zip(mine[:m], call[:m]) if a == b)
+        g_steps += m
+        g_whole += mine[:m] == call[:m]
+        g_n += 1
+        if verbose or mine[:m] != call[:m]:
+            print(f"generate, after {key:3d}  llama.cpp {call}  localspec {mine}  "
+                  f"{'=' if mine[:m] == call[:m] else 'DIFFER'}")
+    return [same, steps, whole, len(calls), g_same, g_steps, g_whole, g_n]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tool", type=Path, required=True)
     ap.add_argument("--heads", type=int, default=1)
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--head-noise", type=float, default=0.005,
+                    help="the heads' random part (0.005: mostly 'the same token again'; 0.5 and more: drafts "
+                         "that depend on the target's state and the head's own cache)")
+    ap.add_argument("--prompt", action="append", help="repeatable; default: four prompts")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every draft, not only those that differ")
     args = ap.parse_args(argv)
     from localspec import Engine
     from mtp_models import build_mtp_target
 
+    totals = [0] * 8
     with tempfile.TemporaryDirectory() as d:
-        target = build_mtp_target(Path(d) / "mtp.gguf", heads=args.heads)
-        calls, accepted = native_drafts(args.tool, target, args.n, args.k)
+        target = build_mtp_target(Path(d) / "mtp.gguf", heads=args.heads, seed=args.seed, head_noise=args.head_noise)
         with Engine(target, n_ctx=512) as engine:
-            tokens = engine.prompt_tokens(PROMPT)
-            n_past = len(tokens) - 1   # speculative-simple keeps the prompt's last token as id_last
-            same = steps = 0
-            for call, acc in zip(calls, accepted + [0]):
-                prefix = tokens[:n_past]
-                mine = localspec_draft(engine, prefix, len(call), tokens[n_past])[1:]
-                agree = sum(1 for a, b in zip(mine, call) if a == b)
-                same += agree
-                steps += len(call)
-                print(f"n_past {n_past:3d}  llama.cpp {call}  localspec {mine}  {'=' if mine == call else 'DIFFER'}")
-                # the committed text grows by the accepted drafts and the target's token
-                tokens = tokens[:n_past + 1] + call[:acc]
-                bonus = localspec_draft(engine, tokens, 0)[0]   # the target's next token after them
-                tokens.append(bonus)
-                n_past += acc + 1
-        print(f"{same}/{steps} draft tokens equal over {len(calls)} drafts")
-    return 0 if same == steps else 1
+            for prompt in args.prompt or PROMPTS:
+                got = compare(engine, args.tool, target, prompt, args.n, args.k, args.verbose)
+                print(f"{prompt[:40]!r}: {got[0]}/{got[1]} draft tokens, {got[2]}/{got[3]} drafts equal; "
+                      f"during generate: {got[4]}/{got[5]} tokens, {got[6]}/{got[7]} drafts")
+                totals = [a + b for a, b in zip(totals, got)]
+    print(f"heads {args.heads}, head noise {args.head_noise}: {totals[0]}/{totals[1]} draft tokens equal, "
+          f"{totals[2]}/{totals[3]} drafts equal; drafts of localspec's generate after the same committed "
+          f"length: {totals[4]}/{totals[5]} tokens, {totals[6]}/{totals[7]} drafts equal")
+    return 0 if totals[0] == totals[1] and totals[4] == totals[5] else 1
 
 
 if __name__ == "__main__":

@@ -61,14 +61,14 @@ def test_every_catalog_entry_parses_and_says_what_was_checked():
         assert e.checked in ("yes", "partly", "no"), name
         if e.embedded:
             continue
-        assert e.target.file.endswith(".gguf") and e.draft is not None, name
+        assert e.target.file.endswith(".gguf") and (e.draft is not None) != (e.source == "mtp"), name
         if e.checked != "no":
             assert e.sources, f"{name}: verified without a source"
-        if e.draft.files is not None:
+        if e.draft is not None and e.draft.files is not None:
             weights = [f for f in e.draft.files if f != "config.json"]
             assert weights and all(f.endswith((".safetensors", ".bin")) for f in weights), name
         # a revision pinned in the catalog is a full commit hash (what a source quoted), never a branch
-        for rev in (e.target.revision, e.draft.revision):
+        for rev in (e.target.revision, e.draft.revision if e.draft else None):
             assert rev is None or re.fullmatch(r"[0-9a-f]{40}", rev), name
     # the pairs the issue asked for
     repos = {e.draft.repo for e in cat.values() if e.draft}
@@ -76,6 +76,10 @@ def test_every_catalog_entry_parses_and_says_what_was_checked():
             "yuhuili/EAGLE3-DeepSeek-R1-Distill-LLaMA-8B"} <= repos
     assert cat["gemma4-26b-a4b"].target.file == "gemma-4-26B-A4B-it-UD-Q4_K_M.gguf"
     assert cat["qwen3-4b"].draft.files == ["config.json", "model.safetensors"]
+    # pairs that need no drafter file: the target's own MTP heads, each with its sources
+    mtp = {name: e for name, e in cat.items() if e.source == "mtp"}
+    assert mtp and all(e.sources and e.checked != "no" and e.draft is None for e in mtp.values()), mtp
+    assert cat["glm-4.7-flash-mtp"].target.file == "GLM-4.7-Flash-MTP-default-Q8_0.gguf"
 
 
 def test_both_models_toml_copies_are_identical():
@@ -92,6 +96,10 @@ def test_list_catalog_shows_the_checked_column(capsys, monkeypatch):
         row = next(line for line in out.splitlines() if f" {name} " in line)
         assert f" {e.checked} " in row, (name, row)
     assert {e.checked for e in cat.values()} >= {"yes", "partly"}
+    for name, e in cat.items():   # pairs without a drafter file name their source
+        if e.source == "mtp":
+            row = next(line for line in out.splitlines() if f" {name} " in line)
+            assert "mtp (the target's own heads)" in row, row
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,6 +279,9 @@ def test_checkpoint_weights_under_another_name(listing_hub, capsys):
     ('[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n[models.x.draft]\nrepo = "a/d"\n'
      'files = ["config.json", "model.safetensors"]\nalternatives = ["weights.gguf"]\n', "is not a checkpoint file"),
     ('verified = 3\n[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n', "models.x.verified"),
+    ('source = "mtp"\n[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n[models.x.draft]\nrepo = "a/d"\n'
+     'file = "d.gguf"\n', "drafts with the target's own heads: give no [draft] table"),
+    ('source = "eagle"\n[models.x.target]\nrepo = "a/b"\nfile = "f.gguf"\n', "models.x.source"),
 ])
 def test_catalog_alternatives_and_notes_are_validated(entry, message):
     _catalog('[models.x]\ndescription = "d"\n' + entry)

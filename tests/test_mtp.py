@@ -137,3 +137,82 @@ def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_file
     drafted = [v for (name, labels), v in metrics.items()
                if name.endswith("draft_tokens_by_source_total") and ("source", "mtp") in labels]
     assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
+
+
+def _native_tool():
+    """llama.cpp's own llama-speculative-simple built from the pinned sdist (bench/peer_llamacpp.py
+    builds it into ~/.cache/localspec/peer; LOCALSPEC_PEER_TOOL names another), or None."""
+    import importlib.metadata
+    import os
+    from pathlib import Path
+
+    named = os.environ.get("LOCALSPEC_PEER_TOOL")
+    version = importlib.metadata.version("llama-cpp-python")
+    tool = Path(named) if named else (Path.home() / ".cache" / "localspec" / "peer" / f"llama.cpp-{version}"
+                                      / "build" / "bin" / "llama-speculative-simple")
+    return tool if tool.is_file() else None
+
+
+@pytest.mark.parametrize("heads", [1, 3], ids=["one-head", "chained-heads"])
+def test_mtp_drafts_are_llama_cpp_s_own_draft_mtp_drafts(tmp_path, heads):
+    """bench/peer_mtp_drafts.py on one prompt: every draft llama.cpp's ``draft-mtp`` made, drafted
+    again by MtpDrafter from the same context, and the drafts of localspec's own generation made
+    after the same committed text, are token for token llama.cpp's. Runs only where the native
+    tool was built (docs/speculation.md gives the full bench's figures)."""
+    import importlib.util
+    from pathlib import Path
+
+    tool = _native_tool()
+    if tool is None:
+        pytest.skip("llama-speculative-simple of the pinned llama.cpp not built (bench/peer_llamacpp.py)")
+    spec = importlib.util.spec_from_file_location(
+        "peer_mtp_drafts", Path(__file__).resolve().parents[1] / "bench" / "peer_mtp_drafts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    target = build_mtp_target(tmp_path / "mtp.gguf", heads=heads, head_noise=0.05)
+    with Engine(target, n_ctx=512) as engine:
+        same, steps, whole, drafts, g_same, g_steps, g_whole, g_drafts = bench.compare(
+            engine, tool, target, PROMPT, 24, 3, verbose=False)
+    assert drafts >= 4 and steps > drafts and g_drafts >= 2 and g_steps > g_drafts, (drafts, steps, g_drafts, g_steps)
+    assert (same, whole) == (steps, drafts) and (g_same, g_whole) == (g_steps, g_drafts)
+
+
+def test_fit_names_the_mtp_heads_weights_and_kv_and_llama_cpp_allocates_them(mtp_files):
+    """``fit`` plans the heads as a part of their own (``mtp`` in --json, a row in the tables): their
+    blocks' weights, the MTP context's F16 KV over their layers only (the target's KV holds the
+    trunk's), its compute buffer; and llama.cpp allocates what was planned."""
+    from localspec.memory.live import memory_report
+    from localspec.memory.pair import plan_engine
+    from localspec.store.models import ModelSpec
+
+    for name, heads in (("one", 1), ("three", 3)):
+        info = read_gguf(mtp_files[name])
+        head_bytes = sum(t.n_bytes for t in info.tensors.values()
+                         if any(t.name.startswith(f"blk.{i}.") for i in range(info.n_layer - heads, info.n_layer)))
+        kv_layer = 256 * 2 * 16 * 2 * 2          # context x 2 KV heads x 16 x (K and V) x f16
+        out = json.loads(run_cli("fit", "--target", str(mtp_files[name]), "--ctx", "256", "--json").stdout)
+        mtp = out["mtp"]
+        assert (mtp["role"], mtp["n_units"], mtp["kv_type"]) == ("mtp heads", heads, "f16"), mtp
+        assert mtp["weights_bytes"] == head_bytes and mtp["kv_bytes"] == heads * kv_layer, mtp
+        assert out["target"]["kv_bytes"] == 2 * kv_layer * {"f16": 1, "q8_0": 17 / 32, "q4_0": 9 / 32}[out["kv_type"]]
+        assert mtp["compute_bytes"] > 0 and out["devices"][0]["mtp_bytes"] == mtp["total_bytes"], out
+        assert out["total_bytes"] == out["target"]["total_bytes"] + mtp["total_bytes"]
+        options = plan_engine(ModelSpec("t", mtp_files[name]), n_ctx=256, n_threads=1, ram=1 << 40, kv_type="f16")
+        with Engine(mtp_files[name], n_threads=1, **options) as engine:
+            report = memory_report(engine)
+        actual, planned = report["actual"], report["planned"]   # llama.cpp logs MiB with 2 decimals
+        assert abs(actual["target"]["kv_bytes"] - planned["target"]["kv_bytes"]) <= 6000, report
+        assert abs(actual["drafter"]["kv_bytes"] - planned["mtp"]["kv_bytes"]) <= 6000, report
+        assert abs(actual["drafter"]["compute_bytes"] - planned["mtp"]["compute_bytes"]) <= 6000, report
+        weights = planned["target"]["weights_bytes"] + planned["mtp"]["weights_bytes"]
+        assert abs(actual["target"]["weights_bytes"] - weights) <= 6000, report
+    # with a drafter file llama.cpp skips the heads' tensors (no load_mtp): not counted at all
+    from localspec.memory import planner
+    info = read_gguf(mtp_files["three"])
+    loaded, skipped = planner.layout(info, mtp=True), planner.layout(info, mtp=False)
+    assert loaded.weights_bytes - skipped.weights_bytes == 543744 and skipped.n_nextn == 3 and not skipped.mtp
+    assert planner.kv_bytes(loaded, 256, "f16") == planner.kv_bytes(skipped, 256, "f16") == 2 * kv_layer
+    assert planner.mtp_kv_bytes(loaded, 256) == 3 * kv_layer and planner.mtp_kv_bytes(skipped, 256) == 0
+    assert json.loads(run_cli("fit", "--target", str(mtp_files["none"]), "--ctx", "256", "--json").stdout)["mtp"] is None
+    text = run_cli("fit", "--target", str(mtp_files["one"]), "--ctx", "256").stdout
+    assert "mtp heads" in text and "counted in the target's row" not in text, text

@@ -206,3 +206,31 @@ def test_parse_hf_ref():
     r = parse_hf_ref(f"hf.co/o/r/x.gguf@{COMMIT}")
     assert (r.repo, r.path, r.revision) == ("o/r", "x.gguf", COMMIT)
     assert parse_hf_ref("./models/x.gguf") is None and parse_hf_ref("qwen3-8b") is None
+
+
+def test_pull_an_mtp_pair_needs_no_drafter_file_and_checks_the_heads(hub_server, tmp_path):
+    """A catalog entry with ``source = "mtp"``: only the target is downloaded, the model drafts with
+    its own heads (``mtp``); a file without heads under such an entry is one clear error."""
+    import os
+
+    from cli_run import run_cli
+    from localspec import Engine
+    from mtp_models import build_mtp_target
+
+    with_heads = build_mtp_target(tmp_path / "mtp.gguf", heads=1).read_bytes()
+    without = build_mtp_target(tmp_path / "trunk.gguf", heads=1, with_heads=False).read_bytes()
+    hub_server.add("test/tiny-MTP-GGUF", "tiny-mtp.gguf", with_heads)
+    hub_server.add("test/tiny-MTP-GGUF", "tiny-trunk.gguf", without)
+    entry = ('[models.{0}]\ndescription = "tiny MTP target"\nsource = "mtp"\n'
+             '[models.{0}.target]\nrepo = "test/tiny-MTP-GGUF"\nfile = "{1}"\n')
+    _catalog(entry.format("tinymtp", "tiny-mtp.gguf") + entry.format("tinytrunk", "tiny-trunk.gguf"))
+    assert main(["pull", "tinymtp"]) == 0
+    spec = resolve("tinymtp")
+    assert spec.drafter is None and spec.target.read_bytes() == with_heads
+    with Engine(spec.target, n_ctx=128) as engine:
+        assert engine.mtp_heads == 1 and engine.drafter.name == "mtp"
+    listed = run_cli("list", env={**os.environ, "COLUMNS": "300"}).stdout
+    assert "mtp (the target's own heads)" in next(line for line in listed.splitlines() if " tinymtp " in line)
+    with pytest.raises(LocalspecError, match="drafts with its own MTP heads, but the file has none"):
+        pull("tinytrunk")
+    assert registry.load("tinytrunk") is None

@@ -59,7 +59,7 @@ def fit(
                       n_threads=threads, slots=parallel)
     per_slot = plan.n_ctx // parallel
     info = backends.detect()
-    # the target's own draft heads (no drafter file): the planner counts their blocks with the target's
+    # the target's own draft heads (no drafter file): planned as a part of their own (plan.mtp)
     heads = mtp_heads(read_gguf(model_spec.target)) if model_spec.drafter is None else 0
     if as_json:
         out = plan.to_dict()
@@ -70,8 +70,8 @@ def fit(
         slots = f"context {plan.n_ctx}" if parallel == 1 else f"{parallel} slots of context {per_slot}"
         _print_tables(plan, f"{model_spec.name} ({slots}", info, draft_max)
         if heads:
-            print(f"note: the target's {heads} MTP head(s) draft (source mtp); their weights and KV are "
-                  "counted in the target's row")
+            print(f"note: the target's {heads} MTP head(s) draft (source mtp): row 'mtp heads' (their "
+                  "blocks' weights, their own context's F16 KV and buffers)")
     if not plan.fits:
         raise typer.Exit(2)
 
@@ -83,17 +83,20 @@ def _print_tables(plan, what: str, info, draft_max: Optional[int]) -> None:
     console = Console()
     depth = f"draft-max {draft_max}" if draft_max is not None else f"draft-max auto / {AUTO_DRAFT_MAX}"
     table = Table(title=f"localspec fit: {what}, KV {plan.kv_type}, {depth})")
-    for col in ("device", "budget", "margin", "target", "drafter", "used", "free after", "fits"):
+    mtp = getattr(plan, "mtp", None)
+    cols = ("device", "budget", "margin", "target", "mtp heads" if mtp is not None else "drafter", "used",
+            "free after", "fits")
+    for col in cols:
         table.add_column(col, justify="left" if col == "device" else "right")
     for d in plan.devices:
         table.add_row(d.name, format_size(d.budget_bytes), format_size(d.margin_bytes), format_size(d.target_bytes),
-                      format_size(d.drafter_bytes), format_size(d.used_bytes),
+                      format_size(d.mtp_bytes if mtp is not None else d.drafter_bytes), format_size(d.used_bytes),
                       format_size(d.budget_bytes - d.used_bytes), "yes" if d.fits else "NO")
     console.print(table)
     parts = Table(title="per model")
     for col in ("model", "GPU offload", "weights", "CPU repack", "KV", "compute", "output"):
         parts.add_column(col, justify="left" if col == "model" else "right")
-    for p in (plan.target, plan.drafter):
+    for p in (plan.target, plan.drafter, mtp):
         if p is not None:
             parts.add_row(p.role, p.layers_on_gpu(), format_size(p.weights_bytes), format_size(p.repack_bytes),
                           f"{format_size(p.kv_bytes)} ({p.kv_type})", format_size(p.compute_bytes),

@@ -63,6 +63,8 @@ def list_(
         for name, entry in registry.load_catalog().items():
             target = "(embedded)" if entry.embedded else f"{entry.target.repo}"  # type: ignore[union-attr]
             draft = f"{entry.draft.repo} ({entry.draft.variant})" if entry.draft else "-"
+            if entry.source == "mtp":
+                draft = "mtp (the target's own heads)"
             if entry.embedded:
                 draft = f"{DEFAULT_DRAFTER_FILE} (embedded)" if package_data(DEFAULT_DRAFTER_FILE).is_file() else "-"
             local = "embedded" if entry.embedded else ("pulled" if name in mine else "")
@@ -76,7 +78,9 @@ def list_(
     table = Table("NAME", "TARGET", "DRAFTER", "SIZE", "CREATED")
     _embedded_row(table)
     for m in models:
-        table.add_row(m.name, Path(m.target).name, Path(m.drafter).name if m.drafter else "-",
+        drafter = Path(m.drafter).name if m.drafter else ("mtp (the target's own heads)"
+                                                          if m.origin.get("source") == "mtp" else "-")
+        table.add_row(m.name, Path(m.target).name, drafter,
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
     for name, reason in damaged:
         table.add_row(name, f"damaged record ({reason})", "-", "-", f"`localspec rm {name}`")

@@ -58,7 +58,10 @@ def memory_report(engine) -> dict:
     report = {"actual": actual_memory(engine)}
     plan = getattr(engine, "memory_plan", None)
     if plan is not None:
+        # "mtp": the target's MTP heads (their weights are in the target's actual model buffers, their
+        # context's KV and compute in the actual "drafter")
         report["planned"] = {"target": _planned(plan.target), "drafter": _planned(plan.drafter),
+                             "mtp": _planned(getattr(plan, "mtp", None)),
                              "total_bytes": plan.total_bytes, "n_ctx": plan.n_ctx, "kv_type": plan.kv_type,
                              "fits": plan.fits}
     return report

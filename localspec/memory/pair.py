@@ -10,7 +10,7 @@ from pathlib import Path
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.units import parse_size
-from ..formats.gguf_info import check_pair, check_target, read_gguf
+from ..formats.gguf_info import check_pair, check_target, mtp_heads, read_gguf
 from ..llama.weights_memory import read_weights
 from .planner import Plan, layout, plan_memory
 from .probe import LlamaCompute, device_budgets
@@ -23,7 +23,8 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
     """Plan a real pair: read both GGUFs, ask llama.cpp for compute buffers, budget the real devices.
     ``slots``: sequences served at once (``serve --parallel``), each with ``n_ctx`` positions: the
     target's and the drafter's KV pools hold ``slots x n_ctx`` cells (the plan's ``n_ctx`` is the
-    pool)."""
+    pool). A target with MTP heads and no drafter drafts with them (as the engine does): their
+    weights, KV and buffers are planned as ``Plan.mtp``."""
     from ..llama import backends
 
     tinfo = read_gguf(target)
@@ -39,10 +40,11 @@ def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | No
         check_target(tinfo)
     cpu = backends.detect().cpu_features
     read = read_weights(0)   # how Model holds the weights of a model left on the CPU
-    tl = layout(tinfo, cpu, weights_read=read)
+    mtp = dinfo is None and mtp_heads(tinfo) > 0   # the engine's rule (Engine(mtp=None))
+    tl = layout(tinfo, cpu, weights_read=read, mtp=mtp)
     dl = layout(dinfo, cpu, weights_read=read) if dinfo else None
     devices = device_budgets(vram, ram)
-    compute = LlamaCompute(tinfo.path, dinfo.path if dinfo else None, n_threads=n_threads)
+    compute = LlamaCompute(tinfo.path, dinfo.path if dinfo else None, n_threads=n_threads, mtp=mtp)
     simulated = any(d.name == "GPU" for d in devices)
     result = plan_memory(tl, dl, devices, compute, n_ctx=n_ctx, kv_type=kv_type, draft_max=draft_max,
                          n_ctx_max=(n_ctx_max or min(tinfo.n_ctx_train or options.DEFAULT_CTX, options.DEFAULT_CTX)) * slots,

@@ -1,5 +1,6 @@
 """The memory planner, pure: a target + EAGLE drafter pair's weights, both KV caches, compute and
-output buffers, placed on the devices of a budget (GPUs first, then system RAM).
+output buffers, placed on the devices of a budget (GPUs first, then system RAM). A target that
+drafts with its own MTP heads (no drafter file) has them as a part of their own (``Plan.mtp``).
 
 Pure means: a function of the layouts, the budget and a compute-size function. No llama.cpp, no
 files, no printing: :mod:`localspec.memory.probe` measures compute buffers and device budgets,
@@ -26,10 +27,18 @@ Where the numbers come from:
   its 64-row batch.
 - output buffers (host): logits rows of the largest batch: target draft_max+1 rows, drafter a
   whole encode chunk (it marks every row).
+- MTP heads (``{arch}.nextn_predict_layers`` blocks past the trunk, ``Layout.n_nextn``): llama.cpp
+  loads their weights only with ``load_mtp`` (else ``TENSOR_SKIP``: not counted), and no KV of the
+  target's context holds them (``llama_model::create_memory`` filters the layers ``>= n_layer()``
+  out of it); drafting with them, their KV is the MTP context's (those layers only, llama.cpp's
+  default F16 cache, as :class:`localspec.speculation.mtp.MtpDrafter` opens it), with a compute
+  buffer and logits rows of its own (``ComputeFn``'s drafter figure when there is no drafter). They
+  are the model's last blocks, so a partial offload puts them on the GPU first.
 """
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -69,6 +78,13 @@ class Layout:
     # weights read into memory when the model stays on the CPU (localspec.llama.weights_memory):
     # a repacked tensor is then held once, in CPU_REPACK, not beside a mapped copy of the file
     weights_read: bool = False
+    n_nextn: int = 0                # the last blocks are MTP heads: never in the target context's KV
+    mtp: bool = False               # the heads are loaded and draft (their weights, their own KV)
+
+    @property
+    def n_trunk(self) -> int:
+        """The blocks the target's own graph and KV cache run (all but the MTP heads)."""
+        return self.n_layer - self.n_nextn
 
     @property
     def weights_bytes(self) -> int:
@@ -121,11 +137,22 @@ def _repacks(kind: str, shape, cpu: dict[str, bool]) -> bool:
     return False
 
 
-def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weights_read: bool = False) -> Layout:
+def nextn_layers(info: GGUFInfo) -> int:
+    """How many of the model's blocks are MTP (NextN) heads, as llama.cpp's hparams count them
+    (``{arch}.nextn_predict_layers``; 0 when absent or out of range)."""
+    n = _meta(info, "nextn_predict_layers", 0)
+    ok = isinstance(n, numbers.Integral) and not isinstance(n, bool) and 0 < int(n) < info.n_layer
+    return int(n) if ok else 0
+
+
+def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weights_read: bool = False,
+           mtp: bool = False) -> Layout:
     """The memory-relevant shape of the model ``info`` describes (CPU features: what the CPU repacks;
-    ``weights_read``: how the engine holds the weights of a model left on the CPU)."""
+    ``weights_read``: how the engine holds the weights of a model left on the CPU; ``mtp``: its MTP
+    heads are loaded to draft, else their weights are skipped as llama.cpp skips them)."""
     cpu = cpu_features or {}
     n_layer = info.n_layer
+    n_nextn = nextn_layers(info)
     layer_bytes, layer_repack = [0] * n_layer, [0] * n_layer
     input_bytes = output_bytes = output_repack = 0
     notes: list[str] = []
@@ -134,6 +161,8 @@ def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weigh
         rep = t.n_bytes if repacked(t, cpu) else 0
         if m and int(m.group(1)) < n_layer:
             i = int(m.group(1))
+            if i >= n_layer - n_nextn and not mtp:
+                continue   # an MTP head's tensor, not loaded without load_mtp
             layer_bytes[i] += t.n_bytes
             layer_repack[i] += rep
         elif t.name.startswith("token_embd"):
@@ -160,7 +189,8 @@ def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weigh
     if any(k.startswith(f"{info.arch}.ssm.") or k.startswith(f"{info.arch}.rwkv") for k in info.metadata):
         notes.append(f"{info.arch}: recurrent state not modelled; KV estimate covers attention layers only")
     return Layout(str(info.path), info.arch, n_layer, info.n_embd, info.n_vocab, layer_bytes, input_bytes,
-                  output_bytes, tied, layer_repack, output_repack, kv, notes, tied_repack, weights_read)
+                  output_bytes, tied, layer_repack, output_repack, kv, notes, tied_repack, weights_read,
+                  n_nextn, mtp and n_nextn > 0)
 
 
 # -- budget and plan ---------------------------------------------------------------------------------
@@ -207,6 +237,7 @@ class DeviceUse:
     used_bytes: int
     target_bytes: int
     drafter_bytes: int
+    mtp_bytes: int = 0   # the target's MTP heads (Plan.mtp): their weights here, their KV and buffers
 
     @property
     def fits(self) -> bool:
@@ -228,6 +259,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     reason: str = ""
     requested_n_ctx: int | None = None   # the context asked for, when this plan had to use a smaller one
+    mtp: Part | None = None              # the target's MTP heads when they draft (no drafter file)
 
     @property
     def context_note(self) -> str | None:
@@ -250,7 +282,7 @@ class Plan:
             "fits": self.fits, "budget_bytes": self.budget_bytes, "total_bytes": self.total_bytes,
             "n_ctx": self.n_ctx, "kv_type": self.kv_type, "draft_max": self.draft_max,
             "n_outputs_max": self.n_outputs_max,
-            "target": part(self.target), "drafter": part(self.drafter),
+            "target": part(self.target), "drafter": part(self.drafter), "mtp": part(self.mtp),
             "devices": [dict(asdict(d), fits=d.fits) for d in self.devices],
             "notes": list(self.notes), "reason": self.reason,
         }
@@ -287,20 +319,27 @@ class Share:
 NO_SHARE = Share(0, 0, 0, 0, 0)
 
 
-def _share(lay: Layout, ngl: int, n_ctx: int, kv_bytes_per_elem: float, compute: int, output: int) -> Share:
-    """One model's share at ngl offloaded units."""
-    out_gpu, gpu_layers = _gpu_units(lay, ngl)
-    gpu_set = set(gpu_layers)
-    kv_layer = [int(n_ctx * e * kv_bytes_per_elem) for e in lay.kv_per_token]
-    read = lay.weights_read and ngl == 0   # repacked tensors held once (no mapped copy beside them)
-    gpu = cpu = repack = 0
-    for i in range(lay.n_layer):
+def _blocks(lay: Layout, blocks: range, gpu_set: set[int], n_ctx: int, kv_bytes_per_elem: float,
+            read: bool) -> tuple[int, int, int, int]:
+    """(GPU, CPU, CPU_REPACK, KV) bytes of the blocks ``blocks``: weights and KV, each on its device."""
+    gpu = cpu = repack = kv = 0
+    for i in blocks:
+        kv_i = int(n_ctx * lay.kv_per_token[i] * kv_bytes_per_elem)
+        kv += kv_i
         if i in gpu_set:
-            gpu += lay.layer_bytes[i] + kv_layer[i]
+            gpu += lay.layer_bytes[i] + kv_i
         else:
             extra = 0 if read else lay.layer_repack[i]
-            cpu += lay.layer_bytes[i] + extra + kv_layer[i]
+            cpu += lay.layer_bytes[i] + extra + kv_i
             repack += extra
+    return gpu, cpu, repack, kv
+
+
+def _share(lay: Layout, ngl: int, n_ctx: int, kv_bytes_per_elem: float, compute: int, output: int) -> Share:
+    """One model's share at ngl offloaded units (a target's MTP heads aside: :func:`_mtp_share`)."""
+    out_gpu, gpu_layers = _gpu_units(lay, ngl)
+    read = lay.weights_read and ngl == 0   # repacked tensors held once (no mapped copy beside them)
+    gpu, cpu, repack, kv = _blocks(lay, range(lay.n_trunk), set(gpu_layers), n_ctx, kv_bytes_per_elem, read)
     cpu += lay.input_bytes
     if out_gpu:
         gpu += lay.output_bytes
@@ -316,7 +355,26 @@ def _share(lay: Layout, ngl: int, n_ctx: int, kv_bytes_per_elem: float, compute:
     else:
         cpu += compute
     cpu += output
-    return Share(gpu, cpu, lay.weights_bytes, repack, sum(kv_layer))
+    return Share(gpu, cpu, lay.weights_bytes - sum(lay.layer_bytes[lay.n_trunk:]), repack, kv)
+
+
+def _heads_on_gpu(lay: Layout, ngl: int) -> set[int]:
+    """The MTP heads' blocks on the GPU at ngl offloaded units (the last blocks: offloaded first)."""
+    return set(_gpu_units(lay, ngl)[1]) & set(range(lay.n_trunk, lay.n_layer))
+
+
+def _mtp_share(lay: Layout, ngl: int, n_ctx: int, compute: int, output: int) -> Share:
+    """The target's MTP heads at ngl offloaded units of the target: their blocks' weights and the
+    MTP context's KV (F16), compute buffer (on the GPU with a head there) and logits rows."""
+    if not lay.mtp:
+        return NO_SHARE
+    gpu_set = _heads_on_gpu(lay, ngl)
+    gpu, cpu, repack, kv = _blocks(lay, range(lay.n_trunk, lay.n_layer), gpu_set, n_ctx, KV_TYPES[MTP_KV][1], lay.weights_read and ngl == 0)
+    if gpu_set:
+        gpu += compute
+    else:
+        cpu += compute
+    return Share(gpu, cpu + output, sum(lay.layer_bytes[lay.n_trunk:]), repack, kv)
 
 
 def _output_bytes(lay: Layout, rows: int, embd_rows: int = 0) -> int:
@@ -380,21 +438,32 @@ def plan_memory(target: Layout, drafter: Layout | None, devices: list[DeviceBudg
     return best_fail
 
 
+# the MTP context's cache type: llama.cpp's default (MtpDrafter gives it no other)
+MTP_KV = "f16"
+
+
 def kv_bytes(lay: Layout, n_ctx: int, kv_type: str) -> int:
-    """One model's KV cache: K and V of every layer for ``n_ctx`` positions, in ``kv_type``."""
-    return int(n_ctx * sum(lay.kv_per_token) * KV_TYPES[kv_type][1])
+    """One model's KV cache: K and V of every layer its context holds (not the MTP heads') for
+    ``n_ctx`` positions, in ``kv_type``."""
+    return int(n_ctx * sum(lay.kv_per_token[:lay.n_trunk]) * KV_TYPES[kv_type][1])
+
+
+def mtp_kv_bytes(lay: Layout, n_ctx: int) -> int:
+    """The MTP context's KV cache: the heads' layers, ``n_ctx`` positions, F16 (0: no heads drafting)."""
+    return int(n_ctx * sum(lay.kv_per_token[lay.n_trunk:]) * KV_TYPES[MTP_KV][1]) if lay.mtp else 0
 
 
 def lower_bound(target: Layout, drafter: Layout | None, n_ctx: int, kv: str) -> int:
-    """Bytes a context of ``n_ctx`` needs at the least: the weights and both KV caches."""
-    total = target.weights_bytes + kv_bytes(target, n_ctx, kv)
+    """Bytes a context of ``n_ctx`` needs at the least: the weights and every KV cache."""
+    total = target.weights_bytes + kv_bytes(target, n_ctx, kv) + mtp_kv_bytes(target, n_ctx)
     if drafter is not None:
         total += drafter.weights_bytes + kv_bytes(drafter, n_ctx, "f32")
     return total
 
 
-SplitFn = Callable[[int, int], tuple[Share, Share, int, int]]
-"""(target gpu units, drafter gpu units) -> (target share, drafter share, their compute bytes)."""
+SplitFn = Callable[[int, int], tuple[Share, Share, Share, int, int]]
+"""(target gpu units, drafter gpu units) -> (target, drafter and MTP heads' shares, the compute
+bytes of the target's and of the drafter's or the MTP heads' context)."""
 
 
 def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_dev: DeviceBudget | None,
@@ -406,12 +475,14 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     dm = draft_max or DRAFT_MAX_CHOICES[0]
     t_out = _output_bytes(target, VERIFY_OUTPUTS_MAX, 0)   # the rows the context reserves (auto's long lookup drafts)
     d_out = _output_bytes(drafter, DRAFTER_BATCH, DRAFTER_BATCH) if drafter else 0
+    m_out = _output_bytes(target, DRAFTER_BATCH, DRAFTER_BATCH) if target.mtp else 0   # as a drafter's
 
-    def split(ngl: int, dngl: int) -> tuple[Share, Share, int, int]:
+    def split(ngl: int, dngl: int) -> tuple[Share, Share, Share, int, int]:
         tc, dc = compute(n_ctx, kv, ngl, dngl)
         t = _share(target, ngl, n_ctx, kv_t, tc, t_out)
         d = _share(drafter, dngl, n_ctx, kv_d, dc, d_out) if drafter else NO_SHARE
-        return t, d, tc, dc
+        m = _mtp_share(target, ngl, n_ctx, dc, m_out) if drafter is None else NO_SHARE
+        return t, d, m, tc, dc
 
     if gpu_dev is None:
         ngl, dngl = 0, 0
@@ -421,23 +492,25 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     ngl = target.n_units if ngl < 0 else ngl          # -1 given: all
     if drafter is not None:
         dngl = drafter.n_units if dngl < 0 else dngl
-    t, d, tc, dc = split(ngl, dngl)
+    t, d, m, tc, dc = split(ngl, dngl)
     # draft depth: deeper when verification runs on a GPU (a batch costs about one step there)
     if draft_max is None:
         dm = 8 if gpu_dev is not None and ngl >= target.n_units else 4
     devices = [DeviceUse(cpu_dev.name, False, cpu_dev.budget_bytes, margins[cpu_dev.name],
-                         t.cpu_bytes + d.cpu_bytes, t.cpu_bytes, d.cpu_bytes)]
+                         t.cpu_bytes + d.cpu_bytes + m.cpu_bytes, t.cpu_bytes, d.cpu_bytes, m.cpu_bytes)]
     if gpu_dev is not None:
         devices.append(DeviceUse(gpu_dev.name, True, gpu_dev.budget_bytes, margins[gpu_dev.name],
-                                 t.gpu_bytes + d.gpu_bytes, t.gpu_bytes, d.gpu_bytes))
+                                 t.gpu_bytes + d.gpu_bytes + m.gpu_bytes, t.gpu_bytes, d.gpu_bytes, m.gpu_bytes))
     tpart = Part("target", target.path, ngl, target.n_units, t.weights_bytes, t.repack_bytes, t.kv_bytes, kv, tc,
                  t_out, t.gpu_bytes, t.cpu_bytes)
     dpart = (Part("drafter", drafter.path, dngl, drafter.n_units, d.weights_bytes, d.repack_bytes, d.kv_bytes,
                   "f32", dc, d_out, d.gpu_bytes, d.cpu_bytes) if drafter else None)
+    mpart = (Part("mtp heads", target.path, len(_heads_on_gpu(target, ngl)), target.n_nextn, m.weights_bytes, m.repack_bytes, m.kv_bytes, MTP_KV, dc, m_out, m.gpu_bytes,
+                  m.cpu_bytes) if target.mtp and drafter is None else None)
     total = sum(x.used_bytes for x in devices)
     budget = sum(x.budget_bytes for x in devices)
     return Plan(all(x.fits for x in devices), budget, total, n_ctx, kv, dm, tpart, dpart, devices,
-                notes=list(notes))
+                notes=list(notes), mtp=mpart)
 
 
 def _offload(target: Layout, drafter: Layout | None, gpu_free: int, split: SplitFn,
@@ -456,8 +529,8 @@ def _offload(target: Layout, drafter: Layout | None, gpu_free: int, split: Split
     lo, hi = 1, target.n_units   # gpu bytes grow with ngl: binary search the largest that fits
     while lo <= hi:
         mid = (lo + hi) // 2
-        t, d, _, _ = split(mid, dngl)
-        if t.gpu_bytes + d.gpu_bytes <= gpu_free:
+        t, d, m, _, _ = split(mid, dngl)
+        if t.gpu_bytes + d.gpu_bytes + m.gpu_bytes <= gpu_free:
             ngl, lo = mid, mid + 1
         else:
             hi = mid - 1

@@ -29,10 +29,13 @@ def is_host_buffer(name: str) -> bool:
 class LlamaCompute:
     """Compute-buffer sizes from llama.cpp: both contexts reserved with ``no_alloc`` (no weights read,
     no KV allocated), cached by configuration. Returns the sum over devices of "compute buffer size".
-    A :data:`localspec.memory.planner.ComputeFn`."""
+    A :data:`localspec.memory.planner.ComputeFn`. ``mtp``: the target drafts with its MTP heads (no
+    drafter): its second figure is the MTP context's, opened as MtpDrafter opens it."""
 
-    def __init__(self, target: str | Path, drafter: str | Path | None, *, n_threads: int | None = None) -> None:
+    def __init__(self, target: str | Path, drafter: str | Path | None, *, n_threads: int | None = None,
+                 mtp: bool = False) -> None:
         self.target, self.drafter, self.n_threads = str(target), (str(drafter) if drafter else None), n_threads
+        self.mtp = mtp and drafter is None
         self._cache: dict[tuple, tuple[int, int]] = {}
         self.buffers: dict[tuple, list[tuple[str, str, int]]] = {}
 
@@ -50,15 +53,19 @@ class LlamaCompute:
         from ..speculation.eagle import DRAFTER_CONTEXT
 
         n_ctx = options.check_n_ctx(n_ctx)   # never a llama.cpp context from an unchecked value
-        tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True)
+        tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True, load_mtp=self.mtp)
         tc = dm = dc = None
         try:
             tc = Context(tm, n_ctx=n_ctx, n_batch=PROMPT_BATCH, n_threads=self.n_threads,
                          kv_type=KV_TYPES[kv][0], n_outputs_max=VERIFY_OUTPUTS_MAX,
-                         **target_context(self.drafter is not None))
+                         **target_context(self.drafter is not None or self.mtp))
             t_bufs = parse_buffers(tc.load_log)
             d_bufs: list = []
-            if self.drafter:
+            if self.mtp:
+                from ..speculation.mtp import mtp_context
+                dc = mtp_context(tc, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads)
+                d_bufs = parse_buffers(dc.load_log)
+            elif self.drafter:
                 dm = Model(self.drafter, n_gpu_layers=dngl, no_alloc=True)
                 dc = Context(dm, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads, ctx_other=tc,
                              **DRAFTER_CONTEXT)

@@ -47,6 +47,15 @@ from .eagle import DRAFTER_CONTEXT, TREE_SEQS, EagleDrafter
 MTP = "mtp"
 
 
+def mtp_context(target: Context, *, n_ctx: int, n_batch: int, n_threads: int | None = None, slots: int = 1) -> Context:
+    """The MTP heads' context beside ``target`` (on its model, loaded with ``load_mtp``), as
+    draft-mtp's (common_speculative_init_result): the default cache type (F16) and attention, the
+    target as ctx_other; a sequence per slot, plus the tree branches. The memory probe opens the
+    same (localspec.memory.probe)."""
+    return Context(target.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target, mtp=True,
+                   n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
+
+
 class MtpDrafter(EagleDrafter):
     """The target's MTP head(s) in a context of their own beside the target's (same model, which
     must be loaded with ``load_mtp``)."""
@@ -61,10 +70,7 @@ class MtpDrafter(EagleDrafter):
             raise LocalspecError("internal: the target was loaded without its MTP heads")
         self.info, self.target, self.seq, self.model = None, target, 0, target.model
         self.heads = heads
-        # as draft-mtp's context (common_speculative_init_result): the default cache type and
-        # attention, the target as ctx_other; a sequence per slot, plus the tree branches
-        self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
-                           mtp=True, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
+        self.ctx = mtp_context(target, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, slots=slots)
         self.tree_seqs = TREE_SEQS
         self.layers: list[int] = []
         llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core.errors import LocalspecError
 from ..formats.chat_format import check_template
-from ..formats.gguf_info import check_pair, check_target, read_gguf
+from ..formats.gguf_info import check_pair, check_target, mtp_heads, read_gguf
 from ..formats.modelfile import Modelfile
 from . import hub, registry
 from .checkpoint_repair import consistent_head_dim
@@ -197,6 +197,9 @@ def _pull(name: str, entry: registry.CatalogEntry) -> UserModel:
                                     alternatives=t.alternatives)
     t_info = read_gguf(target)
     check_target(t_info)
+    if entry.source == "mtp" and not mtp_heads(t_info):
+        raise LocalspecError(f"{name}: the catalog says {t_file} drafts with its own MTP heads, but the file has none "
+                             "(no nextn_predict_layers with nextn tensors): a build without them")
 
     drafter: Path | None = None
     owned: list[str] = []
@@ -226,6 +229,7 @@ def _pull(name: str, entry: registry.CatalogEntry) -> UserModel:
         name=name, target=str(target), drafter=str(drafter) if drafter else None, parameters=dict(entry.parameters),
         template=entry.template, system=entry.system, license=[entry.license] if entry.license else [],
         origin={"catalog": name, "from": f"hf.co/{t.repo}/{t_file}" + (f"@{t.revision}" if t.revision else ""),
+                **({"source": entry.source} if entry.source else {}),
                 **({"draft": f"hf.co/{d.repo}" + (f"/{d_file}" if d.file else "")
                     + (f"@{d.revision}" if d.revision else "")} if d else {})},
         owned=owned,

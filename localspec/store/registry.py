@@ -164,6 +164,9 @@ class CatalogEntry(_Strict):
     embedded: bool = False                 # the target ships with localspec (no download)
     target: Optional[HubFile] = None
     draft: Optional[DraftSource] = None
+    # "mtp": the target GGUF carries its own MTP (NextN) heads and drafts with them: no [draft] table
+    # (`pull` checks the file has them; localspec.speculation.mtp)
+    source: Optional[Literal["mtp"]] = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     system: Optional[str] = None
     template: Optional[str] = None
@@ -192,6 +195,8 @@ class CatalogEntry(_Strict):
     def _source(self) -> "CatalogEntry":
         if self.embedded == (self.target is not None):
             raise ValueError("give either embedded = true or a [target] table")
+        if self.source == "mtp" and self.draft is not None:
+            raise ValueError('source = "mtp" drafts with the target\'s own heads: give no [draft] table')
         return self
 
 
@@ -273,7 +278,7 @@ class UserModel(BaseModel):
     system: Optional[str] = None
     messages: list[tuple[str, str]] = Field(default_factory=list)
     license: list[str] = Field(default_factory=list)
-    origin: dict[str, str] = Field(default_factory=dict)    # "from", "draft", "modelfile", "catalog"
+    origin: dict[str, str] = Field(default_factory=dict)    # "from", "draft", "modelfile", "catalog", "source"
     owned: list[str] = Field(default_factory=list)          # files localspec made (removed by rm)
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

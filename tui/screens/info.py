@@ -17,7 +17,7 @@ from localspec.runtime.engine import Engine
 def _plan_rows(plan) -> list[tuple[str, str]]:
     """Rows from a ``localspec.memory`` Plan (what the engine was built from)."""
     rows: list[tuple[str, str]] = []
-    for part in (plan.target, plan.drafter):
+    for part in (plan.target, plan.drafter, getattr(plan, "mtp", None)):   # mtp: the target's MTP heads
         if part is None:
             continue
         rows.append((part.role, f"{format_size(part.total_bytes)} total, {part.layers_on_gpu()}"))
