@@ -86,7 +86,8 @@ class TargetVerifier:
 
     def room(self) -> int:
         """Most drafts the next batch can hold: free context, and rows with logits in one batch."""
-        return min(self.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+        room = min(self.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+        return room if self.ctx.rollback is None else min(room, self.ctx.rollback)   # a recurrent state
 
     # -- prompt ----------------------------------------------------------------------------------
     def prefill(self, prompt: list[int], sampler: Sampler, drafter=None) -> int:
@@ -117,6 +118,9 @@ class TargetVerifier:
             # The drafter's pair at P holds the token at P+1, so its last cached pair is only
             # valid below the first differing token; and it may lag (a run with spec off).
             start = max(0, min(start, common - 1, self.drafter_pairs))
+        if not self.ctx.can_seq_rm(start, self.seq):   # a recurrent state cut where it cannot be: all of it
+            start = self.drafter_pairs = 0
+        if drafter is not None:
             drafter.begin(prompt, start)
         self.ctx.seq_rm(start, seq=self.seq)
         self.kv_tokens = prompt[:start]

@@ -1,0 +1,155 @@
+"""Speculation on a hybrid recurrent target (llama.cpp's ``qwen35``, Qwen3.5/3.6: gated delta nets
+beside attention), on tiny files written with ``gguf`` (tests/hybrid_models.py).
+
+A rejected draft must leave the recurrent state as plain decoding leaves it: the context keeps
+llama.cpp's rollback snapshots (``n_rs_seq``), the policy drafts no deeper than they reach, and a
+cached prompt is reused only where the cut is exact (localspec.runtime.recurrent). Greedy output
+with n-gram lookup drafts and with the file's MTP head equals plain decoding, in one slot and two;
+sampled output follows the target's distribution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_run import run_cli
+from engine_checks import Collect, assert_lossless, drain, solo
+from hybrid_models import build_hybrid_target
+from localspec import Engine
+from localspec.core.events import DoneEvent
+from localspec.llama.contexts import RS_ROLLBACK
+from localspec.runtime.config import GenerationConfig
+from localspec.runtime.scheduler import Scheduler
+from localspec.speculation.policy import PolicyConfig
+from sampling_checks import assert_same_marginals, plain_and_speculative_samples
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+OTHER = "One, two, three, four, five, six"
+
+
+@pytest.fixture(scope="module")
+def hybrid_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hybrid")
+    return {"plain": build_hybrid_target(d / "plain.gguf"),
+            "mtp": build_hybrid_target(d / "mtp.gguf", with_head=True),
+            "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.009, seed=3)}
+
+
+def _done(engine, prompt, cfg) -> DoneEvent:
+    return [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+
+
+def _plain(engine, prompt, n=48) -> DoneEvent:
+    engine.clear_cache()
+    return _done(engine, prompt, GenerationConfig(max_tokens=n, spec=False, record_margins=True))
+
+
+def test_hybrid_context_keeps_rollback_snapshots_and_refuses_inexact_cuts(hybrid_files):
+    """The target context of a qwen35 file keeps RS_ROLLBACK snapshots per sequence; a cut is
+    allowed within the last decode's rows only, once between decodes."""
+    with Engine(hybrid_files["plain"], n_ctx=256) as engine:
+        ctx = engine.ctx
+        assert engine.model.recurrent and ctx.rollback == RS_ROLLBACK and engine.spec_note is None
+        ctx.decode(list(range(100, 110)), 0, all_logits=False)   # positions 0..9
+        assert ctx.can_seq_rm(10) and ctx.can_seq_rm(0)               # nothing, everything
+        assert ctx.can_seq_rm(10 - RS_ROLLBACK) and not ctx.can_seq_rm(9 - RS_ROLLBACK)   # the snapshots' reach
+        ctx.seq_rm(7)
+        assert ctx.pos_max() == 6 and not ctx.can_seq_rm(6)          # one rollback between decodes
+        assert ctx.seq_state(0) is None                               # llama.cpp would save the state before it
+        ctx.decode([7], 7, all_logits=False)
+        assert not ctx.can_seq_rm(7) and ctx.can_seq_rm(8)            # a one-row decode: no snapshot before it
+        ctx.seq_rm(0)
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, source="lookup"), PolicyConfig("fixed", 16, tree="on"),
+                                    PolicyConfig("auto")], ids=["lookup", "deeper-than-rollback", "auto"])
+def test_hybrid_greedy_lookup_drafts_equal_plain_decoding(hybrid_files, policy):
+    with Engine(hybrid_files["plain"], n_ctx=512) as engine:
+        plain = _plain(engine, PROMPT)
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
+    assert_lossless(plain, spec)
+    drafts, drafted, accepted = spec.stats.sources["lookup"]
+    assert accepted > 0 and (drafted > accepted or policy.name == "auto"), spec.stats.sources   # rolled back
+    assert len(spec.stats.drafted_per_position) <= RS_ROLLBACK   # no draft deeper than the snapshots reach
+
+
+def test_hybrid_prefix_reuse_gives_what_a_fresh_cache_gives(hybrid_files):
+    """A second prompt sharing the first's prefix, then one that continues the first's answer
+    (a chat's next turn): each answer is the one a fresh cache gives (the cache cut where the
+    state can be cut, else the prompt prefilled whole)."""
+    cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 4, source="lookup"))
+    with Engine(hybrid_files["plain"], n_ctx=512) as engine:
+        first = _done(engine, PROMPT, cfg)
+        prompts = [PROMPT + first.text + " The end.", PROMPT[:30] + " and the cat"]
+        reused = []
+        for p in prompts:
+            reused.append(_done(engine, p, cfg))
+        assert reused[0].stats.prompt_cached > len(first.tokens)   # the first prompt and answer were kept
+        for p, got in zip(prompts, reused):
+            assert_lossless(_plain(engine, p, 24), got)
+
+
+def test_hybrid_two_slots_draft_and_equal_plain_decoding(hybrid_files):
+    prompts = [PROMPT, OTHER]
+    alone = solo(hybrid_files["plain"], prompts, n_ctx=256, max_tokens=32)
+    with Engine(hybrid_files["plain"], n_ctx=256, parallel=2) as engine:
+        assert engine.ctx.rollback == RS_ROLLBACK
+        for round_ in range(2):   # the second round reuses (or refills) each slot's cache
+            sinks = {p: Collect() for p in prompts}
+            cfg = GenerationConfig(max_tokens=32, policy=PolicyConfig("fixed", 4, source="lookup"))
+            drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
+            for p in prompts:
+                assert_lossless(alone[p], sinks[p].done)
+    assert sum(sinks[p].done.stats.sources.get("lookup", [0, 0, 0])[1] for p in prompts) > 0
+
+
+def test_hybrid_cli_generate_with_lookup_is_plain_decoding_s_text(hybrid_files):
+    path = str(hybrid_files["plain"])
+    out = {}
+    for name, extra in (("plain", ("--no-spec",)), ("lookup", ("--source", "lookup"))):
+        proc = run_cli("generate", "--target", path, "-p", PROMPT, "-n", "32", "--temperature", "0", "--json", *extra)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        out[name] = json.loads(proc.stdout)
+    assert out["lookup"]["text"] == out["plain"]["text"]
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("auto")], ids=["chain", "auto"])
+def test_hybrid_mtp_greedy_output_equals_plain_decoding(hybrid_files, policy):
+    """The qwen35 file's NextN block drafts (its context a plain KV cache of the head's layer)."""
+    with Engine(hybrid_files["mtp"], n_ctx=512) as engine:
+        assert engine.mtp_heads == 1 and engine.drafter.name == "mtp" and engine.drafter.ctx.rollback is None
+        plain = _plain(engine, PROMPT)
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=replace_source(policy, "mtp")))
+    assert_lossless(plain, spec)
+    if policy.name == "fixed":
+        drafts, drafted, accepted = spec.stats.sources["mtp"]
+        assert drafted > accepted > 0, spec.stats.sources
+
+
+def replace_source(policy: PolicyConfig, source: str) -> PolicyConfig:
+    from dataclasses import replace
+    return replace(policy, source=source) if policy.name == "fixed" else policy
+
+
+def test_hybrid_mtp_drafts_in_two_slots(hybrid_files):
+    prompts = [PROMPT, OTHER]
+    alone = solo(hybrid_files["mtp"], prompts, n_ctx=256, max_tokens=24)
+    with Engine(hybrid_files["mtp"], n_ctx=256, parallel=2) as engine:
+        sinks = {p: Collect() for p in prompts}
+        cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="mtp"))
+        drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
+    for p in prompts:
+        assert_lossless(alone[p], sinks[p].done)
+    assert sum(sinks[p].done.stats.sources.get("mtp", [0, 0, 0])[1] for p in prompts) > 0
+
+
+def test_hybrid_mtp_sampled_output_follows_the_target_s_distribution(hybrid_files):
+    params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
+    n = 250
+    with Engine(hybrid_files["noisy"], n_ctx=256) as engine:
+        samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
+    assert_same_marginals(samples, n)
