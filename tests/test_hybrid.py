@@ -33,7 +33,7 @@ def hybrid_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("hybrid")
     return {"plain": build_hybrid_target(d / "plain.gguf"),
             "mtp": build_hybrid_target(d / "mtp.gguf", with_head=True),
-            "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.009, seed=3)}
+            "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.005, seed=3)}
 
 
 def _done(engine, prompt, cfg) -> DoneEvent:

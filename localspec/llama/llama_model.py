@@ -202,8 +202,7 @@ class Context:
         if kv_type is not None and not precise_attention:  # a ggml type id for both K and V
             params.type_k = params.type_v = kv_type
         params.n_outputs_max = _outputs_param(n_outputs_max, n_ctx, n_batch, n_seq_max)
-        # recurrent state snapshots per sequence for rollback (llama.cpp clamps it to 0 where the arch
-        # has none); the last 1 + n_rs_seq rows of a sequence must fit one ubatch (it asserts that)
+        # rollback snapshots of a recurrent state (0 where the arch has none); 1 + n_rs_seq rows fit a ubatch
         params.n_rs_seq = max(0, min(n_rs_seq, min(n_ctx, n_batch) - 2))
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
@@ -223,11 +222,14 @@ class Context:
         self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))
-        # a recurrent state (an MTP context of a hybrid model holds its head's KV only): the rows of
-        # each sequence's last decode, and the sequences with a rollback not yet decoded past
+        # a recurrent state (not an MTP context: its head's KV only): each sequence's rows in its last decode
         self._recurrent: dict[int, int] | None = {} if model.recurrent and not mtp else None
-        self._rolled_back: set[int] = set()
+        self._rolled_back: set[int] = set()   # rolled back, not decoded past since
         self._views: dict[int, np.ndarray] = {}
+        self._init_batch(n_batch, n_seq_max)
+
+    def _init_batch(self, n_batch: int, n_seq_max: int) -> None:
+        """The token batch every decode fills, rows of sequence 0 until told otherwise."""
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
