@@ -39,6 +39,20 @@ def _ffn(writer, i: int, rnd, out_scale: float) -> None:
     writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF, scale=out_scale))
 
 
+N_EXPERT = 2   # qwen3next: a MoE FFN (two experts, one used) beside a shared expert
+
+
+def _moe(writer, i: int, rnd, out_scale: float) -> None:
+    writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", rnd(N_EXPERT, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", rnd(N_EXPERT, N_FF, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", rnd(N_EXPERT, N_FF, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", rnd(N_EXPERT, N_EMBD, N_FF, scale=out_scale))
+    writer.add_tensor(f"blk.{i}.ffn_gate_inp_shexp.weight", rnd(N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_gate_shexp.weight", rnd(N_FF, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_up_shexp.weight", rnd(N_FF, N_EMBD))
+    writer.add_tensor(f"blk.{i}.ffn_down_shexp.weight", rnd(N_EMBD, N_FF, scale=out_scale))
+
+
 def _attention(writer, i: int, rnd, out_scale: float) -> None:
     writer.add_tensor(f"blk.{i}.attn_q.weight", rnd(2 * N_HEAD * HEAD_DIM, N_EMBD))   # query and its gate
     writer.add_tensor(f"blk.{i}.attn_k.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD))
@@ -55,15 +69,20 @@ def _delta_net(writer, i: int, rnd, out_scale: float) -> None:
     writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", rnd(conv_dim, SSM_CONV, scale=0.5))
     writer.add_tensor(f"blk.{i}.ssm_dt.bias", rnd(SSM_V_HEADS, scale=0.5))
     writer.add_tensor(f"blk.{i}.ssm_a", -np.exp(rnd(SSM_V_HEADS, scale=0.5)))   # -exp(A_log): decay
-    writer.add_tensor(f"blk.{i}.ssm_alpha.weight", rnd(SSM_V_HEADS, N_EMBD))
-    writer.add_tensor(f"blk.{i}.ssm_beta.weight", rnd(SSM_V_HEADS, N_EMBD))
+    if writer.arch == "qwen3next":   # beta and alpha in one projection
+        writer.add_tensor(f"blk.{i}.ssm_ba.weight", rnd(2 * SSM_V_HEADS, N_EMBD))
+    else:
+        writer.add_tensor(f"blk.{i}.ssm_alpha.weight", rnd(SSM_V_HEADS, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ssm_beta.weight", rnd(SSM_V_HEADS, N_EMBD))
     writer.add_tensor(f"blk.{i}.ssm_norm.weight", np.ones(SSM_STATE, np.float32))
     writer.add_tensor(f"blk.{i}.ssm_out.weight", rnd(N_EMBD, SSM_INNER, scale=out_scale))
 
 
 def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head_noise: float = 0.005,
                         with_head: bool = False, arch: str = ARCH) -> Path:
-    """A qwen35 target (``with_head``: and its one MTP block)."""
+    """A qwen35 target (``with_head``: and its one MTP block); ``arch="qwen3next"``: Qwen3-Next's
+    trunk (the same layers, beta and alpha fused, MoE FFNs), whose state the pinned llama.cpp
+    cannot roll back."""
     import gguf
 
     rng = np.random.default_rng(seed + 11)
@@ -87,6 +106,11 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
     writer.add_uint32(f"{arch}.ssm.group_count", SSM_K_HEADS)
     if with_head:
         writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    if arch == "qwen3next":
+        writer.add_uint32(f"{arch}.expert_count", N_EXPERT)
+        writer.add_uint32(f"{arch}.expert_used_count", 1)
+        writer.add_uint32(f"{arch}.expert_feed_forward_length", N_FF)
+        writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", N_FF)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     embd = unit_embeddings(n_vocab, seed)
@@ -100,13 +124,13 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
             _delta_net(writer, i, rnd, noise)
         else:
             _attention(writer, i, rnd, noise)
-        _ffn(writer, i, rnd, noise)
+        (_moe if arch == "qwen3next" else _ffn)(writer, i, rnd, noise)
     if with_head:
         i = N_TRUNK
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
         writer.add_tensor(f"blk.{i}.post_attention_norm.weight", np.ones(N_EMBD, np.float32))
         _attention(writer, i, rnd, head_noise)
-        _ffn(writer, i, rnd, head_noise)
+        (_moe if arch == "qwen3next" else _ffn)(writer, i, rnd, head_noise)
         eh = np.concatenate([np.eye(N_EMBD, dtype=np.float32), np.zeros((N_EMBD, N_EMBD), np.float32)], axis=1)
         writer.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh + rnd(N_EMBD, 2 * N_EMBD, scale=head_noise / 4))
         writer.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(N_EMBD, np.float32))

@@ -33,7 +33,8 @@ def hybrid_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("hybrid")
     return {"plain": build_hybrid_target(d / "plain.gguf"),
             "mtp": build_hybrid_target(d / "mtp.gguf", with_head=True),
-            "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.005, seed=3)}
+            "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.005, seed=3),
+            "next": build_hybrid_target(d / "next.gguf", arch="qwen3next", with_head=True)}
 
 
 def _done(engine, prompt, cfg) -> DoneEvent:
@@ -153,3 +154,22 @@ def test_hybrid_mtp_sampled_output_follows_the_target_s_distribution(hybrid_file
         samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
     assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
     assert_same_marginals(samples, n)
+
+
+def test_hybrid_state_llama_cpp_cannot_roll_back_decodes_plainly_with_one_note(hybrid_files):
+    """Qwen3-Next (not in llama.cpp's llm_arch_supports_rs_rollback): no drafter, no MTP heads, no
+    lookup, the same text, one note; ``--source mtp`` is one error line."""
+    path = hybrid_files["next"]
+    with Engine(path, n_ctx=256) as engine:
+        assert engine.model.recurrent and engine.ctx.rollback == 0
+        assert engine.spec_note and engine.drafter is None and engine.mtp_heads == 0
+        plain = _plain(engine, PROMPT, 24)
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 4, source="lookup")))
+    assert spec.tokens == plain.tokens and spec.stats.drafted == 0
+    proc = run_cli("generate", "--target", str(path), "-p", PROMPT, "-n", "8", "--temperature", "0")
+    notes = [line for line in proc.stderr.splitlines() if "roll back" in line]
+    assert proc.returncode == 0 and len(notes) == 1 and notes[0].startswith("note:"), proc.stderr
+    proc = run_cli("generate", "--target", str(path), "-p", "hi", "--source", "mtp", "-n", "4")
+    assert proc.returncode == 1 and proc.stderr.startswith("Error:") and "roll back" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
