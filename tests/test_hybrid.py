@@ -173,3 +173,27 @@ def test_hybrid_state_llama_cpp_cannot_roll_back_decodes_plainly_with_one_note(h
     proc = run_cli("generate", "--target", str(path), "-p", "hi", "--source", "mtp", "-n", "4")
     assert proc.returncode == 1 and proc.stderr.startswith("Error:") and "roll back" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_hybrid_mtp_server_of_two_slots_answers_plain_decoding_s_text(hybrid_files, tmp_path):
+    """``serve --parallel 2`` on the qwen35 file with its head: two concurrent requests (official
+    client) each get plain decoding's text, with MTP drafts counted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serve_checks import running_server
+
+    path = hybrid_files["mtp"]
+    prompts = [PROMPT, OTHER]
+    alone = solo(path, prompts, n_ctx=256, max_tokens=24)
+    args = ("--target", str(path), "--ctx", "256", "--parallel", "2", "--policy", "fixed", "--draft-max", "3")
+    with running_server(tmp_path, *args) as srv:
+        client = srv.client()
+
+        def ask(prompt):
+            return client.completions.create(model=path.stem, prompt=prompt, max_tokens=24, temperature=0,
+                                             extra_body={"repeat_penalty": 1.0})
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(ask, prompts))
+    for p, reply in zip(prompts, replies):
+        assert reply.choices[0].text == alone[p].text
+    assert sum(r.usage.model_extra["speculative"]["sources"].get("mtp", {}).get("drafted", 0) for r in replies) > 0
