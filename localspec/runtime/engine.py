@@ -189,11 +189,12 @@ class Engine:
     def _no_rollback(self) -> None:
         """A target whose recurrent state llama.cpp cannot roll back decodes plainly: no drafter,
         no MTP heads, no lookup (:meth:`open_slot`), one note on stderr."""
-        self.spec_note = cannot_draft_note(self.model, self.ctx)
-        if self.spec_note is None:
+        why = cannot_draft_note(self.model, self.ctx)
+        self.spec_note = None if why is None else f"{why}, so it decodes plainly (no drafts)"
+        if why is None:
             return
         if self._mtp_requested:
-            raise LocalspecError(self.spec_note.replace("so it decodes plainly (no drafts)", "so it cannot draft"))
+            raise LocalspecError(f"{why}: --source mtp cannot draft with its MTP heads")
         self.drafter_info, self.mtp_heads = None, 0
         print(f"note: {self.spec_note}", file=sys.stderr)
 

@@ -28,12 +28,11 @@ from ..speculation.policy import PolicyConfig
 
 
 def cannot_draft_note(model, ctx) -> str | None:
-    """The one line to say when ``ctx`` holds a recurrent state llama.cpp cannot roll back (no
-    draft can ever be rejected there); None where drafting is exact."""
+    """Why no draft can be verified on ``ctx`` (a recurrent state llama.cpp cannot roll back: a
+    rejected draft would stay in it); None where drafting is exact."""
     if ctx.rollback != 0:
         return None
-    return (f"{model.path.name}: llama.cpp cannot roll back this model's recurrent state to a draft's "
-            "position, so it decodes plainly (no drafts)")
+    return f"{model.path.name}: llama.cpp cannot roll back this model's recurrent state to a draft's position"
 
 
 def bounded_policy(pcfg: PolicyConfig, ctx) -> PolicyConfig:
