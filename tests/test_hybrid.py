@@ -197,3 +197,12 @@ def test_hybrid_mtp_server_of_two_slots_answers_plain_decoding_s_text(hybrid_fil
     for p, reply in zip(prompts, replies):
         assert reply.choices[0].text == alone[p].text
     assert sum(r.usage.model_extra["speculative"]["sources"].get("mtp", {}).get("drafted", 0) for r in replies) > 0
+
+
+def test_hybrid_inspect_says_what_the_recurrent_state_means_for_drafting(hybrid_files):
+    from localspec.formats.gguf_info import read_gguf, recurrent_note
+
+    assert "chains of 8 tokens or fewer" in recurrent_note(read_gguf(hybrid_files["mtp"]))
+    assert "cannot roll back" in recurrent_note(read_gguf(hybrid_files["next"]))
+    proc = run_cli("inspect", str(hybrid_files["next"]))
+    assert proc.returncode == 0 and "cannot roll back" in " ".join((proc.stdout + proc.stderr).split()), proc.stdout
