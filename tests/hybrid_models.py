@@ -39,7 +39,7 @@ def _ffn(writer, i: int, rnd, out_scale: float) -> None:
     writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF, scale=out_scale))
 
 
-N_EXPERT = 2   # qwen3next: a MoE FFN (two experts, one used) beside a shared expert
+N_EXPERT = 2   # qwen35moe, qwen3next: a MoE FFN (two experts, one used) beside a shared expert
 
 
 def _moe(writer, i: int, rnd, out_scale: float) -> None:
@@ -80,7 +80,8 @@ def _delta_net(writer, i: int, rnd, out_scale: float) -> None:
 
 def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head_noise: float = 0.005,
                         with_head: bool = False, arch: str = ARCH) -> Path:
-    """A qwen35 target (``with_head``: and its one MTP block); ``arch="qwen3next"``: Qwen3-Next's
+    """A qwen35 target (``with_head``: and its one MTP block); ``arch="qwen35moe"``: its MoE FFNs
+    (Qwen3.5/3.6-A3B ...); ``arch="qwen3next"``: Qwen3-Next's
     trunk (the same layers, beta and alpha fused, MoE FFNs), whose state the pinned llama.cpp
     cannot roll back."""
     import gguf
@@ -106,7 +107,8 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
     writer.add_uint32(f"{arch}.ssm.group_count", SSM_K_HEADS)
     if with_head:
         writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
-    if arch == "qwen3next":
+    moe = arch in ("qwen35moe", "qwen3next")
+    if moe:
         writer.add_uint32(f"{arch}.expert_count", N_EXPERT)
         writer.add_uint32(f"{arch}.expert_used_count", 1)
         writer.add_uint32(f"{arch}.expert_feed_forward_length", N_FF)
@@ -124,13 +126,13 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
             _delta_net(writer, i, rnd, noise)
         else:
             _attention(writer, i, rnd, noise)
-        (_moe if arch == "qwen3next" else _ffn)(writer, i, rnd, noise)
+        (_moe if moe else _ffn)(writer, i, rnd, noise)
     if with_head:
         i = N_TRUNK
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
         writer.add_tensor(f"blk.{i}.post_attention_norm.weight", np.ones(N_EMBD, np.float32))
         _attention(writer, i, rnd, head_noise)
-        (_moe if arch == "qwen3next" else _ffn)(writer, i, rnd, head_noise)
+        (_moe if moe else _ffn)(writer, i, rnd, head_noise)
         eh = np.concatenate([np.eye(N_EMBD, dtype=np.float32), np.zeros((N_EMBD, N_EMBD), np.float32)], axis=1)
         writer.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh + rnd(N_EMBD, 2 * N_EMBD, scale=head_noise / 4))
         writer.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(N_EMBD, np.float32))

@@ -34,7 +34,8 @@ def hybrid_files(tmp_path_factory):
     return {"plain": build_hybrid_target(d / "plain.gguf"),
             "mtp": build_hybrid_target(d / "mtp.gguf", with_head=True),
             "noisy": build_hybrid_target(d / "noisy.gguf", with_head=True, noise=0.005, seed=3),
-            "next": build_hybrid_target(d / "next.gguf", arch="qwen3next", with_head=True)}
+            "next": build_hybrid_target(d / "next.gguf", arch="qwen3next", with_head=True),
+            "moe": build_hybrid_target(d / "moe.gguf", arch="qwen35moe", with_head=True)}
 
 
 def _done(engine, prompt, cfg) -> DoneEvent:
@@ -116,10 +117,12 @@ def test_hybrid_cli_generate_with_lookup_is_plain_decoding_s_text(hybrid_files):
     assert out["lookup"]["text"] == out["plain"]["text"]
 
 
-@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("auto")], ids=["chain", "auto"])
-def test_hybrid_mtp_greedy_output_equals_plain_decoding(hybrid_files, policy):
-    """The qwen35 file's NextN block drafts (its context a plain KV cache of the head's layer)."""
-    with Engine(hybrid_files["mtp"], n_ctx=512) as engine:
+@pytest.mark.parametrize("name,policy", [("mtp", PolicyConfig("fixed", 4, tree="off")), ("mtp", PolicyConfig("auto")),
+                                         ("moe", PolicyConfig("fixed", 4, tree="off"))], ids=["chain", "auto", "qwen35moe"])
+def test_hybrid_mtp_greedy_output_equals_plain_decoding(hybrid_files, name, policy):
+    """The qwen35 (and qwen35moe) file's NextN block drafts (its context a plain KV cache of the
+    head's layer)."""
+    with Engine(hybrid_files[name], n_ctx=512) as engine:
         assert engine.mtp_heads == 1 and engine.drafter.name == "mtp" and engine.drafter.ctx.rollback is None
         plain = _plain(engine, PROMPT)
         engine.clear_cache()
