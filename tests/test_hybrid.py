@@ -209,3 +209,18 @@ def test_hybrid_inspect_says_what_the_recurrent_state_means_for_drafting(hybrid_
     assert "cannot roll back" in recurrent_note(read_gguf(hybrid_files["next"]))
     proc = run_cli("inspect", str(hybrid_files["next"]))
     assert proc.returncode == 0 and "cannot roll back" in " ".join((proc.stdout + proc.stderr).split()), proc.stdout
+
+
+def test_hybrid_eagle_drafter_chains_equal_plain_decoding(hybrid_files, tmp_path):
+    """An EAGLE-3 drafter file on a qwen35 target: trees asked for are chains, no deeper than the
+    snapshots reach, and the text is plain decoding's."""
+    from tiny_models import build_drafter
+
+    drafter = build_drafter(tmp_path / "eagle.gguf", hybrid_files["plain"], "repeat")
+    with Engine(hybrid_files["plain"], drafter, n_ctx=512) as engine:
+        plain = _plain(engine, PROMPT)
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=PolicyConfig("fixed", 12, tree="on")))
+    assert_lossless(plain, spec)
+    drafts, drafted, accepted = spec.stats.sources["eagle"]
+    assert drafted > accepted > 0 and len(spec.stats.drafted_per_position) <= RS_ROLLBACK, spec.stats.sources
