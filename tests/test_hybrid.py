@@ -224,3 +224,18 @@ def test_hybrid_eagle_drafter_chains_equal_plain_decoding(hybrid_files, tmp_path
     assert_lossless(plain, spec)
     drafts, drafted, accepted = spec.stats.sources["eagle"]
     assert drafted > accepted > 0 and len(spec.stats.drafted_per_position) <= RS_ROLLBACK, spec.stats.sources
+
+
+def test_hybrid_mtp_chat_turns_reuse_the_conversation_and_equal_plain_decoding(hybrid_files):
+    """Each turn continues the last answer: the cached conversation is kept every time (where the
+    head would need one more row cut than the state allows, the head's own cache restarts
+    instead), and each answer is plain decoding's."""
+    with Engine(hybrid_files["mtp"], n_ctx=1024) as engine:
+        text, turns = PROMPT, []
+        for turn in range(5):
+            done = _done(engine, text, GenerationConfig(max_tokens=20 + turn, policy=PolicyConfig("fixed", 4, source="mtp")))
+            turns.append((text, done))
+            assert turn == 0 or done.stats.prompt_cached >= len(engine.prompt_tokens(turns[-2][0])), turn
+            text = text + done.text + " And then"
+        for text, done in turns:
+            assert_lossless(_plain(engine, text, len(done.tokens)), done)

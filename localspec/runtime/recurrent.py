@@ -12,7 +12,8 @@ kimi-k3). So on such a target:
   rejects at most that many rows: :func:`bounded_policy` caps the policy's drafts (drafter chains,
   lookup, padding) and turns draft trees off (their branches would be sequences of a state each);
 - prefix reuse keeps a cached prompt only where :meth:`~localspec.llama.llama_model.Context.can_seq_rm`
-  says the cut is exact; elsewhere the prompt is prefilled whole (``TargetVerifier.begin``);
+  says the cut is exact (:func:`exact_start`: a drafter that would need one more row cut restarts
+  its own cache instead); elsewhere the prompt is prefilled whole (``TargetVerifier.begin``);
 - a recurrent target llama.cpp cannot roll back (qwen3next, mamba, rwkv ...) decodes plainly:
   :func:`cannot_draft_note` says why, once.
 
@@ -42,3 +43,16 @@ def bounded_policy(pcfg: PolicyConfig, ctx) -> PolicyConfig:
     if not n:
         return pcfg
     return replace(pcfg, draft_max=min(pcfg.draft_max, n), lookup_max=min(pcfg.lookup_max, n), tree="off")
+
+
+def exact_start(ctx, seq: int, start: int, keep: int) -> tuple[int, bool]:
+    """Where a generation on sequence ``seq`` starts decoding its prompt: ``start`` (the cached
+    prefix a drafter can use; ``keep`` >= it: the prefix the target alone could keep) where the
+    cut there is exact (:meth:`~localspec.llama.llama_model.Context.can_seq_rm`). Else, on a
+    recurrent state, ``keep`` with the drafter restarting from it (True: its earlier pairs go, as
+    after a prompt-cache load; it drafts from the rows after, losing no exactness), or 0."""
+    if ctx.can_seq_rm(start, seq):
+        return start, False
+    if keep > start and ctx.can_seq_rm(keep, seq):
+        return keep, True
+    return 0, False
