@@ -388,8 +388,8 @@ class Context:
 
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
         """Drop sequence ``seq``'s rows at positions [p0, p1) (-1: to the end; p0 <= 0 and p1 -1:
-        all). A recurrent state takes only what :meth:`can_seq_rm` allows (llama.cpp refuses more
-        than ``n_rs_seq`` rows, and cannot tell stale snapshots from valid ones)."""
+        all). A recurrent state: ask :meth:`can_seq_rm` first (llama.cpp refuses more than
+        ``n_rs_seq`` rows, but cannot tell a stale snapshot from a valid one)."""
         partial = self._recurrent is not None and p0 > 0 and self.pos_max(seq) >= p0
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
             raise LocalspecError("internal: could not trim the KV cache"
