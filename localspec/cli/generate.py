@@ -147,7 +147,7 @@ def generate(
         if config.spec:   # a cached calibration at once, else measured while idle: the reply never waits
             engine.calibrate_in_background()
         request = prompt if raw else _messages(prompt, system, model_spec)
-        if not as_json and engine.drafter is None and not no_spec:
+        if not as_json and engine.drafter is None and not no_spec and engine.spec_note is None:
             print(f"note: no drafter for {model_spec.name}: n-gram lookup drafts only", file=sys.stderr)
         elif not as_json and engine.mtp_heads and not no_spec:
             print(f"note: {model_spec.name} drafts with its own MTP heads ({engine.mtp_heads})", file=sys.stderr)

@@ -117,5 +117,10 @@ def inspect_cmd(
 
 
 def runtime_notes(info: GGUFInfo) -> list[str]:
-    """The plain statement ``convert`` and ``inspect`` print under an EAGLE-3.1 drafter."""
-    return [EAGLE31_RUNTIME_NOTE] if info.is_drafter and (info.fc_norm or info.norm_output) else []
+    """The plain statements ``convert`` and ``inspect`` print under an EAGLE-3.1 drafter, and
+    under a target with a recurrent state (what it means for drafting)."""
+    from ..formats.gguf_info import recurrent_note
+
+    recurrent = recurrent_note(info)
+    return ([EAGLE31_RUNTIME_NOTE] if info.is_drafter and (info.fc_norm or info.norm_output) else []) + \
+        ([recurrent] if recurrent else [])

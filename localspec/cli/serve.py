@@ -84,6 +84,8 @@ def announce(sock: socket.socket, what: str, *, api_key: Optional[str]) -> None:
 def drafting(engine, model_spec, no_spec: bool) -> str:
     if no_spec:
         return "speculation off"
+    if engine.spec_note is not None:   # a recurrent state llama.cpp cannot roll back (runtime.recurrent)
+        return "speculation off: its recurrent state cannot be rolled back"
     if engine.drafter is None:
         return "no drafter: n-gram lookup drafts only"
     if engine.mtp_heads:

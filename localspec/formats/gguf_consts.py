@@ -92,6 +92,14 @@ ROT_IS_HEAD_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "hunyuan-vl"})
 NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})   # no matrix product on the CPU
 D2T_TYPE = "I64"        # eagle3.cpp: GGML_ASSERT(model.d2t->type == GGML_TYPE_I64)
 
+# Recurrent-state architectures whose state the pinned llama.cpp rolls back to a draft's position
+# (n_rs_seq snapshots; src/llama-arch.cpp llm_arch_supports_rs_rollback): the others of them
+# (qwen3next, mamba, rwkv ...) cannot verify a draft (localspec.runtime.recurrent)
+RS_ROLLBACK_ARCHS = frozenset({
+    "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
+    "lfm2", "lfm2moe", "bailingmoe3", "kimi-k3",
+})
+
 # Target architectures whose llama.cpp graph records every layer's input (``t_layer_inp``), which
 # the EAGLE-3 feature extraction reads. Taken from src/models/*.cpp of the vendored llama.cpp: a
 # target outside this set aborts the process on the first decode, so it is refused before loading.

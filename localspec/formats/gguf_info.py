@@ -478,3 +478,17 @@ def mtp_heads(info: GGUFInfo) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= info.n_layer:
         return 0
     return int(n) if f"blk.{info.n_layer - 1}.{K.T_NEXTN_EH_PROJ}" in info.tensors else 0
+
+
+def recurrent_note(info: GGUFInfo) -> str | None:
+    """What a target with a recurrent state per sequence (``{arch}.ssm.*``, ``.wkv.*``,
+    ``.shortconv.*`` keys: Mamba, RWKV, Qwen3.5's gated delta nets, LFM2 ...) means for drafting
+    (localspec.runtime.recurrent); None for a target with a KV cache only, and for drafters."""
+    prefixes = tuple(f"{info.arch}.{p}." for p in ("ssm", "wkv", "shortconv"))
+    if info.is_drafter or not any(k.startswith(prefixes) for k in info.metadata):
+        return None
+    if info.arch in K.RS_ROLLBACK_ARCHS:
+        from ..llama.contexts import RS_ROLLBACK
+        return (f"{info.arch}: a recurrent state per sequence; llama.cpp rolls it back {RS_ROLLBACK} tokens "
+                f"at most, so drafts are chains of {RS_ROLLBACK} tokens or fewer")
+    return f"{info.arch}: a recurrent state the pinned llama.cpp cannot roll back: plain decoding, no drafts"

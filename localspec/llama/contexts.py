@@ -35,12 +35,23 @@ VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.LOOKUP_MAX, options.TREE
 DRAFTER_BATCH = 64
 
 
-def target_context(with_drafter: bool, slots: int = 1) -> dict:
+# A recurrent target (Qwen3.5's gated delta nets ...): llama.cpp keeps this many snapshots of each
+# sequence's state for rollback (n_rs_seq), so a verify rejects at most this many rows; the policy
+# drafts no deeper (Engine.open_slot). Each snapshot is a whole state per sequence: 4 L H d^2 bytes
+# for L delta-net layers of H value heads of d x d f32 (144 MiB for 48 layers of 48 heads of 128).
+RS_ROLLBACK = 8
+
+
+def target_context(with_drafter: bool, slots: int = 1, *, recurrent: bool = False) -> dict:
     """Sequence settings of the target context: with a drafter, draft trees are verified in one batch,
     each leaf a sequence of one unified cache (the tree's rows share the prefix cells; see
     speculation.tree). With ``slots`` > 1 (parallel requests, :mod:`localspec.runtime.scheduler`)
     each slot is one sequence of one unified cache: a shared pool of cells (the engine sizes it
-    ``slots`` times the per-request context, so every slot can fill its own context)."""
+    ``slots`` times the per-request context, so every slot can fill its own context). A
+    ``recurrent`` target (a state per sequence, and ``1 + RS_ROLLBACK`` of it with a drafter or
+    lookup: every state is kept for rollback) drafts chains only: a sequence per slot."""
+    if recurrent:
+        return dict(n_seq_max=slots, kv_unified=slots > 1, n_rs_seq=RS_ROLLBACK)
     if slots > 1:
         return dict(n_seq_max=max(slots, 1 + options.TREE_MAX_NODES if with_drafter else 0), kv_unified=True)
     return dict(n_seq_max=1 + options.TREE_MAX_NODES, kv_unified=True) if with_drafter else {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -96,6 +97,10 @@ class Model:
         self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.size_bytes = int(llama_cpp.llama_model_size(self._model))
+        # a recurrent state per sequence (Mamba, RWKV; hybrid: Qwen3.5's gated delta nets, Qwen3-Next,
+        # Nemotron-H ...): llama.cpp cannot trim it to any position, see Context.can_seq_rm
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model)
+                              or llama_cpp.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
         self._eog = np.zeros(self.n_vocab, dtype=bool)
         for tok in range(self.n_vocab):
@@ -176,6 +181,7 @@ class Context:
         kv_type: int | None = None,
         n_outputs_max: int = 0,
         mtp: bool = False,
+        n_rs_seq: int = 0,
     ) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
@@ -196,6 +202,8 @@ class Context:
         if kv_type is not None and not precise_attention:  # a ggml type id for both K and V
             params.type_k = params.type_v = kv_type
         params.n_outputs_max = _outputs_param(n_outputs_max, n_ctx, n_batch, n_seq_max)
+        # rollback snapshots of a recurrent state (0 where the arch has none); 1 + n_rs_seq rows fit a ubatch
+        params.n_rs_seq = max(0, min(n_rs_seq, min(n_ctx, n_batch) - 2))
         if ctx_other is not None:
             params.ctx_other = ctx_other.ptr
         with capture_log() as self.load_log:
@@ -213,7 +221,15 @@ class Context:
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))
+        # a recurrent state (not an MTP context: its head's KV only): each sequence's rows in its last decode
+        self._recurrent: dict[int, int] | None = {} if model.recurrent and not mtp else None
+        self._rolled_back: set[int] = set()   # rolled back, not decoded past since
         self._views: dict[int, np.ndarray] = {}
+        self._init_batch(n_batch, n_seq_max)
+
+    def _init_batch(self, n_batch: int, n_seq_max: int) -> None:
+        """The token batch every decode fills, rows of sequence 0 until told otherwise."""
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
@@ -249,6 +265,8 @@ class Context:
             self._out[n - 1] = 1
         self._batch.n_tokens = n
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if self._recurrent is not None:
+            self._decoded({0: n})
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
@@ -278,6 +296,8 @@ class Context:
         finally:
             for i in moved:  # decode() writes sequence 0 only
                 seq_id[i][0] = 0
+        if self._recurrent is not None:
+            self._decoded(Counter(seqs))
         interrupts.raise_if_pending()
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
@@ -321,6 +341,8 @@ class Context:
             for i in range(n):  # decode() writes sequence 0 only
                 n_seq[i] = 1
                 seq_id[i][0] = 0
+        if self._recurrent is not None:
+            self._decoded(Counter(s for row in seqs for s in row))
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
@@ -339,9 +361,45 @@ class Context:
             view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
         return view
 
+    @property
+    def rollback(self) -> int | None:
+        """None: a KV cache, trimmed anywhere. A recurrent state: the most rows one verify may
+        reject (``n_rs_seq``; 0: none, the state cannot be rolled back at all)."""
+        return None if self._recurrent is None else self.n_rs_seq
+
+    def _decoded(self, rows: dict[int, int]) -> None:
+        """A recurrent state: each sequence's rows in the batch just decoded (its snapshots)."""
+        self._recurrent.update(rows)
+        self._rolled_back.difference_update(rows)
+
+    def can_seq_rm(self, p0: int, seq: int = 0) -> bool:
+        """Whether :meth:`seq_rm` ``(p0, -1, seq)`` leaves the sequence as if it had never held the
+        rows from ``p0`` on. A KV cache: always. A recurrent state (one per sequence, no history):
+        when nothing or everything goes, or a rollback of at most ``n_rs_seq`` rows, all of them
+        rows of the sequence's last decode, with no rollback before it still pending: llama.cpp
+        keeps a snapshot of the state after each of the last ``1 + n_rs_seq`` rows of a decode
+        (``src/models/delta-net-base.cpp``: only the last min(rows, 1 + n_rs_seq) are written, the
+        others are stale) and rolls back once between decodes (``llama-memory-recurrent.cpp``)."""
+        if self._recurrent is None or p0 <= 0:
+            return True
+        back = self.pos_max(seq) + 1 - p0
+        return back <= 0 or (seq not in self._rolled_back
+                             and back <= min(self.n_rs_seq, self._recurrent.get(seq, 0) - 1))
+
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
+        """Drop sequence ``seq``'s rows at positions [p0, p1) (-1: to the end; p0 <= 0 and p1 -1:
+        all). A recurrent state: ask :meth:`can_seq_rm` first (llama.cpp refuses more than
+        ``n_rs_seq`` rows, but cannot tell a stale snapshot from a valid one)."""
+        partial = self._recurrent is not None and p0 > 0 and self.pos_max(seq) >= p0
         if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
-            raise LocalspecError("internal: could not trim the KV cache")
+            raise LocalspecError("internal: could not trim the KV cache"
+                                 + (f" (a recurrent state rolls back {self.n_rs_seq} rows at most)"
+                                    if self._recurrent is not None else ""))
+        if partial:
+            self._rolled_back.add(seq)   # the next decode of the sequence starts from the snapshot
+        elif self._recurrent is not None and p0 <= 0 and p1 < 0:
+            self._rolled_back.discard(seq)
+            self._recurrent.pop(seq, None)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Add sequence ``dst`` to the cells of ``src`` in positions [p0, p1) (a unified cache
@@ -350,7 +408,10 @@ class Context:
 
     def seq_state(self, seq: int):
         """Sequence ``seq``'s KV cells as llama.cpp serialises them (a ctypes byte array), for
-        :meth:`set_seq_state`; None where llama.cpp gives nothing."""
+        :meth:`set_seq_state`; None where llama.cpp gives nothing, or where a recurrent state was
+        rolled back and not decoded past (llama.cpp would write the state before the rollback)."""
+        if seq in self._rolled_back:
+            return None
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
         if size <= 0:
             return None
@@ -372,6 +433,9 @@ class Context:
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
+        if self._recurrent is not None:
+            self._recurrent.clear()
+            self._rolled_back.clear()
 
     def close(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close

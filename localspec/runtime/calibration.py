@@ -44,6 +44,8 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
     n_ctx_room = ctx.n_ctx - 1
     base = min(128, n_ctx_room // 2, ctx.n_batch)   # one decode (a small --ctx gives a small n_batch)
     limit = min(ctx.n_outputs_max, ctx.n_batch, n_ctx_room - base)
+    if ctx.rollback is not None:   # a recurrent state: no verify is larger than it rolls back (runtime.recurrent)
+        limit = min(limit, ctx.rollback)
     sizes = [b for b in list(range(1, cost_measure.CALIBRATE_MAX + 1)) + list(cost_measure.EXTRA_SIZES) if b <= limit]
     filler = [model.bos if model.bos >= 0 else 0] + [(i * 7919) % model.n_vocab for i in range(1, base)]
     verifier.forget()

@@ -57,6 +57,7 @@ from .calibrator import Calibrator
 from .config import GenerationConfig
 from .generation import GenerationLoop
 from .margins import MarginRecorder
+from .recurrent import bounded_policy, cannot_draft_note
 from .threads import for_engine as adaptive_threads
 from .verifier import TargetVerifier
 
@@ -106,6 +107,7 @@ class Engine:
             self.drafter_info = read_gguf(drafter)
             check_pair(self.target_info, self.drafter_info)
         self.mtp_heads = self._mtp_heads(mtp)
+        self._mtp_requested = bool(mtp)
         n_ctx = options.check_n_ctx(n_ctx, self.target_info.n_ctx_train, model=self.target_info.path.name)
         if n_threads is not None:
             n_threads = options.check_threads(n_threads)
@@ -141,7 +143,7 @@ class Engine:
         count: plain steps decoded as two rows (runtime.batch) where the KV view may reach
         SPLIT_KV_CELLS (past its first 256 cells, less a draft's or a tree's transient cells; with
         several slots, anywhere), and every verify under TILED_ROWS rows (:meth:`open_slot`)."""
-        if self.rows_match:
+        if self.rows_match and self.ctx.rollback != 0:   # the filler is rolled back (a recurrent state: 1 row)
             first = 0 if self.n_slots > 1 else SPLIT_KV_CELLS // 2 - TILED_ROWS
             self.ctx.pad_single = range(first, n_ctx - 1)   # the filler needs the next position
 
@@ -166,10 +168,12 @@ class Engine:
         # several slots share one unified KV pool of n_ctx cells per slot
         self.ctx = Context(self.model, n_ctx=n_ctx * self.n_slots, n_batch=PROMPT_BATCH, n_threads=n_threads,
                            kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
-                           **target_context(self.drafter_info is not None or self.mtp_heads > 0, self.n_slots))
+                           **target_context(self.drafter_info is not None or self.mtp_heads > 0, self.n_slots,
+                                            recurrent=self.model.recurrent))
         self.drafter: EagleDrafter | None = None
         self.drafters: list[EagleDrafter] = []   # one per slot: the drafter's sequence of that number
         try:
+            self._no_rollback()   # a recurrent state llama.cpp cannot roll back: no drafts (runtime.recurrent)
             if self.drafter_info is not None:
                 self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
                                             n_threads=n_threads, n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
@@ -181,6 +185,18 @@ class Engine:
         except BaseException:
             self.close()
             raise
+
+    def _no_rollback(self) -> None:
+        """A target whose recurrent state llama.cpp cannot roll back decodes plainly: no drafter,
+        no MTP heads, no lookup (:meth:`open_slot`), one note on stderr."""
+        why = cannot_draft_note(self.model, self.ctx)
+        self.spec_note = None if why is None else f"{why}, so it decodes plainly (no drafts)"
+        if why is None:
+            return
+        if self._mtp_requested:
+            raise LocalspecError(f"{why}: --source mtp cannot draft with its MTP heads")
+        self.drafter_info, self.mtp_heads = None, 0
+        print(f"note: {self.spec_note}", file=sys.stderr)
 
     def _verifiers(self) -> list[TargetVerifier]:
         """One verifier per slot, each with its share of the KV pool."""
@@ -281,7 +297,9 @@ class Engine:
         own) only in an engine of one slot, and not with chained MTP heads. It never waits for a
         calibration: without one, the policy plans with what :meth:`planning_cost` gives (``cost`` is
         kept for callers; unused)."""
-        pcfg = config.policy
+        if self.spec_note is not None:   # a recurrent state that cannot be rolled back
+            config = replace(config, spec=False)
+        pcfg = bounded_policy(config.policy, self.ctx)   # a recurrent state: no deeper than it rolls back
         chained = self.drafter is not None and self.drafter.max_depth is not None
         if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
@@ -327,6 +345,8 @@ class Engine:
     def calibrate_in_background(self) -> None:
         """Have a cost model without making a request wait for one: the cached calibration at once,
         else one measured in the background while the engine is idle (:mod:`.calibrator`)."""
+        if self.spec_note is not None:   # it never drafts (runtime.recurrent): nothing to plan
+            return
         if self.cost is None:
             self.cost = costmodel.cached(self.cost_key(), user_dir() / "calibration.json", self._verbose_note)
             if self.cost is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..core.errors import LocalspecError
 from ..speculation import tree
 from .prompt_cache import common_prefix
+from .recurrent import exact_start
 from .sampling import Sampler
 
 
@@ -86,7 +87,8 @@ class TargetVerifier:
 
     def room(self) -> int:
         """Most drafts the next batch can hold: free context, and rows with logits in one batch."""
-        return min(self.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+        room = min(self.n_ctx - 1 - self.n_past, self.ctx.n_outputs_max - 1 - len(self.uncached))
+        return room if self.ctx.rollback is None else min(room, self.ctx.rollback)   # a recurrent state
 
     # -- prompt ----------------------------------------------------------------------------------
     def prefill(self, prompt: list[int], sampler: Sampler, drafter=None) -> int:
@@ -111,13 +113,17 @@ class TargetVerifier:
         n = len(prompt)
         common = common_prefix(self.kv_tokens, prompt)
         # Keep at least one prompt token to decode: its logits choose the first token.
-        start = min(common, n - 1)
+        start = keep = min(common, n - 1)
         self.drafter_pairs = min(self.drafter_pairs, max(0, start - 1))
         if drafter is not None:
             # The drafter's pair at P holds the token at P+1, so its last cached pair is only
             # valid below the first differing token; and it may lag (a run with spec off).
             start = max(0, min(start, common - 1, self.drafter_pairs))
-            drafter.begin(prompt, start)
+        start, restart = exact_start(self.ctx, self.seq, start, keep)   # a recurrent state (runtime.recurrent)
+        if restart or start == 0:
+            self.drafter_pairs = start
+        if drafter is not None:
+            drafter.begin(prompt, 0 if restart else start)
         self.ctx.seq_rm(start, seq=self.seq)
         self.kv_tokens = prompt[:start]
         self._drafter = drafter
