@@ -1,0 +1,149 @@
+"""Gemma 4's assistant GGUF as the drafter file (localspec.speculation.assistant), on a tiny gemma4
+target and its tiny gemma4-assistant written with ``gguf`` (tests/gemma4_models.py): recognised
+from its metadata and checked against its target, reading the target's KV cache, lossless (greedy
+output equal to plain decoding; sampled output from the target's distribution), named
+``assistant`` in the stats and on ``--source``, and given by a Modelfile's ``DRAFT``. The tests'
+names say ``assistant`` (``pytest -k assistant``) and those of the lossless ones ``mtp`` too
+(llama.cpp drafts with it through ``draft-mtp``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cli_run import assert_one_error, one_error_cli, run_cli
+from engine_checks import assert_lossless
+from gemma4_models import build_gemma4_assistant, build_gemma4_target
+from localspec import Engine
+from localspec.core.errors import LocalspecError
+from localspec.core.events import DoneEvent
+from localspec.formats.gguf_info import check_pair, read_gguf
+from localspec.runtime.config import GenerationConfig
+from localspec.speculation.policy import PolicyConfig
+from sampling_checks import assert_same_marginals, plain_and_speculative_samples
+from tiny_models import build_target
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+@pytest.fixture(scope="module")
+def g4(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gemma4")
+    return {"target": build_gemma4_target(d / "target.gguf"),
+            "assistant": build_gemma4_assistant(d / "assistant.gguf"),
+            "wide": build_gemma4_assistant(d / "wide.gguf", n_embd_out=48),
+            "llama": build_target(d / "llama.gguf"),
+            "dir": d}
+
+
+def _done(engine, prompt, cfg) -> DoneEvent:
+    return [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+
+
+def test_gemma4_assistant_is_recognised_and_checked_against_its_target(g4):
+    info = read_gguf(g4["assistant"])
+    assert info.is_assistant and not info.is_drafter
+    check_pair(read_gguf(g4["target"]), info)
+    for target, drafter, message in (("target", "wide", "made for a target of hidden size 48, but target.gguf has 64"),
+                                     ("llama", "assistant", "it drafts for a gemma4 target, and llama.gguf is 'llama'"),
+                                     ("assistant", "assistant", "is a Gemma 4 assistant (a drafter), not a target")):
+        with pytest.raises(LocalspecError) as caught:
+            check_pair(read_gguf(g4[target]), read_gguf(g4[drafter]))
+        assert message in str(caught.value), caught.value
+    proc = run_cli("inspect", str(g4["assistant"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    desc = json.loads(proc.stdout)
+    assert desc["kind"] == "drafter" and desc["draft_source"] == "assistant" and "gemma4" in desc["drafts_for"]
+
+
+def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
+    """The same (token, state) drafted at the same position after two prompts of the same length:
+    logits differ only through the target's cells the assistant attends to; the target's cache
+    is untouched by drafting."""
+    out = []
+    with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
+        d, ctx = engine.drafter, engine.ctx
+        assert d.name == "assistant"
+        for prompt in ("one two three four five six seven", "alpha beta gamma delta epsilon zeta eta"):
+            tokens = engine.model.tokenize(prompt)[:6] + [engine.model.tokenize(" fox")[-1]]
+            ctx.seq_rm(0)
+            ctx.decode(tokens, 0, all_logits=False)
+            d.begin(tokens, 0)
+            d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+            first, state = d.catch_up()
+            assert np.isfinite(first).all() and ctx.pos_max(0) == len(tokens) - 1
+            logits, _ = d.decode([tokens[-1]], np.ones((1, d.n_embd), np.float32), len(tokens))
+            assert ctx.pos_max(0) == len(tokens) - 1   # drafting wrote nothing into the target's cache
+            out.append(np.array(logits))
+        ctx.seq_rm(0)
+    assert np.isfinite(out[0]).all() and np.abs(out[0] - out[1]).max() > 1e-6
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("fixed", 3, tree="on"),
+                                    PolicyConfig("auto")], ids=["chain", "tree", "auto"])
+def test_assistant_mtp_greedy_output_equals_plain_decoding(g4, policy):
+    with Engine(g4["target"], g4["assistant"], n_ctx=512) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=48, spec=False, record_margins=True))
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
+    assert_lossless(plain, spec)
+    if policy.name == "fixed":
+        drafts, drafted, accepted = spec.stats.sources["assistant" if policy.tree == "off" else "tree"]
+        assert drafted > 0 and 0 < accepted < drafted, spec.stats.sources
+
+
+def test_assistant_mtp_drafts_in_every_slot_of_a_parallel_engine(g4):
+    """Two slots draft at their own positions over their own sequences of the target's cache, in
+    shared assistant batches; each answer is the one plain decoding gives alone."""
+    from engine_checks import Collect, drain, solo
+    from localspec.runtime.scheduler import Scheduler
+
+    prompts = [PROMPT, "One, two, three, four, five, six"]
+    alone = solo(g4["target"], prompts, n_ctx=256, max_tokens=24)
+    with Engine(g4["target"], g4["assistant"], n_ctx=256, parallel=2) as engine:
+        sinks = {p: Collect() for p in prompts}
+        cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="assistant"))
+        drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
+    for p in prompts:
+        assert_lossless(alone[p], sinks[p].done)
+    assert sum(sinks[p].done.stats.sources.get("assistant", [0, 0, 0])[1] for p in prompts) > 0
+
+
+def test_assistant_mtp_sampled_output_follows_the_target_s_distribution(g4):
+    """Marginal distributions of generated tokens 3..6, plain vs assistant-drafted, over many
+    seeds: the assistant proposes repeats the target often but not always makes, so drafts are
+    accepted and rejected (and resampled)."""
+    params = dict(temperature=0.6, top_k=8, top_p=1.0, min_p=0.0)
+    n = 250
+    with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
+        samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
+    assert_same_marginals(samples, n)
+
+
+def test_a_mismatched_assistant_and_source_assistant_without_one_are_one_error_line(g4):
+    proc = one_error_cli("generate", "--target", str(g4["target"]), "--draft", str(g4["wide"]), "-p", "hi", "-n", "4")
+    assert_one_error(proc, contains="made for a target of hidden size 48")
+    proc = run_cli("generate", "--target", str(g4["target"]), "-p", "hi", "--source", "assistant", "-n", "4")
+    assert proc.returncode == 1 and proc.stderr.startswith("Error:") and "has no Gemma 4 assistant" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_modelfile_drafts_with_the_assistant_it_names_in_draft(g4, tmp_path):
+    """``DRAFT`` pointing at the assistant: ``create`` checks the pair, ``generate`` drafts with it
+    (source ``assistant``) and writes plain decoding's text."""
+    (tmp_path / "Modelfile").write_text(f"FROM {g4['target']}\nDRAFT {g4['assistant']}\nPARAMETER temperature 0\n")
+    assert run_cli("create", "g4", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=16, spec=False))
+    proc = run_cli("generate", "g4", "-p", PROMPT, "--raw", "-n", "16", "--policy", "fixed", "--draft-max", "3",
+                   "--tree", "off", "--ctx", "256", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["drafter"] == str(g4["assistant"]) and out["text"] == plain.text, out
+    assert out["sources"]["assistant"]["drafted"] > 0, out["sources"]
+    (tmp_path / "Bad").write_text(f"FROM {g4['target']}\nDRAFT {g4['wide']}\n")
+    proc = run_cli("create", "bad", "-f", str(tmp_path / "Bad"))
+    assert proc.returncode == 1 and "Bad:2:" in proc.stderr and "hidden size 48" in proc.stderr, proc.stderr
