@@ -56,6 +56,10 @@ def test_gemma4_assistant_is_recognised_and_checked_against_its_target(g4):
     assert proc.returncode == 0, proc.stderr
     desc = json.loads(proc.stdout)
     assert desc["kind"] == "drafter" and desc["draft_source"] == "assistant" and "gemma4" in desc["drafts_for"]
+    proc = run_cli("fit", "--target", str(g4["target"]), "--draft", str(g4["assistant"]), "--ctx", "256", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)   # the assistant has no KV of its own; the target's shared-KV layers none either
+    assert plan["drafter"]["kv_bytes"] == 0 and plan["target"]["kv_bytes"] == 256 * 2 * (2 * 32 * 2) * 2, plan
 
 
 def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
