@@ -44,7 +44,8 @@ N_FF_ASSISTANT = 64
 ASSISTANT_PATTERN = [True, False]   # its two blocks: one reads the target's sliding cache, one the full
 
 
-def _common_keys(writer, arch: str, n_vocab: int, n_layer: int, pattern: list[bool], n_embd: int, n_ff: int) -> None:
+def _common_keys(writer, arch: str, n_vocab: int, n_layer: int, pattern: list[bool], n_embd: int, n_ff: int,
+                 window: int) -> None:
     writer.add_context_length(4096)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
@@ -60,7 +61,7 @@ def _common_keys(writer, arch: str, n_vocab: int, n_layer: int, pattern: list[bo
     writer.add_uint32(f"{arch}.rope.dimension_count", HEAD_FULL)
     writer.add_uint32(f"{arch}.rope.dimension_count_swa", HEAD_SWA)
     writer.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
-    writer.add_uint32(f"{arch}.attention.sliding_window", SWA_WINDOW)
+    writer.add_uint32(f"{arch}.attention.sliding_window", window)
     writer.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
     writer.add_vocab_size(n_vocab)
 
@@ -78,15 +79,17 @@ def _rnd(rng):
     return rnd
 
 
-def build_gemma4_target(path: Path, *, seed: int = 0, noise: float = 0.6, shared_kv_layers: int = 2) -> Path:
-    """A gemma4 target of ``N_LAYER`` layers, the last ``shared_kv_layers`` reusing earlier KV."""
+def build_gemma4_target(path: Path, *, seed: int = 0, noise: float = 0.6, shared_kv_layers: int = 2,
+                        window: int = SWA_WINDOW) -> Path:
+    """A gemma4 target of ``N_LAYER`` layers, the last ``shared_kv_layers`` reusing earlier KV, its
+    sliding layers attending to the last ``window`` positions."""
     import gguf
 
     rnd = _rnd(np.random.default_rng(seed + 11))
     writer = gguf.GGUFWriter(str(path), ARCH)
     writer.add_name("tiny-gemma4")
     n_vocab = _copy_tokenizer(writer, embedded_target())
-    _common_keys(writer, ARCH, n_vocab, N_LAYER, SWA_PATTERN, N_EMBD, N_FF)
+    _common_keys(writer, ARCH, n_vocab, N_LAYER, SWA_PATTERN, N_EMBD, N_FF, window)
     writer.add_uint32(f"{ARCH}.attention.shared_kv_layers", shared_kv_layers)
     writer.add_uint32(f"{ARCH}.embedding_length_per_layer_input", 0)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -117,10 +120,10 @@ def build_gemma4_target(path: Path, *, seed: int = 0, noise: float = 0.6, shared
 
 
 def build_gemma4_assistant(path: Path, *, seed: int = 0, head_noise: float = 0.02, n_embd_out: int = N_EMBD,
-                           target_seed: int | None = None) -> Path:
+                           target_seed: int | None = None, window: int = SWA_WINDOW) -> Path:
     """The assistant of :func:`build_gemma4_target` (built with ``target_seed``, default ``seed``):
     two NextN blocks 32 wide, ``embedding_length_out`` ``n_embd_out`` (another value makes a
-    mismatched pair)."""
+    mismatched pair), its sliding layers' ``window`` the target's."""
     import gguf
 
     rnd = _rnd(np.random.default_rng(seed + 13))
@@ -128,7 +131,7 @@ def build_gemma4_assistant(path: Path, *, seed: int = 0, head_noise: float = 0.0
     writer = gguf.GGUFWriter(str(path), ASSISTANT_ARCH)
     writer.add_name("tiny-gemma4-assistant")
     n_vocab = _copy_tokenizer(writer, embedded_target())
-    _common_keys(writer, ASSISTANT_ARCH, n_vocab, n_layer, ASSISTANT_PATTERN, N_EMBD_ASSISTANT, N_FF_ASSISTANT)
+    _common_keys(writer, ASSISTANT_ARCH, n_vocab, n_layer, ASSISTANT_PATTERN, N_EMBD_ASSISTANT, N_FF_ASSISTANT, window)
     writer.add_uint32(f"{ASSISTANT_ARCH}.embedding_length_out", n_embd_out)
     writer.add_uint32(f"{ASSISTANT_ARCH}.nextn_predict_layers", n_layer)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)

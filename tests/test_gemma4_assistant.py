@@ -34,6 +34,8 @@ def g4(tmp_path_factory):
     return {"target": build_gemma4_target(d / "target.gguf"),
             "assistant": build_gemma4_assistant(d / "assistant.gguf"),
             "wide": build_gemma4_assistant(d / "wide.gguf", n_embd_out=48),
+            "target16": build_gemma4_target(d / "target16.gguf", window=16),   # sliding layers that cut
+            "assistant16": build_gemma4_assistant(d / "assistant16.gguf", window=16),
             "llama": build_target(d / "llama.gguf"),
             "dir": d}
 
@@ -85,10 +87,14 @@ def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
     assert np.isfinite(out[0]).all() and np.abs(out[0] - out[1]).max() > 1e-6
 
 
-@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, tree="off"), PolicyConfig("fixed", 3, tree="on"),
-                                    PolicyConfig("auto")], ids=["chain", "tree", "auto"])
-def test_assistant_mtp_greedy_output_equals_plain_decoding(g4, policy):
-    with Engine(g4["target"], g4["assistant"], n_ctx=512) as engine:
+@pytest.mark.parametrize("policy,window", [(PolicyConfig("fixed", 4, tree="off"), ""),
+                                           (PolicyConfig("fixed", 3, tree="on"), ""), (PolicyConfig("auto"), ""),
+                                           (PolicyConfig("fixed", 4, tree="off"), "16")],
+                         ids=["chain", "tree", "auto", "chain-window16"])
+def test_assistant_mtp_greedy_output_equals_plain_decoding(g4, policy, window):
+    """Chains, trees and the auto policy; and chains past the sliding window of 16 positions of
+    the target's sliding layers (the assistant's sliding layer reads what that cache keeps)."""
+    with Engine(g4["target" + window], g4["assistant" + window], n_ctx=512) as engine:
         plain = _done(engine, PROMPT, GenerationConfig(max_tokens=48, spec=False, record_margins=True))
         engine.clear_cache()
         spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
