@@ -87,6 +87,43 @@ def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
     assert np.isfinite(out[0]).all() and np.abs(out[0] - out[1]).max() > 1e-6
 
 
+def test_the_assistant_drafts_from_the_pair_draft_mtp_writes(g4):
+    """Every draft of a generation starts, as draft-mtp's shared-KV mode starts it, from the
+    committed token at ``pos0`` (the first position the target has not decoded) and the target's
+    state at ``pos0 - 1``: checked against the states of the whole committed text decoded by the
+    target alone in one batch."""
+    from localspec.llama import llama_ext
+    from localspec.llama.llama_model import Context, Model
+
+    seen = []
+    with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
+        drafter = engine.drafter
+        catch_up = drafter.catch_up
+
+        def recording(max_rows=None):
+            tok, h, pos0 = drafter._last
+            seen.append((tok, np.array(h[0]), pos0))
+            return catch_up(max_rows)
+
+        drafter.catch_up = recording
+        done = _done(engine, PROMPT, GenerationConfig(max_tokens=32, policy=PolicyConfig("fixed", 3, tree="off")))
+        prompt = engine.prompt_tokens(PROMPT)
+        text = prompt + done.tokens
+    model = Model(g4["target"])
+    ctx = Context(model, n_ctx=256, n_batch=256)
+    try:
+        llama_ext.set_embeddings_nextn(ctx.ptr, True, False)
+        ctx.decode(text, 0, all_logits=False)
+        states = np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_nextn(ctx.ptr), shape=(len(text), model.n_embd)))
+    finally:
+        ctx.close()
+        model.close()
+    assert len(seen) > 3 and seen[0][2] == len(prompt), [s[2] for s in seen]   # the first: right after the prompt
+    for tok, h, pos0 in seen:
+        assert tok == text[pos0], (pos0, tok, text[pos0])
+        assert np.abs(h - states[pos0 - 1]).max() < 1e-3, pos0
+
+
 @pytest.mark.parametrize("policy,window", [(PolicyConfig("fixed", 4, tree="off"), ""),
                                            (PolicyConfig("fixed", 3, tree="on"), ""), (PolicyConfig("auto"), ""),
                                            (PolicyConfig("fixed", 4, tree="off"), "16")],
