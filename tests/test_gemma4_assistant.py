@@ -194,3 +194,24 @@ def test_a_modelfile_drafts_with_the_assistant_it_names_in_draft(g4, tmp_path):
     (tmp_path / "Bad").write_text(f"FROM {g4['target']}\nDRAFT {g4['wide']}\n")
     proc = run_cli("create", "bad", "-f", str(tmp_path / "Bad"))
     assert proc.returncode == 1 and "Bad:2:" in proc.stderr and "hidden size 48" in proc.stderr, proc.stderr
+
+
+def test_a_server_with_an_assistant_drafts_with_it_and_names_it(g4, tmp_path):
+    """``serve --draft`` the assistant: the official client's answer is plain decoding's text,
+    usage counts the drafts under source ``assistant``, and so does ``/metrics``."""
+    from serve_checks import running_server
+
+    with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=24, spec=False))
+    args = ("--target", str(g4["target"]), "--draft", str(g4["assistant"]), "--ctx", "256", "--parallel", "1",
+            "--policy", "fixed", "--draft-max", "3", "--tree", "off")
+    with running_server(tmp_path, *args) as srv:
+        reply = srv.client().completions.create(model=g4["target"].stem, prompt=PROMPT, max_tokens=24,
+                                                temperature=0, extra_body={"repeat_penalty": 1.0})
+        speculative = reply.usage.model_extra["speculative"]
+        metrics = srv.metrics()
+    assert reply.choices[0].text == plain.text
+    assert speculative["sources"]["assistant"]["drafted"] > 0, speculative
+    drafted = [v for (name, labels), v in metrics.items()
+               if name.endswith("draft_tokens_by_source_total") and ("source", "assistant") in labels]
+    assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
