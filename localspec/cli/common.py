@@ -15,8 +15,7 @@ ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for t
 # readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
 TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False, readable=False)
 DraftOpt = typer.Option(None, "--draft", help="Drafter GGUF: EAGLE-3, or a Gemma 4 assistant (overrides the model's).",
-                        show_default=False,
-                        readable=False)
+                        show_default=False, readable=False)
 CtxOpt = option("n_ctx")
 ThreadsOpt = option("threads")
 GpuLayersOpt = option("gpu_layers")

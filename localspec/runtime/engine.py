@@ -1,5 +1,6 @@
-"""The engine: a target model, an optional model drafter (an EAGLE drafter file, or the target's own
-MTP heads: :mod:`localspec.speculation.mtp`), and generation as a stream of events.
+"""The engine: a target model, an optional model drafter (an EAGLE drafter file, a Gemma 4 assistant
+file: :mod:`localspec.speculation.assistant`, or the target's own MTP heads:
+:mod:`localspec.speculation.mtp`), and generation as a stream of events.
 
     engine = Engine("target.gguf", drafter="drafter.gguf")
     for event in engine.generate([Message("user", "Hi")], GenerationConfig(max_tokens=64)):
