@@ -514,6 +514,7 @@ def check_assistant(drafter: GGUFInfo) -> None:
         raise LocalspecError(f"{d}: {drafter.tokenizer_issue}")
     check_hparams(drafter)
     check_tensor_types(drafter)
+    check_attention(drafter)   # heads sharing KV heads evenly (ggml asserts it), RoPE within a head
     if _int_meta(drafter, K.KEY_NEXTN_PREDICT_LAYERS) != drafter.n_layer:
         raise LocalspecError(f"{d}: a Gemma 4 assistant's blocks are all NextN blocks "
                              f"(nextn_predict_layers must equal block_count {drafter.n_layer})")
