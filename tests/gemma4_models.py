@@ -120,10 +120,11 @@ def build_gemma4_target(path: Path, *, seed: int = 0, noise: float = 0.6, shared
 
 
 def build_gemma4_assistant(path: Path, *, seed: int = 0, head_noise: float = 0.02, n_embd_out: int = N_EMBD,
-                           target_seed: int | None = None, window: int = SWA_WINDOW) -> Path:
+                           target_seed: int | None = None, window: int = SWA_WINDOW, state: float = 0.0) -> Path:
     """The assistant of :func:`build_gemma4_target` (built with ``target_seed``, default ``seed``):
     two NextN blocks 32 wide, ``embedding_length_out`` ``n_embd_out`` (another value makes a
-    mismatched pair), its sliding layers' ``window`` the target's."""
+    mismatched pair), its sliding layers' ``window`` the target's; ``state``: the scale of a random
+    projection of the target's state into its input (0: the state barely matters)."""
     import gguf
 
     rnd = _rnd(np.random.default_rng(seed + 13))
@@ -145,6 +146,8 @@ def build_gemma4_assistant(path: Path, *, seed: int = 0, head_noise: float = 0.0
     writer.add_tensor("output_norm.weight", np.full(N_EMBD_ASSISTANT, 3.0, np.float32))
     pre = np.zeros((N_EMBD_ASSISTANT, 2 * n_embd_out), np.float32)
     pre[:, :N_EMBD_ASSISTANT] = np.eye(N_EMBD_ASSISTANT, dtype=np.float32)
+    if state:
+        pre[:, n_embd_out:] = rnd(N_EMBD_ASSISTANT, n_embd_out, scale=state)
     writer.add_tensor("nextn.pre_projection.weight", pre + rnd(N_EMBD_ASSISTANT, 2 * n_embd_out, scale=head_noise / 4))
     writer.add_tensor("nextn.post_projection.weight", rnd(n_embd_out, N_EMBD_ASSISTANT))
     writer.add_tensor("rope_freqs.weight", np.ones(HEAD_FULL // 2, np.float32))
