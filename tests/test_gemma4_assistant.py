@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from cli_run import assert_one_error, one_error_cli, run_cli
+from cli_run import assert_one_error, cli_batch, one_error_cli, run_cli
 from engine_checks import assert_lossless
 from gemma4_models import build_gemma4_assistant, build_gemma4_target
 from localspec import Engine
@@ -23,7 +23,7 @@ from localspec.formats.gguf_info import check_pair, read_gguf
 from localspec.runtime.config import GenerationConfig
 from localspec.speculation.policy import PolicyConfig
 from sampling_checks import assert_same_marginals, plain_and_speculative_samples
-from tiny_models import build_target
+from tiny_models import build_target, rewrite_gguf
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 
@@ -62,6 +62,29 @@ def test_gemma4_assistant_is_recognised_and_checked_against_its_target(g4):
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)   # the assistant has no KV of its own; the target's shared-KV layers none either
     assert plan["drafter"]["kv_bytes"] == 0 and plan["target"]["kv_bytes"] == 256 * 2 * (2 * 32 * 2) * 2, plan
+
+
+def test_a_hostile_assistant_is_one_error_line_before_llama_cpp_sees_it(g4):
+    """Assistants whose shapes llama.cpp would misread (views of the target's K/V of another
+    size) or assert on: each ``generate`` is one ``Error:`` line, in one child process that a
+    native abort would kill."""
+    import gguf
+
+    u32, arr, boolean = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.BOOL
+    arch = "gemma4-assistant"
+    cases = {"kv_heads": ({f"{arch}.attention.head_count_kv": (1, u32)}, "heads of 16 with 1 heads of 16"),
+             "swa_heads": ({f"{arch}.attention.key_length_swa": (8, u32)}, "with 2 heads of 8"),
+             "no_sliding": ({f"{arch}.attention.sliding_window_pattern": ([False, False], arr, boolean)},
+                            "at least one sliding"),
+             "nextn": ({f"{arch}.nextn_predict_layers": (1, u32)}, "nextn_predict_layers must equal block_count 2"),
+             "no_width": ({f"{arch}.embedding_length_out": None}, "embedding_length_out must carry"),
+             "heads": ({f"{arch}.attention.head_count": (3, u32)}, "3 attention heads cannot be shared by 2")}
+    files = {name: rewrite_gguf(g4["assistant"], g4["dir"] / f"bad-{name}.gguf", changes)
+             for name, (changes, _) in cases.items()}
+    procs = cli_batch(*[["generate", "--target", str(g4["target"]), "--draft", str(files[name]), "-p", "hi", "-n", "2"]
+                        for name in cases])
+    for (name, (_, message)), proc in zip(cases.items(), procs):
+        assert_one_error(proc, contains=message)
 
 
 def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
