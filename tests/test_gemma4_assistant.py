@@ -221,7 +221,8 @@ def test_a_modelfile_drafts_with_the_assistant_it_names_in_draft(g4, tmp_path):
 
 def test_a_server_with_an_assistant_drafts_with_it_and_names_it(g4, tmp_path):
     """``serve --draft`` the assistant: the official client's answer is plain decoding's text,
-    usage counts the drafts under source ``assistant``, and so does ``/metrics``."""
+    usage counts the drafts under source ``assistant``, and so does ``/metrics``; Ollama's
+    ``/api/show`` lists the source."""
     from serve_checks import running_server
 
     with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
@@ -233,7 +234,9 @@ def test_a_server_with_an_assistant_drafts_with_it_and_names_it(g4, tmp_path):
                                                 temperature=0, extra_body={"repeat_penalty": 1.0})
         speculative = reply.usage.model_extra["speculative"]
         metrics = srv.metrics()
+        shown = srv.http.post("/api/show", json={"model": g4["target"].stem}).json()["draft"]
     assert reply.choices[0].text == plain.text
+    assert shown["sources"] == ["assistant", "lookup"] and shown["drafter"]["variant"] == "gemma4-assistant", shown
     assert speculative["sources"]["assistant"]["drafted"] > 0, speculative
     drafted = [v for (name, labels), v in metrics.items()
                if name.endswith("draft_tokens_by_source_total") and ("source", "assistant") in labels]
