@@ -2,6 +2,7 @@
 
     python bench/peer_mtp_drafts.py --tool PATH/llama-speculative-simple [--heads 1] [-n 48] [--k 4]
         [--head-noise 0.05] [--prompt TEXT ...] [-v]
+    python bench/peer_mtp_drafts.py --tool PATH/llama-speculative-simple --assistant [-n 48] [--k 4]
 
 It writes a tiny step35 target with MTP heads (tests/mtp_models.py), runs llama.cpp's
 ``llama-speculative-simple --spec-type draft-mtp`` on it greedily with debug logging, and reads
@@ -15,6 +16,12 @@ the same committed length as one of llama.cpp's are compared too. ``--tool``: th
 sdist (``bench/peer_llamacpp.py`` builds one into ``~/.cache/localspec/peer``). ``p_min`` is 0 on
 both sides (llama.cpp's draft probability comes from a top-10 softmax, localspec's from the whole
 vocabulary: they would stop at different depths, never on different tokens).
+
+``--assistant``: a tiny gemma4 target and its gemma4-assistant (tests/gemma4_models.py, an assistant
+whose drafts depend on the target's state and cache: ``state`` and ``head_noise`` large), given to
+the tool as the draft model (``-md``), which draft-mtp runs in its shared-KV mode; localspec's
+:class:`~localspec.speculation.assistant.AssistantDrafter` drafts from the same contexts, and the
+top-10 probability of each draft is compared too.
 """
 
 from __future__ import annotations
@@ -32,13 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 _CAND = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(-?\d+)")
+_PROB = re.compile(r"draft candidate\s+0, pos\s+\d+:\s+-?\d+ \(\s*([0-9.]+)\)")
 _ACC = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
 
 
-def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT) -> tuple[list[list[int]], list[int]]:
-    """llama.cpp's drafts, one list per draft call, and each cycle's accepted count."""
+def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT, draft: Path | None = None,
+                  probs: list | None = None) -> tuple[list[list[int]], list[int]]:
+    """llama.cpp's drafts, one list per draft call, and each cycle's accepted count (``draft``: a
+    draft model, ``-md``; ``probs`` gets each draft token's top-10 probability, in order)."""
     cmd = [str(tool), "-m", str(target), "-p", prompt, "-n", str(n), "--temp", "0", "--spec-type", "draft-mtp",
            "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "-c", "512", "-lv", "5", "-t", "2"]
+    if draft is not None:
+        cmd += ["-md", str(draft)]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -52,6 +64,8 @@ def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT
             if pos == 0:
                 calls.append([])
             calls[-1].append(tok)
+            if probs is not None:
+                probs.append(float(_PROB.search(line).group(1)))
             continue
         m = _ACC.search(line)
         if m:
@@ -59,9 +73,11 @@ def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT
     return calls, accepted
 
 
-def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = None) -> list[int]:
-    """The target's next token after ``prefix``, then MtpDrafter's greedy chain from ``id_last``
-    (default: that token; speculative-simple's first id_last is the prompt's last token instead)."""
+def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = None,
+                    probs: list | None = None) -> list[int]:
+    """The target's next token after ``prefix``, then the drafter's greedy chain from ``id_last``
+    (default: that token; speculative-simple's first id_last is the prompt's last token instead);
+    ``probs`` gets each draft's probability among its top 10 (draft-mtp's top-k sampler)."""
     from localspec.runtime.sampling import SamplingParams, Sampler
 
     engine.clear_cache()
@@ -69,12 +85,18 @@ def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = Non
     first = engine.verifier.prefill(prefix, Sampler(SamplingParams(), prefix), drafter)
     if not k:
         return [first]
-    drafter._pending_tokens[-1] = first if id_last is None else id_last   # the pair (id_last, h_{n-1})
+    if drafter.name == "assistant":   # the pair (id_last, h_{n-1}) at pos0 = n
+        drafter._last = (first if id_last is None else id_last, drafter._last[1], drafter._last[2])
+    else:
+        drafter._pending_tokens[-1] = first if id_last is None else id_last   # the pair (id_last, h_{n-1})
     logits, state = drafter.catch_up()
     out = []
     for i in range(k):
         tok = int(np.argmax(logits))
         out.append(tok)
+        if probs is not None:
+            top = np.sort(np.asarray(logits, dtype=np.float64))[-10:]
+            probs.append(float(np.exp(top[-1] - top.max()) / np.exp(top - top.max()).sum()))
         if i + 1 < k:
             logits, state = drafter.decode([tok], state[None, :], len(prefix) + i)
     return [first] + out
@@ -123,7 +145,7 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
         from localspec.runtime.sampling import SamplingParams
 
         cfg = GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0, repeat_penalty=1.0),
-                               policy=PolicyConfig("fixed", k, tree="off", source="mtp", p_min=0.0))
+                               policy=PolicyConfig("fixed", k, tree="off", source=drafter.name, p_min=0.0))
         done = [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
     finally:
         del drafter.catch_up, drafter.decode, drafter.decode_steps
@@ -142,11 +164,15 @@ PROMPTS = [PROMPT, "One, two, three, four, five, six, seven", "def fibonacci(n):
            "Once upon a time, in a small village by the sea, there lived"]
 
 
-def compare(engine, tool: Path, target: Path, prompt: str, n: int, k: int, verbose: bool) -> list[int]:
+def compare(engine, tool: Path, target: Path, prompt: str, n: int, k: int, verbose: bool,
+            draft: Path | None = None, gaps: list | None = None) -> list[int]:
     """[draft tokens equal, draft tokens, drafts equal, drafts] for one prompt, from the same
     contexts; then the same four for the drafts of localspec's own generation made after the same
-    committed length as one of llama.cpp's."""
-    calls, accepted = native_drafts(tool, target, n, k, prompt)
+    committed length as one of llama.cpp's. ``gaps`` gets each draft token's top-10 probability
+    difference (llama.cpp logs 3 decimals)."""
+    native_p: list[float] = []
+    mine_p: list[float] = []
+    calls, accepted = native_drafts(tool, target, n, k, prompt, draft, native_p)
     tokens = engine.prompt_tokens(prompt)
     n_past = len(tokens) - 1   # speculative-simple keeps the prompt's last token as id_last
     same = steps = whole = 0
@@ -154,7 +180,7 @@ def compare(engine, tool: Path, target: Path, prompt: str, n: int, k: int, verbo
     for call, acc in zip(calls, accepted + [0]):
         prefix = tokens[:n_past]
         native[n_past + 1] = call
-        mine = localspec_draft(engine, prefix, len(call), tokens[n_past])[1:]
+        mine = localspec_draft(engine, prefix, len(call), tokens[n_past], mine_p)[1:]
         same += sum(1 for a, b in zip(mine, call) if a == b)
         steps += len(call)
         whole += mine == call
@@ -165,6 +191,8 @@ def compare(engine, tool: Path, target: Path, prompt: str, n: int, k: int, verbo
         bonus = localspec_draft(engine, tokens, 0)[0]   # the target's next token after them
         tokens.append(bonus)
         n_past += acc + 1
+    if gaps is not None and len(native_p) == len(mine_p):
+        gaps.extend(abs(a - b) for a, b in zip(native_p, mine_p))
     generated = generation_drafts(engine, prompt, n, k)
     g_same = g_steps = g_whole = g_n = 0
     for key in sorted(set(native) & set(generated)):
@@ -184,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tool", type=Path, required=True)
     ap.add_argument("--heads", type=int, default=1)
+    ap.add_argument("--assistant", action="store_true", help="a gemma4 target and its assistant (-md)")
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
@@ -194,21 +223,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every draft, not only those that differ")
     args = ap.parse_args(argv)
     from localspec import Engine
-    from mtp_models import build_mtp_target
 
     totals = [0] * 8
+    gaps: list[float] = []
     with tempfile.TemporaryDirectory() as d:
-        target = build_mtp_target(Path(d) / "mtp.gguf", heads=args.heads, seed=args.seed, head_noise=args.head_noise)
-        with Engine(target, n_ctx=512) as engine:
+        target, draft = _files(Path(d), args)
+        with Engine(target, draft, n_ctx=512) as engine:
             for prompt in args.prompt or PROMPTS:
-                got = compare(engine, args.tool, target, prompt, args.n, args.k, args.verbose)
+                got = compare(engine, args.tool, target, prompt, args.n, args.k, args.verbose, draft, gaps)
                 print(f"{prompt[:40]!r}: {got[0]}/{got[1]} draft tokens, {got[2]}/{got[3]} drafts equal; "
                       f"during generate: {got[4]}/{got[5]} tokens, {got[6]}/{got[7]} drafts")
                 totals = [a + b for a, b in zip(totals, got)]
     print(f"heads {args.heads}, head noise {args.head_noise}: {totals[0]}/{totals[1]} draft tokens equal, "
           f"{totals[2]}/{totals[3]} drafts equal; drafts of localspec's generate after the same committed "
           f"length: {totals[4]}/{totals[5]} tokens, {totals[6]}/{totals[7]} drafts equal")
+    if gaps:
+        print(f"top-10 probability of each draft: largest difference {max(gaps):.2e} over {len(gaps)} "
+              "(llama.cpp logs 3 decimals)")
     return 0 if totals[0] == totals[1] and totals[4] == totals[5] else 1
+
+
+def _files(d: Path, args) -> tuple[Path, Path | None]:
+    """The target (and the draft model) the comparison runs on."""
+    if args.assistant:
+        from gemma4_models import build_gemma4_assistant, build_gemma4_target
+
+        return (build_gemma4_target(d / "gemma4.gguf"),
+                build_gemma4_assistant(d / "assistant.gguf", head_noise=0.4, state=0.5))
+    from mtp_models import build_mtp_target
+
+    return build_mtp_target(d / "mtp.gguf", heads=args.heads, seed=args.seed, head_noise=args.head_noise), None
 
 
 if __name__ == "__main__":

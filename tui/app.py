@@ -469,6 +469,9 @@ class ChatApp(App):
             rows.append(("drafter", f"the target's own MTP heads ({engine.mtp_heads}): source mtp"))
         elif d is None or engine.drafter is None:
             rows.append(("drafter", f"none: {LOOKUP_NOTE}"))
+        elif d.is_assistant:   # Gemma 4's assistant: reads the target's KV cache
+            rows.append(("drafter", f"{d.path.name}: Gemma 4's assistant, source assistant"))
+            rows.append(("  layers / width", f"{d.n_layer} blocks, {d.n_embd} wide, no KV cache of its own"))
         else:
             rows.append(("drafter", d.path.name))
             rows.append(("  variant", str(d.variant or "eagle3")))

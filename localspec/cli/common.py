@@ -14,8 +14,8 @@ from .flags import option
 ModelArg = typer.Argument(None, help="Model: a name, a .gguf path, or omit for the embedded default.", show_default=False)
 # readable=False: an unreadable file is reported by the GGUF reader in one Error line, not by click
 TargetOpt = typer.Option(None, "--target", help="Target GGUF (overrides MODEL).", show_default=False, readable=False)
-DraftOpt = typer.Option(None, "--draft", help="EAGLE-3 drafter GGUF (overrides the model's).", show_default=False,
-                        readable=False)
+DraftOpt = typer.Option(None, "--draft", help="Drafter GGUF: EAGLE-3, or a Gemma 4 assistant (overrides the model's).",
+                        show_default=False, readable=False)
 CtxOpt = option("n_ctx")
 ThreadsOpt = option("threads")
 GpuLayersOpt = option("gpu_layers")
@@ -41,7 +41,8 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
                 parallel: Optional[int] = 1, ram: Optional[str] = None,
                 source=None, rows_match: bool = False) -> tuple[ModelSpec, Engine]:
     """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan;
-    ``source`` mtp: the target's MTP heads must be there (they draft whenever no drafter file is given)."""
+    ``source`` mtp: the target's MTP heads must be there (they draft whenever no drafter file is given);
+    assistant: the drafter file must be a Gemma 4 assistant."""
     import sys
 
     from ..core.options import check_cli, threads_warning
@@ -56,6 +57,8 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
 
     options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
                           parallel=parallel, ram=ram)
+    if getattr(source, "value", source) == "assistant":   # after the plan: the files are read and checked
+        _check_assistant(model_spec)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -63,3 +66,13 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
                     mtp=mtp, rows_match=rows_match, **options)
     return model_spec, engine
+
+
+def _check_assistant(model_spec: ModelSpec) -> None:
+    """``--source assistant``: the model's drafter file is a Gemma 4 assistant (said before loading)."""
+    from ..core.errors import LocalspecError
+    from ..formats.gguf_info import read_gguf
+
+    if model_spec.drafter is None or not read_gguf(model_spec.drafter).is_assistant:
+        raise LocalspecError("source assistant: this model has no Gemma 4 assistant (give its GGUF as the "
+                             "drafter: --draft, or DRAFT in a Modelfile)")

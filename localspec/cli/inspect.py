@@ -41,6 +41,18 @@ def describe_gguf(info: GGUFInfo) -> dict[str, Any]:
         n_params += count
     common = {"file": str(info.path), "name": info.name, "architecture": info.arch,
               "dtype": info.weight_type, "size_bytes": info.size_bytes, "parameters": n_params}
+    if info.is_assistant:   # Gemma 4's assistant: a drafter over its gemma4 target's KV cache
+        return {
+            "kind": "drafter",
+            **common,
+            "draft_source": "assistant",
+            "drafts_for": f"a {K.GEMMA4_ARCH} target of hidden size "
+                          f"{info.metadata.get(K.key(K.KEY_EMBEDDING_LENGTH_OUT, info.arch))} (its KV cache, no cache of its own)",
+            "layers": info.n_layer,
+            "hidden_size": info.n_embd,
+            "vocab": info.n_vocab,
+            "runs_exactly_on": "localspec; llama.cpp (draft-mtp)",
+        }
     if info.is_drafter:
         meta = info.metadata
         return {

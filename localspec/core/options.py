@@ -227,9 +227,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # speculation (PolicyConfig)
     Option("policy", str, choices=("auto", "fixed"), flag="--policy", default="auto",
            help="auto: adaptive; fixed: always draft --draft-max.", parameter="draft_policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup", "mtp"), flag="--source", label="draft source",
-           default="auto", help="Draft source: auto (the model drafter and n-gram lookup), eagle (the drafter file), "
-                                "lookup, mtp (the target's own MTP heads)."),
+    Option("source", str, choices=("auto", "eagle", "lookup", "mtp", "assistant"), flag="--source",
+           label="draft source", default="auto",
+           help="Draft source: auto (the model drafter and n-gram lookup), eagle (the drafter file), "
+                "lookup, mtp (the target's own MTP heads), assistant (a Gemma 4 assistant as the drafter file)."),
     Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting", default="auto",
            help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
                 "on (always), off (chains only).", parameter="draft_tree"),

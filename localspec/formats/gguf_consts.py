@@ -7,6 +7,9 @@ ignores unknown metadata, so a drafter we write still loads there.
 """
 
 EAGLE3_ARCH = "eagle3"
+# Gemma 4 and its assistant drafter, a separate GGUF (llama.cpp's gemma4-assistant)
+GEMMA4_ARCH = "gemma4"
+GEMMA4_ASSISTANT_ARCH = "gemma4-assistant"
 
 # llama.cpp's eagle3 metadata ("%s" is the architecture name)
 KEY_TARGET_LAYERS = "{arch}.target_layers"
@@ -30,6 +33,9 @@ KEY_VALUE_LENGTH = "{arch}.attention.value_length"
 KEY_ROPE_DIMENSION_COUNT = "{arch}.rope.dimension_count"
 KEY_ROPE_FREQ_BASE = "{arch}.rope.freq_base"
 KEY_SLIDING_WINDOW = "{arch}.attention.sliding_window"
+KEY_SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"   # one bool per layer
+KEY_KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
+KEY_EMBEDDING_LENGTH_OUT = "{arch}.embedding_length_out"   # gemma4-assistant: the target's width
 KEY_SSM_PREFIX = "{arch}.ssm."            # recurrent-state models (no KV cache to plan)
 KEY_RWKV_PREFIX = "{arch}.rwkv"
 KEY_VOCAB_SIZE = "{arch}.vocab_size"
@@ -61,6 +67,8 @@ VARIANT_EAGLE31 = "eagle3.1"
 # eagle3 tensors
 T_FC = "fc.weight"
 T_NEXTN_EH_PROJ = "nextn.eh_proj.weight"   # an MTP head's block: blk.{n}.nextn.eh_proj.weight
+T_NEXTN_PROJ_PRE = "nextn.pre_projection.weight"     # gemma4-assistant: [token embedding, target state] in
+T_NEXTN_PROJ_POST = "nextn.post_projection.weight"   # gemma4-assistant: its state out, at the target's width
 T_ENC_NORM = "enc.output_norm.weight"
 T_D2T = "d2t"
 T_TOKEN_EMBD = "token_embd.weight"

@@ -62,6 +62,12 @@ class GGUFInfo:
         return self.arch == K.EAGLE3_ARCH
 
     @property
+    def is_assistant(self) -> bool:
+        """A Gemma 4 assistant: a drafter GGUF of NextN blocks that reads its gemma4 target's KV
+        cache (llama.cpp's ``gemma4-assistant``; :mod:`localspec.speculation.assistant`)."""
+        return self.arch == K.GEMMA4_ASSISTANT_ARCH
+
+    @property
     def weight_type(self) -> str:
         """The most common tensor type by bytes (what users call the file's quantisation)."""
         by_type: dict[str, int] = {}
@@ -77,7 +83,7 @@ _COUNTS = (K.KEY_CONTEXT_LENGTH, K.KEY_EMBEDDING_LENGTH, K.KEY_BLOCK_COUNT, K.KE
            K.KEY_HEAD_COUNT, K.KEY_HEAD_COUNT_KV, K.KEY_KEY_LENGTH, K.KEY_VALUE_LENGTH,
            K.KEY_ROPE_DIMENSION_COUNT, K.KEY_VOCAB_SIZE, K.KEY_SLIDING_WINDOW, K.KEY_NEXTN_PREDICT_LAYERS,
            K.KEY_EXPERT_COUNT, K.KEY_EXPERT_USED_COUNT, K.KEY_EXPERT_GROUP_COUNT, K.KEY_EXPERT_GROUP_USED_COUNT,
-           K.KEY_TARGET_HIDDEN_SIZE)     # an integer >= 0, or (per layer) a list of them
+           K.KEY_TARGET_HIDDEN_SIZE, K.KEY_EMBEDDING_LENGTH_OUT, K.KEY_KEY_LENGTH_SWA)     # an integer >= 0, or (per layer) a list of them
 _POSITIVE_REALS = (K.KEY_RMS_EPS, K.KEY_ROPE_FREQ_BASE)                  # a finite number > 0
 _FLAGS = (K.KEY_NORM_BEFORE_FC, K.KEY_NORM_BEFORE_RESIDUAL)              # a boolean (or 0 / 1)
 _LS_TEXTS = (K.KEY_LS_VARIANT, K.KEY_LS_SOURCE_LAYOUT, K.KEY_LS_SOURCE, K.KEY_LS_SOURCE_REVISION, K.KEY_NAME)
@@ -390,6 +396,9 @@ def _int_meta(info: GGUFInfo, template: str) -> int:
 def check_target(target: GGUFInfo) -> None:
     if target.is_drafter:
         raise LocalspecError(f"{target.path.name} is an EAGLE-3 drafter, not a target model")
+    if target.is_assistant:
+        raise LocalspecError(f"{target.path.name} is a Gemma 4 assistant (a drafter), not a target model: "
+                             "give it as the drafter (--draft, or DRAFT in a Modelfile) of its gemma4 target")
     if target.n_vocab <= 0 or target.n_embd <= 0:
         raise LocalspecError(f"{target.path.name}: missing vocabulary or embedding size")
     if target.tokenizer_issue:
@@ -415,6 +424,9 @@ def check_drafter(drafter: GGUFInfo) -> None:
 
 def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
     """Every check that keeps llama.cpp from aborting on a target/drafter mismatch."""
+    if drafter.is_assistant:
+        check_assistant_pair(target, drafter)
+        return
     t, d = target.path.name, drafter.path.name
     check_target(target)
     check_drafter(drafter)
@@ -492,3 +504,68 @@ def recurrent_note(info: GGUFInfo) -> str | None:
         return (f"{info.arch}: a recurrent state per sequence; llama.cpp rolls it back {RS_ROLLBACK} tokens "
                 f"at most, so drafts are chains of {RS_ROLLBACK} tokens or fewer")
     return f"{info.arch}: a recurrent state the pinned llama.cpp cannot roll back: plain decoding, no drafts"
+
+
+def _swa_layers(info: GGUFInfo) -> list[bool]:
+    """``attention.sliding_window_pattern``: per layer, whether it attends through a sliding window."""
+    value = info.metadata.get(K.key(K.KEY_SLIDING_WINDOW_PATTERN, info.arch))
+    items = value.tolist() if isinstance(value, np.ndarray) else value if isinstance(value, list) else []
+    return [bool(x) for x in items]
+
+
+def _kv_shape(info: GGUFInfo, layer: int, swa: bool) -> tuple[int, int]:
+    """(head size, KV heads) of one layer's keys, as llama.cpp reads them for a gemma4 file."""
+    heads = _per_layer(info, K.KEY_HEAD_COUNT_KV) or _per_layer(info, K.KEY_HEAD_COUNT) or [0]
+    full = _int_meta(info, K.KEY_KEY_LENGTH)
+    size = _int_meta(info, K.KEY_KEY_LENGTH_SWA) or full if swa else full
+    return size, heads[layer] if len(heads) > 1 else heads[0]
+
+
+def check_assistant(drafter: GGUFInfo) -> None:
+    """A Gemma 4 assistant's own sizes (llama.cpp's gemma4-assistant loader and memory)."""
+    d = drafter.path.name
+    if drafter.tokenizer_issue:
+        raise LocalspecError(f"{d}: {drafter.tokenizer_issue}")
+    check_hparams(drafter)
+    check_tensor_types(drafter)
+    check_attention(drafter)   # heads sharing KV heads evenly (ggml asserts it), RoPE within a head
+    if _int_meta(drafter, K.KEY_NEXTN_PREDICT_LAYERS) != drafter.n_layer:
+        raise LocalspecError(f"{d}: a Gemma 4 assistant's blocks are all NextN blocks "
+                             f"(nextn_predict_layers must equal block_count {drafter.n_layer})")
+    if _int_meta(drafter, K.KEY_EMBEDDING_LENGTH_OUT) in (0, drafter.n_embd):
+        raise LocalspecError(f"{d}: embedding_length_out must carry its target's hidden size "
+                             f"(llama.cpp refuses an assistant whose is its own width, {drafter.n_embd})")
+    if len(_swa_layers(drafter)) != drafter.n_layer or not any(_swa_layers(drafter)):
+        raise LocalspecError(f"{d}: attention.sliding_window_pattern must list its {drafter.n_layer} layers, "
+                             "at least one sliding (llama.cpp asserts it)")
+    for name in (K.T_NEXTN_PROJ_PRE, K.T_NEXTN_PROJ_POST, K.T_TOKEN_EMBD):
+        if name not in drafter.tensors:
+            raise LocalspecError(f"{d}: a Gemma 4 assistant needs the tensor {name}")
+
+
+def check_assistant_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
+    """A Gemma 4 assistant against its target: same vocabulary, its input and output at the
+    target's width, and each of its layers reading a target cache of its own shape: a sliding
+    layer the target's last sliding layer's (``n_layer - 2``), a full one the last full layer's
+    (``llama_model::create_memory``: llama.cpp views the target's K/V with the assistant's sizes)."""
+    t, d = target.path.name, drafter.path.name
+    check_target(target)
+    check_assistant(drafter)
+    if target.arch != K.GEMMA4_ARCH:
+        raise LocalspecError(f"{d} is a Gemma 4 assistant: it drafts for a gemma4 target, and {t} is '{target.arch}'")
+    width = _int_meta(drafter, K.KEY_EMBEDDING_LENGTH_OUT)
+    if width != target.n_embd:
+        raise LocalspecError(f"{d} was made for a target of hidden size {width}, but {t} has {target.n_embd}")
+    embd = drafter.tensors[K.T_TOKEN_EMBD]
+    if drafter.tokenizer_sha256 != target.tokenizer_sha256 or embd.shape[-1] != target.n_vocab:
+        raise LocalspecError(f"{d} and {t} do not share the same tokenizer")
+    t_swa = _swa_layers(target)
+    if len(t_swa) != target.n_layer or target.n_layer < 2 or not t_swa[-2] or t_swa[-1]:
+        raise LocalspecError(f"{t}: a Gemma 4 assistant reads the caches of the target's last two layers, "
+                             "which must be a sliding and a full one (attention.sliding_window_pattern)")
+    for layer, swa in enumerate(_swa_layers(drafter)):
+        mine = _kv_shape(drafter, layer, swa)
+        theirs = _kv_shape(target, target.n_layer - (2 if swa else 1), swa)
+        if mine != theirs:
+            raise LocalspecError(f"{d}: its layer {layer} reads {t}'s {'sliding' if swa else 'full'} cache "
+                                 f"of {theirs[1]} heads of {theirs[0]} with {mine[1]} heads of {mine[0]}")

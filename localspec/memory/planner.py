@@ -184,7 +184,11 @@ def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weigh
     k_len = int(_meta(info, "attention.key_length", head_dim) or head_dim)
     v_len = int(_meta(info, "attention.value_length", head_dim) or head_dim)
     kv = [h * (k_len + v_len) for h in n_head_kv]
-    if _meta(info, "attention.sliding_window") is not None:
+    shared = int(_meta(info, "attention.shared_kv_layers", 0) or 0)   # gemma3n/gemma4: reuse earlier layers' KV
+    kv = [0 if info.is_assistant or i >= n_layer - shared else e for i, e in enumerate(kv)]
+    if info.is_assistant:
+        notes.append(f"{info.arch}: no KV cache of its own (it reads the target's)")
+    elif _meta(info, "attention.sliding_window") is not None:
         notes.append(f"{info.arch}: sliding-window layers counted at full context (upper bound)")
     if any(k.startswith(f"{info.arch}.ssm.") or k.startswith(f"{info.arch}.rwkv") for k in info.metadata):
         notes.append(f"{info.arch}: recurrent state not modelled; KV estimate covers attention layers only")

@@ -1,5 +1,6 @@
-"""The engine: a target model, an optional model drafter (an EAGLE drafter file, or the target's own
-MTP heads: :mod:`localspec.speculation.mtp`), and generation as a stream of events.
+"""The engine: a target model, an optional model drafter (an EAGLE drafter file, a Gemma 4 assistant
+file: :mod:`localspec.speculation.assistant`, or the target's own MTP heads:
+:mod:`localspec.speculation.mtp`), and generation as a stream of events.
 
     engine = Engine("target.gguf", drafter="drafter.gguf")
     for event in engine.generate([Message("user", "Hi")], GenerationConfig(max_tokens=64)):
@@ -48,6 +49,7 @@ from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
 from ..speculation import cost_cache, costmodel, tree
+from ..speculation.assistant import ASSISTANT, AssistantDrafter
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
 from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
@@ -174,7 +176,10 @@ class Engine:
         self.drafters: list[EagleDrafter] = []   # one per slot: the drafter's sequence of that number
         try:
             self._no_rollback()   # a recurrent state llama.cpp cannot roll back: no drafts (runtime.recurrent)
-            if self.drafter_info is not None:
+            if self.drafter_info is not None and self.drafter_info.is_assistant:   # Gemma 4's, over the target's cache
+                self.drafter = AssistantDrafter(self.drafter_info, self.ctx, n_batch=DRAFTER_BATCH, n_threads=n_threads,
+                                                n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
+            elif self.drafter_info is not None:
                 self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
                                             n_threads=n_threads, n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
             elif self.mtp_heads:   # the target's own heads, in a context beside it
@@ -305,10 +310,13 @@ class Engine:
             pcfg = replace(pcfg, tree="off")
         drafter = (self.drafters[verifier.seq]
                    if self.drafter is not None and config.spec and pcfg.source in ("auto", self.drafter.name) else None)
-        if pcfg.source == MTP:   # the policy knows the model drafter, whichever it is, as its EAGLE source
-            if config.spec and not self.mtp_heads:
+        if pcfg.source in (MTP, ASSISTANT):   # the policy knows the model drafter, whichever it is, as its EAGLE source
+            if config.spec and pcfg.source == MTP and not self.mtp_heads:
                 raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
                                      "a target that ships them and no drafter file)")
+            if config.spec and pcfg.source == ASSISTANT and drafter is None:
+                raise LocalspecError("source assistant: this engine has no Gemma 4 assistant (give its GGUF as the "
+                                     "drafter: --draft, or DRAFT in a Modelfile)")
             pcfg = replace(pcfg, source=EAGLE)
         if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),

@@ -77,9 +77,9 @@ class ServerMetrics:
                                        "Drafted tokens per draft position (drafts vary in depth).",
                                        m + ["position"], registry=r)
         self.source_drafted = Counter("localspec:spec_decode_num_draft_tokens_by_source",
-                                      "Draft tokens by draft source (eagle, mtp, lookup, prediction, tree).", m + ["source"], registry=r)
+                                      "Draft tokens by draft source (eagle, mtp, assistant, lookup, prediction, tree).", m + ["source"], registry=r)
         self.source_accepted = Counter("localspec:spec_decode_num_accepted_tokens_by_source",
-                                       "Accepted tokens by draft source (eagle, mtp, lookup, prediction, tree).", m + ["source"], registry=r)
+                                       "Accepted tokens by draft source (eagle, mtp, assistant, lookup, prediction, tree).", m + ["source"], registry=r)
         self.rejected = Counter("localspec:requests_rejected", "Requests refused with 429 (queue full).", m,
                                 registry=r).labels(model_name)
 

@@ -132,12 +132,14 @@ def _template(spec: ModelSpec) -> str:
 
 def draft_block(spec: ModelSpec, loaded) -> dict:
     """localspec's own: the drafter, its variant, and the draft sources a request may use."""
-    drafter = None
+    drafter, source = None, "eagle"
     if spec.drafter is not None and Path(spec.drafter).is_file():
         d = read_gguf(spec.drafter)
-        drafter = {"file": Path(spec.drafter).name, "variant": d.variant or "eagle3",
+        if d.is_assistant:   # Gemma 4's assistant: its architecture for a variant, source assistant
+            source = "assistant"
+        drafter = {"file": Path(spec.drafter).name, "variant": d.arch if d.is_assistant else d.variant or "eagle3",
                    "target_layers": list(d.target_layers or ()), "draft_vocab": d.draft_vocab}
-    sources = (["eagle"] if drafter else []) + ["lookup"]
+    sources = ([source] if drafter else []) + ["lookup"]
     block = {"drafter": drafter, "sources": sources, "parameters": dict(spec.draft_params)}
     if loaded is not None:
         p = loaded.defaults.policy
