@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store.models import ModelSpec, resolve
 from .flags import option
@@ -59,7 +60,7 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
-    mtp = True if getattr(source, "value", source) == "mtp" else None
+    mtp = True if source is not None and "mtp" in listed_words(getattr(source, "value", source)) else None
     engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
                     mtp=mtp, rows_match=rows_match, **options)
     return model_spec, engine

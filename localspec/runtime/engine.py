@@ -50,8 +50,9 @@ from ..llama.process import set_verbose
 from ..speculation import cost_cache, costmodel, tree
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
-from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
+from ..speculation.policy import EAGLE, DraftPolicy, Learned
 from ..speculation.recall import Recall
+from ..speculation.sources import wants, wants_text, words
 from .calibration import calibrate
 from .calibrator import Calibrator
 from .config import GenerationConfig
@@ -286,16 +287,16 @@ class Engine:
         if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
         drafter = (self.drafters[verifier.seq]
-                   if self.drafter is not None and config.spec and pcfg.source in ("auto", self.drafter.name) else None)
-        if pcfg.source == MTP:   # the policy knows the model drafter, whichever it is, as its EAGLE source
+                   if self.drafter is not None and config.spec and wants(pcfg.source, self.drafter.name) else None)
+        if MTP in words(pcfg.source):   # the policy knows the model drafter, whichever it is, as its EAGLE source
             if config.spec and not self.mtp_heads:
                 raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
                                      "a target that ships them and no drafter file)")
-            pcfg = replace(pcfg, source=EAGLE)
+            pcfg = replace(pcfg, source=",".join(EAGLE if w == MTP else w for w in words(pcfg.source)))
         if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
                            tree_nodes=min(pcfg.tree_nodes, TILED_ROWS - 2))
-        use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
+        use_lookup = config.spec and wants_text(pcfg.source)   # any text source (lookup, a registered one)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = self.planning_cost() if wants_cost else None
         self.learned.new_generation()
