@@ -211,6 +211,13 @@ def add_choice(name: str, word: str) -> None:
         added.append(word)
 
 
+def remove_choice(name: str, word: str) -> None:
+    """Undo :func:`add_choice` (a source unregistered)."""
+    added = _ADDED.get(name, [])
+    if word in added:
+        added.remove(word)
+
+
 def listed_words(value: str) -> tuple[str, ...]:
     """The words of a checked value of a ``listed`` option (``"mtp,lookup"`` -> ("mtp", "lookup"))."""
     return tuple(value.split(",")) if "," in value else (value,)

@@ -4,7 +4,7 @@ The sources sit behind one interface (:mod:`localspec.speculation.sources`; the 
 :mod:`localspec.speculation.registry`). Text sources (n-gram lookup, Predicted Outputs, recall
 from earlier generations, any registered one) each say how long a match of the committed text
 their proposal rests on and its statistics class; the longest is proposed (the earlier source
-winning a tie; recall is asked only where the text itself holds no copy), and the policy weighs
+winning a tie; recall is asked only where no other source found a copy), and the policy weighs
 it against the model drafter (EAGLE or MTP heads: a chain, greedy top-1 stopping under ``p_min``
 confidence, or a tree cut to its best expected rate under the cost model) and a plain step.
 After the target verified a draft, :meth:`DraftStep.record` tells the source that drafted it
@@ -77,7 +77,7 @@ class DraftStep:
         class."""
         best = None
         for source in self.texts:
-            if source.below is not None and best is not None and best.match >= source.below:
+            if source.fallback and best is not None and best.copy:
                 continue
             found = source.find()
             if found is not None and (best is None or found.match > best.match):

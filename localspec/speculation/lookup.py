@@ -226,7 +226,7 @@ class LookupSource(TextSource):
         start, match = history.find()
         if not match:
             return None
-        return Found(self, match, self.base + match_bucket(match, len(history) - start), start)
+        return Found(self, match, self.base + match_bucket(match, len(history) - start), start, match >= LONG_N)
 
     def propose(self, found: Found, k: int) -> list[int]:
         return self.history.continuation(found.at, k)

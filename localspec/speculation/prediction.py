@@ -115,7 +115,8 @@ class PredictedText(TextSource):
 
     def find(self) -> Found | None:
         run = self.prediction.propose(1)[1]
-        return Found(self, run, self.base + (1 if run >= PREDICTION_SURE else 0)) if run else None
+        # the user's text to repeat: a copy, whatever its run (recall is not asked after it)
+        return Found(self, run, self.base + (1 if run >= PREDICTION_SURE else 0), copy=True) if run else None
 
     def propose(self, found: Found, k: int) -> list[int]:
         return self.prediction.propose(k)[0]

@@ -98,15 +98,15 @@ class Recall:
 
 
 class RecallSource(TextSource):
-    """Recall as a draft source: asked only where the generation's own text matched fewer than
-    ``LONG_N`` tokens (no copy in it), for greedy requests of auto (see DraftStep), on with the
+    """Recall as a draft source: asked only where no other source found a copy (a lookup match
+    of ``LONG_N`` tokens in the generation's own text, the prediction), for greedy requests of auto (see DraftStep), on with the
     lookup source; its drafts are lookup's on every surface."""
 
     name = "recall"
     label = "lookup"       # the surfaces count recalled drafts as lookup's
     switch = "lookup"
     order = 20
-    below = LONG_N
+    fallback = True
     classes = (("recall", RECALL_PRIOR, True),)
 
     def __init__(self, recall: Recall, history, index: int) -> None:

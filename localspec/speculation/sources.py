@@ -7,9 +7,10 @@ A source proposes draft tokens for the next positions of one generation. Two kin
   long a stretch of the committed text its proposal rests on (``match``) and the statistics
   class it files the proposal under; the longest match of all the sources asked is proposed
   (:meth:`TextSource.propose`), the earlier source winning a tie, and the policy weighs it
-  against the model drafter and a plain step with that class's live acceptance. A source with
-  ``below`` is asked only while no earlier source matched that many tokens (recall: only where
-  the text itself holds no copy).
+  against the model drafter and a plain step with that class's live acceptance. A ``fallback``
+  source is asked only while the best proposal so far is not a copy (``Found.copy``: a lookup
+  match of ``LONG_N`` tokens, the user's prediction): recall, only where the text itself holds
+  no copy.
 - **model drafters** (:class:`ModelSource`: the EAGLE drafter, the target's MTP heads) draft a
   chain or a tree step by step, each step priced by the calibrated drafter curve.
 
@@ -177,13 +178,14 @@ class Found:
     match: int
     cls: int
     at: int = 0
+    copy: bool = False   # the proposal continues a copy (a fallback source is not asked after it)
 
 
 class TextSource(DraftSource):
     """A source that proposes a chain from text it knows, for free."""
 
     order = 100            # asked in this order (the earlier wins a tie of matches)
-    below: int | None = None   # asked only while the best match so far is shorter than this
+    fallback = False       # asked only while the best proposal so far is not a copy
 
     def find(self) -> Found | None:
         raise NotImplementedError
@@ -231,6 +233,15 @@ def register(source: type[DraftSource]) -> type[DraftSource]:
     options.add_choice("source", source.word())
     _SOURCES.append(source)
     return source
+
+
+def unregister(source: type[DraftSource]) -> None:
+    """Take a registered source out (a plugin, a test's own source); its statistics classes keep
+    their indices (an engine's learned table may hold them), unused."""
+    if source in _SOURCES:
+        _SOURCES.remove(source)
+        if not any(s.word() == source.word() for s in _SOURCES):
+            options.remove_choice("source", source.word())
 
 
 def registered() -> list[type[DraftSource]]:
