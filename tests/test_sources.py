@@ -69,6 +69,7 @@ class FixedContinuation(TextSource):
     order = 5
     classes = (("all", (0.95, 0.97), True),)
     TEXT: list[int] = []
+    ANYWHERE = False   # propose TEXT's next tokens even where the output left it
 
     def __init__(self, history, start: int) -> None:
         self.history, self.start = history, start
@@ -83,7 +84,7 @@ class FixedContinuation(TextSource):
     def find(self):
         out = self.history.tokens[self.start:]
         text = self.TEXT
-        if len(out) >= len(text) or text[:len(out)] != out:
+        if len(out) >= len(text) or (text[:len(out)] != out and not self.ANYWHERE):
             return None
         return Found(self, len(out) + 64, self.cls, len(out))   # longer than any lookup match
 
@@ -102,6 +103,8 @@ def fixed_source():
     finally:
         unregister(FixedContinuation)
     assert "fixed-text" not in OPTIONS["source"].words
+    with pytest.raises(LocalspecError, match="'fixed-text' is not one"):
+        PolicyConfig(source="fixed-text,lookup")   # unregistered: no longer a source word
 
 
 @pytest.mark.slow
@@ -118,17 +121,17 @@ def test_a_registered_source_drafts_through_a_generation_losslessly(smollm2, fix
             assert set(right.stats.sources) == {"fixed-text"}, right.stats.sources
             assert right.stats.accepted >= 0.5 * right.stats.generated_tokens, (name, right.stats)
             assert right.stats.policy_choices["fixed-text"] > 0
-        fixed_source.TEXT = [t + 1 for t in plain.tokens]   # every draft wrong: rejected, output unchanged
+        # every draft wrong: all rejected, output unchanged
+        fixed_source.TEXT, fixed_source.ANYWHERE = [t + 1 for t in plain.tokens], True
         wrong = run(engine, COPY, max_tokens=40, policy=PolicyConfig(name="fixed", source="fixed-text"))
         assert_lossless(plain, wrong)
         assert wrong.stats.accepted == 0 and wrong.stats.drafted > 0, wrong.stats
+        fixed_source.ANYWHERE = False
         # with lookup beside it, under auto (every source): the proposal with the longer match
         fixed_source.TEXT = list(plain.tokens)
         both = run(engine, COPY, max_tokens=40, policy=PolicyConfig(source="fixed-text,lookup"))
         assert_lossless(plain, both)
         assert "fixed-text" in both.stats.sources
-    with pytest.raises(LocalspecError, match="'fixed-text' is not one"):
-        PolicyConfig(source="fixed-text,lookup")   # unregistered: no longer a source word
 
 
 @pytest.mark.slow
