@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..core import options
 from . import registry  # noqa: F401 (the built-in sources and their statistics classes)
 from .costmodel import CostModel
