@@ -14,9 +14,12 @@ from localspec import Engine
 from localspec.core.errors import LocalspecError
 from localspec.core.options import OPTIONS, check
 from localspec.speculation import lookup, prediction, recall, registry
+from localspec.speculation.costmodel import CostModel
+from localspec.speculation.model_source import EagleSource, MtpSource
 from localspec.speculation.policy import (DraftPolicy, Learned, PolicyConfig, lookup_class, prediction_class,
                                           recall_class)
-from localspec.speculation.sources import CLASSES, Found, TextSource, register, text_sources, unregister, wants
+from localspec.speculation.sources import (CLASSES, Found, TextSource, model_source, register, text_sources,
+                                           unregister, wants)
 
 DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
 COPY = [{"role": "user", "content": "Repeat this sentence exactly, twice: The quick brown fox jumps over the "
@@ -59,6 +62,11 @@ def test_the_builtin_sources_are_registered_in_order_and_switched_by_their_word(
     assert policy.eagle and policy.lookup
     policy = DraftPolicy(PolicyConfig(source="lookup"), None, eagle=True, lookup=True)
     assert not policy.eagle and policy.lookup
+    # each prices its own draft: a text source nothing, a model drafter k calibrated steps
+    cost = CostModel({1: 0.01, 2: 0.015}, drafter_step=0.004)
+    assert lookup.LookupSource(None, 0).cost(8, cost) == 0.0
+    assert EagleSource(None, None, None).cost(3, cost) == pytest.approx(3 * cost.drafter_step)
+    assert model_source("mtp") is MtpSource and model_source("eagle") is EagleSource
 
 
 class FixedContinuation(TextSource):
