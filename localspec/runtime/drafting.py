@@ -51,7 +51,7 @@ class DraftStep:
         chosen = policy.config.source
         self.texts: list[TextSource] = [] if lookup is None else [
             s for s in (cls.create(ctx) for cls in text_sources() if wants(chosen, cls.word())) if s is not None]
-        kind = model_source(drafter.name) or EagleSource if drafter is not None else None
+        kind = (model_source(drafter.name) or EagleSource) if drafter is not None else None
         self.model = kind.create(ctx) if kind is not None else None
         self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
                        if lookup is not None and not policy.fixed else None)
