@@ -118,6 +118,26 @@ def test_source_mtp_needs_heads_and_is_one_error_line(mtp_files):
     assert out["mtp_heads"] == 1 and set(out["sources"]) <= {"mtp", "lookup"}, out
 
 
+def test_mtp_chains_with_lookup_as_llama_cpp_chains_draft_mtp_ngram_mod(mtp_files):
+    """``--source mtp,lookup``: the heads and n-gram lookup weighed against each other (auto), or
+    the heads every cycle (fixed); greedy output is plain decoding's, and the CLI takes the list."""
+    with Engine(mtp_files["one"], n_ctx=512) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=48, spec=False, record_margins=True))
+        runs = {}
+        for name in ("auto", "fixed"):
+            engine.clear_cache()
+            policy = PolicyConfig(name, 4, source="mtp,lookup", tree="off")
+            runs[name] = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
+            assert_lossless(plain, runs[name])
+            assert set(runs[name].stats.sources) <= {"mtp", "lookup"}, runs[name].stats.sources
+    assert runs["fixed"].stats.sources["mtp"][2] > 0, runs["fixed"].stats.sources
+    proc = run_cli("generate", "--target", str(mtp_files["one"]), "-p", PROMPT, "--raw", "--source", "lookup,mtp",
+                   "-n", "24", "--policy", "fixed", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mtp_heads"] == 1 and out["sources"].get("mtp", {}).get("drafted", 0) > 0, out
+
+
 def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_files, tmp_path):
     """``serve`` on a target with heads and no drafter file: the official client's answer is plain
     decoding's text, usage counts the drafts under source ``mtp``, and so does ``/metrics``."""

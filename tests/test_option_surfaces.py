@@ -60,8 +60,8 @@ def _step(opt) -> float:
 
 def inside(opt) -> list:
     """Values the option accepts: each closed end, a value next to each open end, the specials."""
-    if opt.kind is str:
-        return list(opt.choices)
+    if opt.kind is str:   # a listed option (--source): a comma list of its words too
+        return list(opt.choices) + ([",".join(opt.choices[1:3])] if opt.listed else [])
     if opt.kind is bool:
         return [True, False]
     out = list(opt.special)
@@ -73,8 +73,8 @@ def inside(opt) -> list:
 
 def outside(opt) -> list:
     """Values the option refuses: just past each end (the end itself when open), not a special."""
-    if opt.kind is str:
-        return ["nope"]
+    if opt.kind is str:   # a listed option: an unknown word in a list, auto in a list
+        return ["nope"] + ([f"{opt.choices[1]},nope", f"{opt.choices[0]},{opt.choices[1]}"] if opt.listed else [])
     if opt.kind is bool:
         return []
     out = []
@@ -131,6 +131,8 @@ def _parsed_as(param):
         return tuple(m.value for m in kind)
     if hasattr(kind, "choices"):                          # click.Choice
         return tuple(kind.choices)
+    if kind is str or getattr(kind, "name", None) == "text":   # a listed option: text the table checks
+        return str
     return {"integer": int, "float": float, "boolean": bool}.get(getattr(kind, "name", None), kind)
 
 
@@ -145,7 +147,7 @@ def test_cli_flags_agree_with_the_declarations(cli):
             default = param.default.value if isinstance(param.default, Enum) else param.default
             want = OWN_DEFAULTS.get((name, opt.name), opt.chat_default if name in CHAT_COMMANDS else opt.default)
             assert default == want, f"{where}: default {default!r}, declared {want!r}"
-            assert _parsed_as(param) == (opt.choices or opt.kind), where
+            assert _parsed_as(param) == (str if opt.listed else opt.choices or opt.kind), where
     assert {"max_tokens", "temperature", "min_p", "repeat_penalty", "policy", "draft_max", "n_ctx",
             "lr"} <= seen
 
@@ -219,7 +221,7 @@ def test_cli_accepts_each_range_and_names_the_flag_past_it(cli, command, isolate
             assert isinstance(exc, LocalspecError) and reached in str(exc), (command, opt.flag, value, exc)
         for value in outside(opt):
             code, exc = _run(cli, [command, *base, opt.flag, _show(value)])
-            if opt.choices:   # click refuses a word that is not a choice
+            if opt.choices and not opt.listed:   # click refuses a word that is not a choice
                 assert code == 2, (command, opt.flag, value)
             else:
                 assert isinstance(exc, LocalspecError) and f"({opt.flag})" in str(exc), (command, opt.flag, value, exc)

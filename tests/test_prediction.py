@@ -100,7 +100,8 @@ def test_predictions_have_their_own_statistics_classes():
     weak, sure = prediction_class(1), prediction_class(PREDICTION_SURE)
     assert weak != sure and not _long_class(weak) and _long_class(sure)
     learned = Learned()
-    assert recall_class() == sure + 1 and len(learned.lookup) == recall_class() + 1   # recall's class follows
+    assert recall_class() == sure + 1   # recall's class follows, then the model drafter's
+    assert learned.lookup[recall_class() + 1] is learned.eagle
     assert learned.lookup[sure].expected(4)[-1] > learned.lookup[weak].expected(4)[-1]
     assert prediction_class(START_MATCH) == sure        # the first alignment counts as followed
     policy = DraftPolicy(PolicyConfig("fixed", 4, source="lookup"), lookup=True, learned=learned)

@@ -58,12 +58,12 @@ def bench(
         raise LocalspecError("--repeats must be at least 1")
     model_spec, engine = open_engine(model, target, draft, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose,
                                      source=source)
-    report_mode = policy.value if source.value == "auto" else f"{policy.value}-{source.value}"
+    report_mode = policy.value if source == "auto" else f"{policy.value}-{source}"
     with engine:
         report = run_bench(engine, items, config, _progress(report_mode, len(items), quiet=as_json),
                            llama_baseline=llama_baseline, modes=mode_list, repeats=repeats)
     summary = report.to_dict()
-    summary.update(model=model_spec.name, policy=policy.value, source=source.value, tree=tree.value, draft_max=draft_max,
+    summary.update(model=model_spec.name, policy=policy.value, source=source, tree=tree.value, draft_max=draft_max,
                    max_tokens=config.max_tokens, threads=engine.ctx.n_threads, repeats=repeats)
     if as_json:
         print(jsonout.dumps(summary, ensure_ascii=False), flush=True)
@@ -72,7 +72,7 @@ def bench(
         return
     if report.interrupted and not report.results:
         raise KeyboardInterrupt
-    _print_text(report, summary, f"localspec bench: {model_spec.name} (policy {policy.value}, source {source.value}, "
+    _print_text(report, summary, f"localspec bench: {model_spec.name} (policy {policy.value}, source {source}, "
                                  f"draft-max {draft_max}, {engine.ctx.n_threads} threads)", profile, len(items))
 
 

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store.models import ModelSpec, resolve
 from .flags import option
@@ -57,12 +58,13 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
 
     options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
                           parallel=parallel, ram=ram)
-    if getattr(source, "value", source) == "assistant":   # after the plan: the files are read and checked
+    words = listed_words(getattr(source, "value", source)) if source is not None else ()
+    if "assistant" in words:   # after the plan: the files are read and checked
         _check_assistant(model_spec)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
-    mtp = True if getattr(source, "value", source) == "mtp" else None
+    mtp = True if "mtp" in words else None
     engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
                     mtp=mtp, rows_match=rows_match, **options)
     return model_spec, engine

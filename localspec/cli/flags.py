@@ -25,9 +25,11 @@ def _choice_enum(name: str, class_name: str) -> type[Enum]:
 
 
 Policy = _choice_enum("policy", "Policy")
-Source = _choice_enum("source", "Source")
+Source = _choice_enum("source", "Source")   # its words; the flag takes a comma list of them too (parsed as text)
 Tree = _choice_enum("tree", "Tree")
-CHOICES: dict[str, type[Enum]] = {"policy": Policy, "source": Source, "tree": Tree}
+# options parsed as a choice of words; a ``listed`` one (--source mtp,lookup) is parsed as text and
+# checked by the table (check_flags: one clear error naming the flag)
+CHOICES: dict[str, type[Enum]] = {"policy": Policy, "tree": Tree}
 
 
 def flag_default(name: str, *, chat: bool = False) -> Any:

@@ -71,7 +71,8 @@ class Option:
     lo_open: bool = False
     hi_open: bool = False
     special: tuple = ()                # values accepted outside the range (e.g. seed -1)
-    choices: tuple = ()                # str options: the accepted words
+    choices: tuple = ()                # str options: the accepted words (more: add_choice)
+    listed: bool = False               # str options: a comma list of choices too ("mtp,lookup"; AUTO alone)
     flag: str | None = None            # the CLI flag that sets it (a bool: "--on/--off", the two switches)
     note: str = ""                     # what the special values mean, shown with the rule
     label: str = ""                    # the words errors use for it (default: its name)
@@ -107,11 +108,17 @@ class Option:
         return out
 
     @property
+    def words(self) -> tuple:
+        """The accepted words: the declared choices and those registered since (add_choice)."""
+        return self.choices + tuple(w for w in _ADDED.get(self.name, ()) if w not in self.choices)
+
+    @property
     def rule(self) -> str:
         """The range in words: ">= 0", "in (0, 1]", "between 1 and 32", "auto or fixed"."""
         if self.choices:
-            words = list(self.choices)
-            return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+            words = list(self.words)
+            text = ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+            return text + (f", or a comma list of them ({words[1]},{words[2]})" if self.listed and len(words) > 2 else "")
         lo, hi = self.lo, self.hi
         fmt = (lambda x: str(int(x))) if self.kind is int else (lambda x: f"{x:g}")
         if lo is not None and hi is not None:
@@ -137,7 +144,9 @@ class Option:
         if self.kind is str:
             if not isinstance(value, str):
                 return value, f"must be {self.rule}, got {shown}"
-            if self.choices and value not in self.choices:
+            if self.listed and self.choices and "," in value:
+                return self._listed(value)
+            if self.choices and value not in self.words:
                 return value, f"must be {self.rule}, got '{value}'"
             return value, None
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -162,6 +171,17 @@ class Option:
             return value, f"must be {self.rule}, got {shown}"
         return value, None
 
+    def _listed(self, value: str) -> tuple[Any, str | None]:
+        """A comma list of choices: each one known, none twice, ``auto`` (the first choice) alone."""
+        names = [w.strip() for w in value.split(",")]
+        for name in names:
+            if name not in self.words or name == self.choices[0]:
+                what = f"'{name}' is not one" if name != self.choices[0] else f"'{name}' stands alone"
+                return value, f"must be {self.rule}, got '{value}' ({what})"
+        if len(set(names)) != len(names):
+            return value, f"must be {self.rule}, got '{value}' (a word twice)"
+        return ",".join(names), None
+
     def check(self, value: Any, *, where: str | None = None) -> Any:
         """The value in its type, or LocalspecError naming it: ``NAME must be ..., got V``;
         ``where`` (e.g. the CLI flag) is added in parentheses."""
@@ -178,6 +198,29 @@ def _show(value: Any) -> str:
         return f"{value:g}" if math.isfinite(value) else str(value)
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_ADDED: dict[str, list[str]] = {}   # words registered beyond an option's declared choices
+
+
+def add_choice(name: str, word: str) -> None:
+    """Accept ``word`` for option ``name`` from now on (a draft source registered by its module:
+    localspec.speculation.sources.register)."""
+    added = _ADDED.setdefault(name, [])
+    if word not in OPTIONS[name].choices and word not in added:
+        added.append(word)
+
+
+def remove_choice(name: str, word: str) -> None:
+    """Undo :func:`add_choice` (a source unregistered)."""
+    added = _ADDED.get(name, [])
+    if word in added:
+        added.remove(word)
+
+
+def listed_words(value: str) -> tuple[str, ...]:
+    """The words of a checked value of a ``listed`` option (``"mtp,lookup"`` -> ("mtp", "lookup"))."""
+    return tuple(value.split(",")) if "," in value else (value,)
 
 
 def _int(name, lo=None, hi=INT32_MAX, **kw) -> Option:
@@ -227,10 +270,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # speculation (PolicyConfig)
     Option("policy", str, choices=("auto", "fixed"), flag="--policy", default="auto",
            help="auto: adaptive; fixed: always draft --draft-max.", parameter="draft_policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup", "mtp", "assistant"), flag="--source",
+    Option("source", str, choices=("auto", "eagle", "lookup", "mtp", "assistant"), listed=True, flag="--source",
            label="draft source", default="auto",
-           help="Draft source: auto (the model drafter and n-gram lookup), eagle (the drafter file), "
-                "lookup, mtp (the target's own MTP heads), assistant (a Gemma 4 assistant as the drafter file)."),
+           help="Draft sources: auto (every one there is: the model drafter and n-gram lookup), eagle (the drafter "
+                "file), lookup, mtp (the target's own MTP heads), assistant (a Gemma 4 assistant as the drafter "
+                 "file), or a comma list weighed against each other "
+                "(mtp,lookup)."),
     Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting", default="auto",
            help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "
                 "on (always), off (chains only).", parameter="draft_tree"),

@@ -52,8 +52,9 @@ from ..speculation import cost_cache, costmodel, tree
 from ..speculation.assistant import ASSISTANT, AssistantDrafter
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
-from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy, Learned
+from ..speculation.policy import EAGLE, DraftPolicy, Learned
 from ..speculation.recall import Recall
+from ..speculation.sources import wants, wants_text, words
 from .calibration import calibrate
 from .calibrator import Calibrator
 from .config import GenerationConfig
@@ -309,19 +310,20 @@ class Engine:
         if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
         drafter = (self.drafters[verifier.seq]
-                   if self.drafter is not None and config.spec and pcfg.source in ("auto", self.drafter.name) else None)
-        if pcfg.source in (MTP, ASSISTANT):   # the policy knows the model drafter, whichever it is, as its EAGLE source
-            if config.spec and pcfg.source == MTP and not self.mtp_heads:
-                raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
-                                     "a target that ships them and no drafter file)")
-            if config.spec and pcfg.source == ASSISTANT and drafter is None:
-                raise LocalspecError("source assistant: this engine has no Gemma 4 assistant (give its GGUF as the "
-                                     "drafter: --draft, or DRAFT in a Modelfile)")
-            pcfg = replace(pcfg, source=EAGLE)
+                   if self.drafter is not None and config.spec and wants(pcfg.source, self.drafter.name) else None)
+        names = words(pcfg.source)
+        if config.spec and MTP in names and not self.mtp_heads:
+            raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
+                                 "a target that ships them and no drafter file)")
+        if config.spec and ASSISTANT in names and drafter is None:
+            raise LocalspecError("source assistant: this engine has no Gemma 4 assistant (give its GGUF as the "
+                                 "drafter: --draft, or DRAFT in a Modelfile)")
+        if MTP in names or ASSISTANT in names:   # the policy knows the model drafter, whichever it is, as its EAGLE source
+            pcfg = replace(pcfg, source=",".join(EAGLE if w in (MTP, ASSISTANT) else w for w in names))
         if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
                            tree_nodes=min(pcfg.tree_nodes, TILED_ROWS - 2))
-        use_lookup = config.spec and pcfg.source in ("auto", LOOKUP)
+        use_lookup = config.spec and wants_text(pcfg.source)   # any text source (lookup, a registered one)
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = self.planning_cost() if wants_cost else None
         self.learned.new_generation()

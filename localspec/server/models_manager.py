@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core.errors import LocalspecError
+from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store import registry
 from ..store.models import DEFAULT_MODEL, ModelSpec, resolve
@@ -324,7 +325,7 @@ class ModelManager:
             raise DoesNotFit(plan.context_note)
         if plan.context_note:
             log(f"{key}: {plan.context_note}")
-        mtp = True if defaults.policy.source == "mtp" else None   # --source mtp: the heads must be there
+        mtp = True if "mtp" in listed_words(defaults.policy.source) else None   # --source mtp: the heads must be there
         engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
                         chat_template=spec.template, mtp=mtp, **options)
         try:

@@ -25,10 +25,39 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .sources import CLASSES, Found, SourceContext, TextSource
+
 MAX_N = 4
 MIN_N = 1
 LONG_N = 16      # the long index's n-gram length
 MATCH_CAP = 64   # proposals report how far back their match really goes, up to this many tokens
+
+# lookup statistics classes: by matched length 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP),
+# and loops apart (see match_bucket)
+LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
+# (first draft, later drafts) acceptance priors by bucket. A match of 16+ tokens is a copy or a
+# loop, and greedy decoding goes on with it: measured on the plain greedy output of the four bench
+# sets (SmolLM2, 192 tokens each, every position with such a match), the conditional acceptance
+# of the first draft / drafts 2-16 / drafts 17-128 was 0.965 / 0.97-0.99 / 0.999 for 16-31-token
+# matches, 0.997 / 0.999 / 0.999 for 32-63 and 0.999 throughout for 64. Priors a little below
+# that (weight 2: a generation's own outcomes take over within a few cycles, and one failed deep
+# draft lowers its positions at once); at 0.98 a 64-deep draft never looked worth it until dozens
+# of cycles had confirmed each deep position, so loops were drafted 16 at a time.
+LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.9, 0.97),
+                 (0.97, 0.995), (0.98, 0.998))
+# Loops: a match at least as long as the distance back to the occurrence it continues (the text
+# repeats its last ``period`` tokens verbatim, lookup.NgramLookup.find) of 4-7, 8-15, 16-31
+# tokens. Greedy decoding that has gone once round a loop mostly goes round again: on the plain
+# greedy output of the four sets (128 tokens each), 16 drafts were all accepted after 72% of
+# 4-7-token loop matches against 17% of other matches that long, after 80% of 8-15-token loop
+# matches against 14%, and 98% at 16-31. Longer matches share the length buckets (nearly every
+# match of 32+ tokens is a loop). In the policy replay (bench/replay_policy.py, 128 tokens, one
+# thread) loop classes took auto from 1.052x to 1.056x ngram-mod's rate on chat, 1.051x to 1.064x
+# on copy, 1.166x to 1.202x on repetitive text; letting loops of 8-15 tokens draft deep as well
+# lost on coding (1.041x to 1.027x), so only LONG_MATCH decides that, as for other matches.
+LOOP_BUCKETS = (4, 8, 16)
+LOOP_PRIORS = ((0.75, 0.95), (0.9, 0.97), (0.95, 0.99))
+LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 
 
 class NgramLookup:
@@ -145,3 +174,59 @@ class ShadowScore:
 
     def clear(self) -> None:
         self._open = []
+
+
+def _bucket(match: int, buckets: tuple[int, ...] = LOOKUP_BUCKETS) -> int:
+    i = 0
+    while i + 1 < len(buckets) and match >= buckets[i + 1]:
+        i += 1
+    return i
+
+
+def match_bucket(match: int, period: int = 0) -> int:
+    """The place among lookup's statistics classes of a proposal whose suffix match is ``match``
+    tokens long and continues an occurrence ``period`` tokens back (0: unknown): its length
+    bucket, or a loop class (:data:`LOOP_BUCKETS`, after the length buckets) when the match
+    spans the whole period."""
+    if LOOP_BUCKETS[0] <= match < LOOKUP_BUCKETS[-2] and 0 < period <= match:
+        return len(LOOKUP_BUCKETS) + _bucket(match, LOOP_BUCKETS)
+    return _bucket(match)
+
+
+def _span(buckets: tuple[int, ...], i: int, last: str) -> str:
+    lo = buckets[i]
+    hi = buckets[i + 1] - 1 if i + 1 < len(buckets) else None
+    return str(lo) if hi == lo else f"{lo}-{hi}" if hi is not None else f"{lo}{last}"
+
+
+# lookup's statistics classes, in match_bucket's order: "match 4-7", "loop 8-15", ...
+_LENGTH_CLASSES = tuple((f"match {_span(LOOKUP_BUCKETS, i, '+')}", prior, LOOKUP_BUCKETS[i] >= LONG_MATCH)
+                        for i, prior in enumerate(LOOKUP_PRIORS))
+_LOOP_CLASSES = tuple((f"loop {_span(LOOP_BUCKETS + (LOOKUP_BUCKETS[-2],), i, '')}", prior, LOOP_BUCKETS[i] >= LONG_MATCH)
+                      for i, prior in enumerate(LOOP_PRIORS))
+
+
+class LookupSource(TextSource):
+    """N-gram lookup as a draft source: the generation's own text (its history), free."""
+
+    name = "lookup"
+    order = 10
+    classes = _LENGTH_CLASSES + _LOOP_CLASSES
+
+    def __init__(self, history: NgramLookup, base: int) -> None:
+        self.history = history
+        self.base = base
+
+    @classmethod
+    def create(cls, ctx: SourceContext) -> "LookupSource | None":
+        return cls(ctx.history, CLASSES.first(cls.name)) if ctx.history is not None else None
+
+    def find(self) -> Found | None:
+        history = self.history
+        start, match = history.find()
+        if not match:
+            return None
+        return Found(self, match, self.base + match_bucket(match, len(history) - start), start, match >= LONG_N)
+
+    def propose(self, found: Found, k: int) -> list[int]:
+        return self.history.continuation(found.at, k)

@@ -23,58 +23,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..core import options
+from . import registry  # noqa: F401 (the built-in sources and their statistics classes)
 from .costmodel import CostModel
+# each source's statistics classes and priors are declared with it (re-exported here)
+from .lookup import (LONG_MATCH, LOOKUP_BUCKETS, LOOKUP_PRIORS, LOOP_BUCKETS, LOOP_PRIORS,  # noqa: F401
+                     _bucket, match_bucket)
+from .model_source import TREE, top1_probability  # noqa: F401
+from .prediction import PREDICTION_PRIORS, PREDICTION_SURE  # noqa: F401
+from .recall import RECALL_PRIOR  # noqa: F401
+from .sources import CLASSES, surface_names, wants, wants_text
 
 POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
-SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup")
+SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup", "mtp"), or a comma list
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
-EAGLE, LOOKUP, TREE = "eagle", "lookup", "tree"   # TREE: an EAGLE draft tree (speculation.tree)
+EAGLE, LOOKUP = "eagle", "lookup"   # the model drafter (whichever: eagle, mtp), TREE its draft tree
 PREDICTION = "prediction"   # Predicted Outputs (speculation.prediction): planned as a lookup proposal
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
-# lookup statistics classes: by matched length 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+ (lookup.MATCH_CAP),
-# and loops apart (see lookup_class)
-LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
-# (first draft, later drafts) acceptance priors by bucket. A match of 16+ tokens is a copy or a
-# loop, and greedy decoding goes on with it: measured on the plain greedy output of the four bench
-# sets (SmolLM2, 192 tokens each, every position with such a match), the conditional acceptance
-# of the first draft / drafts 2-16 / drafts 17-128 was 0.965 / 0.97-0.99 / 0.999 for 16-31-token
-# matches, 0.997 / 0.999 / 0.999 for 32-63 and 0.999 throughout for 64. Priors a little below
-# that (weight 2: a generation's own outcomes take over within a few cycles, and one failed deep
-# draft lowers its positions at once); at 0.98 a 64-deep draft never looked worth it until dozens
-# of cycles had confirmed each deep position, so loops were drafted 16 at a time.
-LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.9, 0.97),
-                 (0.97, 0.995), (0.98, 0.998))
-# Loops: a match at least as long as the distance back to the occurrence it continues (the text
-# repeats its last ``period`` tokens verbatim, lookup.NgramLookup.find) of 4-7, 8-15, 16-31
-# tokens. Greedy decoding that has gone once round a loop mostly goes round again: on the plain
-# greedy output of the four sets (128 tokens each), 16 drafts were all accepted after 72% of
-# 4-7-token loop matches against 17% of other matches that long, after 80% of 8-15-token loop
-# matches against 14%, and 98% at 16-31. Longer matches share the length buckets (nearly every
-# match of 32+ tokens is a loop). In the policy replay (bench/replay_policy.py, 128 tokens, one
-# thread) loop classes took auto from 1.052x to 1.056x ngram-mod's rate on chat, 1.051x to 1.064x
-# on copy, 1.166x to 1.202x on repetitive text; letting loops of 8-15 tokens draft deep as well
-# lost on coding (1.041x to 1.027x), so only LONG_MATCH decides that, as for other matches.
-LOOP_BUCKETS = (4, 8, 16)
-LOOP_PRIORS = ((0.75, 0.95), (0.9, 0.97), (0.95, 0.99))
-# Predicted Outputs (speculation.prediction) have two classes of their own after lookup's: a
-# prediction (re)aligned on fewer than PREDICTION_SURE tokens (just after an edit), and one the
-# output has followed for at least that many (the first alignment counts as followed: the user
-# gave the prediction as what the answer repeats). Priors like a loop's / a short match's; the
-# live outcomes take over within a few cycles (a prediction the model does not follow stops
-# being drafted, as any source that does not pay).
-PREDICTION_SURE = 4
-PREDICTION_PRIORS = ((0.5, 0.8), (0.9, 0.97))
-# Recall (speculation.recall: the text of an earlier generation, matched on LONG_N+ tokens) has a
-# class of its own after the predictions': a repeated request's text goes on as before until the
-# first token where the two runs differ, and greedy runs of one prompt do differ at numerical
-# near-ties (another batch shape, another prefix cache). On SmolLM2 chat requests repeated alone
-# or 4 at a time, 50-55% of the recalled drafts were accepted; the prior is that of a per-token
-# continuation of 0.97, and the live outcomes (one class for every slot) take over from it.
-RECALL_PRIOR = (0.95, 0.97)
-LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
 DEPTH_STEP = 8         # DEPTH_STEP rows (CPU kernels' sweet spots: here V(64) < V(48)) and the deepest
 DECAY = 0.97           # weight of past observations, per observation of a position
@@ -122,16 +87,6 @@ class PolicyConfig:
 MARGINAL_FLOOR = 0.01
 # a batch of several slots drafts only where V(8) <= this x V(1) (see DraftPolicy._rows_nearly_free)
 SHARED_ROWS_FREE = 2.2
-
-
-def top1_probability(logits: np.ndarray) -> tuple[int, float]:
-    """The drafter's most likely token and its softmax probability: an exp over the whole row
-    (~200 µs of CPU for SmolLM2's 49,152 on a busy 2-core machine, against ~8 µs for the argmax
-    alone), so the chain asks for it only where a confidence test reads it (runtime.drafting)."""
-    best = int(np.argmax(logits))
-    top = logits[best]
-    total = float(np.exp(logits - top, dtype=np.float32).sum())
-    return best, 1.0 / total
 
 
 class Acceptance:
@@ -191,41 +146,27 @@ class Acceptance:
         return [h / s for h, s in zip(self.hit, self.seen)]
 
 
-def _bucket(match: int, buckets: tuple[int, ...] = LOOKUP_BUCKETS) -> int:
-    i = 0
-    while i + 1 < len(buckets) and match >= buckets[i + 1]:
-        i += 1
-    return i
-
-
 def lookup_class(match: int, period: int = 0) -> int:
-    """The lookup statistics class of a proposal whose suffix match is ``match`` tokens long and
-    continues an occurrence ``period`` tokens back (0: unknown): its length bucket, or a loop
-    class (:data:`LOOP_BUCKETS`) when the match spans the whole period."""
-    if LOOP_BUCKETS[0] <= match < LOOKUP_BUCKETS[-2] and 0 < period <= match:
-        return len(LOOKUP_BUCKETS) + _bucket(match, LOOP_BUCKETS)
-    return _bucket(match)
+    """The statistics class (index) of a lookup proposal whose suffix match is ``match`` tokens
+    long and continues an occurrence ``period`` tokens back (see :func:`.lookup.match_bucket`)."""
+    return CLASSES.first(LOOKUP) + match_bucket(match, period)
 
 
 def prediction_class(run: int) -> int:
     """The statistics class of a Predicted Outputs proposal whose alignment has held ``run`` tokens."""
-    return len(LOOKUP_BUCKETS) + len(LOOP_BUCKETS) + (1 if run >= PREDICTION_SURE else 0)
+    return CLASSES.index(PREDICTION, "followed" if run >= PREDICTION_SURE else "realigned")
 
 
 def recall_class() -> int:
     """The statistics class of a proposal from an earlier generation's text (speculation.recall)."""
-    return len(LOOKUP_BUCKETS) + len(LOOP_BUCKETS) + len(PREDICTION_PRIORS)
+    return CLASSES.index("recall", "recall")
 
 
 def _long_class(cls: int) -> bool:
-    """Whether a class may draft up to ``lookup_max``: a match of ``LONG_MATCH`` tokens or more
-    (a copy or a loop, not a few repeated words), a prediction the output follows, or a recall."""
-    n = len(LOOKUP_BUCKETS)
-    if cls == recall_class():
-        return True
-    if cls >= n + len(LOOP_BUCKETS):
-        return cls == prediction_class(PREDICTION_SURE)
-    return (LOOP_BUCKETS[cls - n] if cls >= n else LOOKUP_BUCKETS[cls]) >= LONG_MATCH
+    """Whether a class may draft up to ``lookup_max``, as its source declares it: a match of
+    ``LONG_MATCH`` tokens or more (a copy or a loop, not a few repeated words), a prediction the
+    output follows, or a recall."""
+    return CLASSES[cls].deep
 
 
 def _prior(first: float, rest: float, depth: int = MAX_DEPTH) -> list[float]:
@@ -243,18 +184,23 @@ def _depths(k_max: int) -> list[int]:
 
 class Learned:
     """Live acceptance statistics, kept by the engine from one generation to the next (a drafter's
-    quality, and how often this model copies its context, change slowly)."""
+    quality, and how often this model copies its context, change slowly): one
+    :class:`Acceptance` per statistics class (:data:`.sources.CLASSES`, by index, each from the
+    prior its source declares). ``lookup``: the table the text sources' classes index;
+    ``eagle``: the model drafter's class."""
 
     def __init__(self) -> None:
-        self.eagle = Acceptance(_prior(0.5, 0.6, options.DRAFT_MAX))
-        # first-draft priors by matched length: a long match (copying a passage) usually goes on
-        # (modest: one deep draft that fails costs as much as several plain steps)
-        # by lookup_class, then prediction_class, then recall_class
-        priors = LOOKUP_PRIORS + LOOP_PRIORS + PREDICTION_PRIORS + (RECALL_PRIOR,)
-        self.lookup = [Acceptance(_prior(*p)) for p in priors]
+        self.lookup: list[Acceptance] = []
+        self.grow()
+        self.eagle = self.lookup[CLASSES.first(EAGLE)]
+
+    def grow(self) -> None:
+        """Acceptances for classes registered since (a source registered after the engine opened)."""
+        for cls in list(CLASSES)[len(self.lookup):]:
+            self.lookup.append(Acceptance(_prior(*cls.prior, cls.depth)))
 
     def new_generation(self) -> None:
-        self.eagle.carry()
+        self.grow()
         for acc in self.lookup:
             acc.carry()
 
@@ -266,9 +212,11 @@ class DraftPolicy:
                  eagle: bool = False, lookup: bool = False, learned: Learned | None = None) -> None:
         self.config = config
         self.cost = cost
-        self.eagle = eagle and config.source in ("auto", EAGLE)
-        self.lookup = lookup and config.source in ("auto", LOOKUP)
+        # the engine maps a model drafter's word (mtp) to EAGLE: the policy's model drafter
+        self.eagle = eagle and wants(config.source, EAGLE)
+        self.lookup = lookup and wants_text(config.source)   # any text source (lookup, prediction, ...)
         learned = learned or Learned()
+        learned.grow()
         self.eagle_acc = learned.eagle
         self.lookup_acc = learned.lookup
         self.overhead = 0.0          # seconds per cycle outside llama.cpp (EMA)
@@ -279,7 +227,8 @@ class DraftPolicy:
         # rows other slots decode in the same batch (localspec.runtime.scheduler): a draft's rows are
         # then priced at their marginal cost on the batch (see _verify)
         self.batch_rows = 0
-        self.choices = {"plain": 0, EAGLE: 0, LOOKUP: 0, TREE: 0, PREDICTION: 0}
+        # cycles by source name: plain, the model drafter, its trees, then each text source's
+        self.choices = dict.fromkeys(("plain", EAGLE, LOOKUP, TREE, *surface_names()), 0)
 
     @property
     def fixed(self) -> bool:
@@ -490,7 +439,8 @@ class DraftPolicy:
         the rows decoded (default: drafted + 1; more when padded or after a tree's uncached rows);
         ``cost_observed``: the decode carried other slots' rows too, and the scheduler told the
         cost model about the whole batch."""
-        self.choices[source or "plain"] += 1
+        key = source or "plain"
+        self.choices[key] = self.choices.get(key, 0) + 1
         cost = self.cost
         if cost is not None and not cost_observed:
             cost.observe_verify(batch or drafted + 1, verify_seconds)

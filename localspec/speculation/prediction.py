@@ -9,7 +9,7 @@ last aligned point on (an edit goes forward through the file), else its last one
 proposal is the prediction's text after the alignment point.
 
 The policy plans it as a lookup proposal with statistics classes of its own
-(``policy.prediction_class``: just realigned, or followed for a few tokens), by the run of tokens
+(:class:`PredictedText`'s: just realigned, or followed for ``PREDICTION_SURE`` tokens), by the run of tokens
 aligned so far (counted from the resynchronising n-gram); the first alignment counts as followed
 (``START_MATCH`` tokens): the prediction is given as what the answer repeats.
 Drafts are a deterministic function of the output, so the acceptance rule stays exact.
@@ -20,11 +20,19 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from .lookup import MATCH_CAP
-from .policy import LONG_MATCH
+from .lookup import LONG_MATCH, MATCH_CAP
+from .sources import CLASSES, Found, SourceContext, TextSource
 
 MAX_N = 8               # longest output suffix looked up in the prediction when resynchronising
 START_MATCH = LONG_MATCH
+# Predicted Outputs (speculation.prediction) have two classes of their own after lookup's: a
+# prediction (re)aligned on fewer than PREDICTION_SURE tokens (just after an edit), and one the
+# output has followed for at least that many (the first alignment counts as followed: the user
+# gave the prediction as what the answer repeats). Priors like a loop's / a short match's; the
+# live outcomes take over within a few cycles (a prediction the model does not follow stops
+# being drafted, as any source that does not pay).
+PREDICTION_SURE = 4
+PREDICTION_PRIORS = ((0.5, 0.8), (0.9, 0.97))
 
 
 class PredictionSource:
@@ -85,3 +93,33 @@ def prediction_tokens_used(prediction: Sequence[int], output: Sequence[int]) -> 
     matcher = difflib.SequenceMatcher(None, list(prediction), list(output), autojunk=False)
     accepted = sum(block.size for block in matcher.get_matching_blocks())
     return accepted, len(prediction) - accepted
+
+
+class PredictedText(TextSource):
+    """Predicted Outputs as a draft source (on with the lookup source: ``--source lookup``, auto)."""
+
+    name = "prediction"
+    switch = "lookup"
+    order = 0   # before lookup: a prediction wins a tie of matches
+    classes = (("realigned", PREDICTION_PRIORS[0]), ("followed", PREDICTION_PRIORS[1], True))
+
+    def __init__(self, prediction: PredictionSource, base: int) -> None:
+        self.prediction = prediction
+        self.base = base
+
+    @classmethod
+    def create(cls, ctx: SourceContext) -> "PredictedText | None":
+        if ctx.prediction is None or ctx.history is None:
+            return None
+        return cls(ctx.prediction, CLASSES.first(cls.name))
+
+    def find(self) -> Found | None:
+        run = self.prediction.propose(1)[1]
+        # the user's text to repeat: a copy, whatever its run (recall is not asked after it)
+        return Found(self, run, self.base + (1 if run >= PREDICTION_SURE else 0), copy=True) if run else None
+
+    def propose(self, found: Found, k: int) -> list[int]:
+        return self.prediction.propose(k)[0]
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        self.prediction.extend(tokens)

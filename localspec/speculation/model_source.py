@@ -1,0 +1,183 @@
+"""The model drafters as draft sources: the EAGLE drafter (:mod:`.eagle`) and the target's MTP
+heads (:mod:`.mtp`, an EAGLE drafter over another context).
+
+A cycle of a model source first writes the rows committed since its last draft (the catch-up,
+at most ``policy.catch_up_rows``), then drafts a tree (:mod:`.tree`, where the policy plans one,
+cut to its best expected rate under the cost model) or a greedy top-1 chain that stops under
+``p_min`` confidence. A chain is a generator that yields each drafter step, so that a scheduler
+can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`). Under a
+grammar the chain stops at the first token it forbids and a tree loses the nodes it forbids.
+
+Both file their cycles under one statistics class (``eagle``'s): the policy knows the model
+drafter of a generation, whichever it is, as its EAGLE source. A step costs the calibrated
+drafter curve's step time (:meth:`EagleSource.cost`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import tree
+from .sources import Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
+
+# the drafter's acceptance prior (first draft, later drafts), before it drafted on this engine
+DRAFTER_PRIOR = (0.5, 0.6)
+TREE = "tree"   # a model drafter's draft tree, on the surfaces
+
+
+def top1_probability(logits: np.ndarray) -> tuple[int, float]:
+    """The drafter's most likely token and its softmax probability: an exp over the whole row
+    (~200 µs of CPU for SmolLM2's 49,152 on a busy 2-core machine, against ~8 µs for the argmax
+    alone), so the chain asks for it only where a confidence test reads it."""
+    best = int(np.argmax(logits))
+    top = logits[best]
+    total = float(np.exp(logits - top, dtype=np.float32).sum())
+    return best, 1.0 / total
+
+
+class EagleSource(ModelSource):
+    """The EAGLE drafter of a generation (one sequence of the drafter's context)."""
+
+    name = "eagle"
+    classes = (("drafter", DRAFTER_PRIOR),)
+
+    def __init__(self, drafter, policy, calibration: tree.Calibration, grammar=None) -> None:
+        self.drafter, self.policy, self.calibration, self.grammar = drafter, policy, calibration, grammar
+
+    @classmethod
+    def create(cls, ctx: SourceContext) -> "EagleSource | None":
+        if ctx.drafter is None:
+            return None
+        return cls(ctx.drafter, ctx.policy, ctx.calibration, ctx.grammar)
+
+    def cost(self, k: int, cost_model=None) -> float:
+        """``k`` drafter steps at the calibrated (live) step time."""
+        step = getattr(cost_model, "drafter_step", None) or 0.0
+        return k * step
+
+    @property
+    def pending(self) -> int:
+        return self.drafter.pending
+
+    def propose(self, k: int, room: int, n_past: int, batched: bool = False) -> Draft | DraftChain:
+        """Feed the drafter the rows committed since its last draft, then a tree or a chain of
+        at most ``k`` tokens after the token at ``n_past`` (``room``: free cells)."""
+        policy, drafter = self.policy, self.drafter
+        k = min(k, drafter.max_depth or k)   # chained MTP heads: one head per draft (speculation.mtp)
+        t0 = drafter.seconds
+        rows = policy.catch_up_rows
+        steps = drafter.pending if rows is None else min(drafter.pending, rows)
+        logits, state = drafter.catch_up(rows)
+        shape = policy.tree_plan(k, room)
+        if shape is not None:
+            draft_tree = allowed_tree(self.grammar, tree.build(drafter, logits, state, n_past, depth=k,
+                                                               width=shape[0], max_nodes=shape[1]))
+            if not len(draft_tree):
+                return Draft(source=None, steps=steps, seconds=drafter.seconds - t0)
+            if not policy.fixed:  # cut to the size with the best expected rate
+                draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
+                                        drafter.seconds - t0 + policy.overhead)
+            return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
+        if batched:   # other slots' drafter decodes come before this chain's first draft: keep a copy
+            logits = np.array(logits)
+        chain = DraftChain(k, self._chain(k, logits, state, n_past, steps, t0), drafter)
+        return chain if batched else run_chain(chain)
+
+    def _chain(self, k: int, logits, state, n_past: int, steps: int, t0: float) -> Chain:
+        """Greedy top-1 drafts from the catch-up's logits until ``k``, ``p_min`` or the grammar
+        stops them; each further drafter step is yielded to the driver."""
+        policy, drafter = self.policy, self.drafter
+        tokens: list[int] = []
+        confidence: list[float] = []
+        grammar = self.grammar.clone() if self.grammar is not None else None
+        try:
+            sure = policy.fixed or policy.config.p_min <= 0.0   # no confidence test: no softmax
+            while len(tokens) < k:
+                if sure:
+                    tok = int(logits.argmax())
+                else:
+                    tok, prob = top1_probability(logits)
+                    if not policy.keep_drafting(prob):
+                        break
+                    confidence.append(prob)
+                if grammar is not None:
+                    if not grammar.allowed(tok):
+                        break
+                    grammar.accept(tok)
+                tokens.append(tok)
+                if len(tokens) < k:
+                    logits, state = yield tok, state, n_past + len(tokens) - 1
+                    steps += 1
+        finally:
+            if grammar is not None:
+                grammar.close()
+        return Draft(tokens, EagleSource.name, steps=steps, seconds=drafter.seconds - t0,
+                     confidence=confidence[:len(tokens)])
+
+    def accepted(self, draft: Draft, verified) -> None:
+        """A tree's outcome trains the tree calibration (draft probability -> acceptance)."""
+        if draft.tree is not None:
+            self.calibration.learn(draft.tree, verified.path)
+
+    def record(self, committed: Sequence[int], pos: int, rows: list[int]) -> None:
+        """Committed tokens (the first at ``pos + 1``) whose target rows were ``rows``: their
+        features are recorded, or skipped while the drafter will not draft soon (it restarts
+        from later rows)."""
+        if self.policy.wants_features:
+            self.drafter.observe(committed, len(rows), pos, rows)
+        else:
+            self.drafter.drop_pending()
+
+
+class MtpSource(EagleSource):
+    """The target's MTP heads (:class:`~.mtp.MtpDrafter`): EAGLE's cycle, EAGLE's statistics."""
+
+    name = "mtp"
+    classes = ()
+    stats_source = EagleSource.name
+
+
+class AssistantSource(EagleSource):
+    """Gemma 4's assistant (:class:`~.assistant.AssistantDrafter`, a drafter file reading the
+    target's KV cache): EAGLE's cycle, EAGLE's statistics."""
+
+    name = "assistant"
+    classes = ()
+    stats_source = EagleSource.name
+
+
+def allowed_chain(grammar, tokens: list[int]) -> list[int]:
+    """``tokens`` up to the first one ``grammar`` (a committed state, left as it is) forbids."""
+    if grammar is None or not tokens:
+        return tokens
+    state = grammar.clone()
+    try:
+        for i, tok in enumerate(tokens):
+            if not state.allowed(tok):
+                return tokens[:i]
+            state.accept(tok)
+        return tokens
+    finally:
+        state.close()
+
+
+def allowed_tree(grammar, draft_tree: tree.DraftTree) -> tree.DraftTree:
+    """The nodes of ``draft_tree`` whose whole path ``grammar`` allows (parents come first)."""
+    if grammar is None or not len(draft_tree):
+        return draft_tree
+    states: dict[int, object] = {-1: grammar}
+    keep: list[int] = []
+    try:
+        for i, (tok, parent) in enumerate(zip(draft_tree.tokens, draft_tree.parents)):
+            if parent not in states or not states[parent].allowed(tok):
+                continue
+            state = states[i] = states[parent].clone()
+            state.accept(tok)
+            keep.append(i)
+    finally:
+        for node, state in states.items():
+            if node >= 0:
+                state.close()
+    return draft_tree if len(keep) == len(draft_tree) else draft_tree.subset(keep)
