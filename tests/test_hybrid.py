@@ -14,10 +14,11 @@ import json
 import pytest
 
 from cli_run import run_cli
-from engine_checks import Collect, assert_lossless, drain, solo
+from engine_checks import Collect, assert_lossless, drain, seed_calibration, solo
 from hybrid_models import build_hybrid_target
 from localspec import Engine
 from localspec.core.events import DoneEvent
+from localspec.core.paths import user_dir
 from localspec.llama.contexts import RS_ROLLBACK
 from localspec.runtime.config import GenerationConfig
 from localspec.runtime.scheduler import Scheduler
@@ -68,6 +69,9 @@ def test_hybrid_context_keeps_rollback_snapshots_and_refuses_inexact_cuts(hybrid
                                     PolicyConfig("auto")], ids=["lookup", "deeper-than-rollback", "auto"])
 def test_hybrid_greedy_lookup_drafts_equal_plain_decoding(hybrid_files, policy):
     with Engine(hybrid_files["plain"], n_ctx=512) as engine:
+        # auto plans with a calibration (a CPU-shaped one, as an earlier run leaves it), not with the
+        # guess its first cycles correct: whether it drafts then depends on nothing but the text
+        seed_calibration(user_dir() / "calibration.json", engine.cost_key())
         plain = _plain(engine, PROMPT)
         engine.clear_cache()
         spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
