@@ -14,16 +14,18 @@ counted over each position's own context, earlier drafts included), trim the tar
 the committed tokens, and record the committed positions' target features for the drafter (written
 lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
 
-The parts: :mod:`.generation` (the loop, events), :mod:`.drafting` (one draft over the sources),
+The parts: :mod:`.generation` (one generation's rows and events), :mod:`.drafting` (one draft over the sources),
 :mod:`.verifier` (the target context, its KV bookkeeping, prefill, chain and tree verify),
 :mod:`.text_stream` (UTF-8 and stop-string holdback, finish reasons), :mod:`.calibration` (the
 cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of the loop),
-:mod:`.scheduler` (several generations, one per slot, decoded together in one batch per step),
-:mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
+:mod:`.scheduler` (the one driver: generations, one per slot, decoded together in one batch per
+step), :mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
 The engine loads the models once and keeps what outlives one generation (prompt cache, cost model,
-learned acceptance, recalled text). :meth:`Engine.generate` runs one generation at a time on the
-first slot; an engine of ``parallel`` slots runs up to that many at once through
-:class:`~localspec.runtime.scheduler.Scheduler` (``serve --parallel``).
+learned acceptance, recalled text). Every generation runs through
+:class:`~localspec.runtime.scheduler.Scheduler`: :meth:`Engine.generate` is a scheduler of one
+slot (the first), :meth:`Engine.batch_generate` one of every slot (``parallel`` of them: up to that
+many prompts at once, the rest waiting for a free slot), as is ``serve --parallel``. One scheduler
+holds the engine at a time: a second generation meanwhile is refused.
 """
 
 from __future__ import annotations
