@@ -344,7 +344,7 @@ class _alone:
 
 def drive_chains(drafter, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[Slot, Draft]]:
     """The slots' EAGLE chains drafted together: each round, one drafter decode of every chain's
-    next step (each in its slot's drafter sequence); the decode's time is shared among them."""
+    next step (each in its slot's drafter sequence, which the decode's time is shared among)."""
     done: list[tuple[Slot, Draft]] = []
     waiting: list[tuple[Slot, DraftChain, tuple]] = []
 
@@ -358,12 +358,7 @@ def drive_chains(drafter, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[S
         advance(slot, chain, None)
     while waiting:
         rounds, waiting = waiting, []
-        t0 = drafter.seconds
-        results = drafter.decode_steps([(chain.drafter.seq, *step) for _, chain, step in rounds])
-        spent = drafter.seconds - t0
-        drafter.seconds -= spent
-        for _, chain, _ in rounds:
-            chain.drafter.seconds += spent / len(rounds)
+        results = drafter.decode_steps([(chain.drafter, *step) for _, chain, step in rounds])
         for (slot, chain, _), result in zip(rounds, results):
             advance(slot, chain, result)
     return done

@@ -231,11 +231,17 @@ class EagleDrafter(DrafterSequence):
         return out
 
     # -- drafter graphs ------------------------------------------------------------------------
-    def _process(self, kind: int, who: DrafterSequence | None = None) -> None:
-        """Run the batch; its seconds go to the sequence ``who`` (None: this drafter's own)."""
+    def _process(self, kind: int, who: DrafterSequence | list[DrafterSequence] | None = None) -> None:
+        """Run the batch; its seconds go to the sequence ``who`` (None: this drafter's own; a list:
+        shared among them)."""
         t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
-        (who or self).seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        if isinstance(who, list):
+            for each in who:
+                each.seconds += spent / len(who)
+        else:
+            (who or self).seconds += spent
         if rc != 0:
             raise llama_failure(f"the drafter failed (llama_process code {rc})")
 
@@ -291,17 +297,17 @@ class EagleDrafter(DrafterSequence):
         llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
         return idx
 
-    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def decode_steps(self, rows: list[tuple[DrafterSequence, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The next chain step of several sequences (slots) in one drafter decode per
         ``ALL_OUTPUT_ROWS`` rows: (sequence, token, fed-back state, position) each; per row a copy
-        of its logits and its next state."""
+        of its logits and its next state. Each decode's seconds are shared among its sequences."""
         out = []
         for start in range(0, len(rows), ALL_OUTPUT_ROWS):
             part = rows[start:start + ALL_OUTPUT_ROWS]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            for seq, tok, state, pos in part:
-                self._add_row(seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
-            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+            for who, tok, state, pos in part:
+                self._add_row(who.seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, [row[0] for row in part])
             out.extend((np.array(self.ctx.logits(j)), self._state(j)) for j in range(len(part)))
         return out
 

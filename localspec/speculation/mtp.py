@@ -154,7 +154,6 @@ class MtpDrafter(_Heads, EagleDrafter):
         self._views: dict = {}
         self.max_depth = heads if heads > 1 else None
         self._start_sequence(self, 0)
-        self._sequences: dict[int, DrafterSequence] = {0: self}   # chained heads: each sequence (decode_steps)
 
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The target's ``h`` of the first ``n_rows`` rows of its last batch (or of rows ``rows``)."""
@@ -165,19 +164,13 @@ class MtpDrafter(_Heads, EagleDrafter):
         src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd))
         return np.array(src if rows is None else src[rows], dtype=np.float32)
 
-    def for_sequence(self, seq: int) -> DrafterSequence:
-        view = self._sequences.get(seq) or super().for_sequence(seq)
-        self._sequences[seq] = view
-        return view
-
-    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def decode_steps(self, rows: list[tuple[DrafterSequence, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Chained heads: each sequence's step alone (its prefix under its own head)."""
         if self.heads == 1:
             return super().decode_steps(rows)
         out = []
-        for seq, tok, state, pos in rows:
-            view = self._sequences[seq]
-            logits, nxt = view.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
+        for who, tok, state, pos in rows:
+            logits, nxt = who.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
             out.append((np.array(logits), nxt))
         return out
 
