@@ -247,7 +247,7 @@ class Scheduler:
                 if slot.index in failed:
                     self._drop(slot, failed[slot.index])
         finally:
-            if not self.active and not self.hold:
+            if not self.hold and not self.active:
                 self._release()
 
     def _step(self, active: list[Slot], failed: dict[int, BaseException]) -> None:
@@ -285,9 +285,10 @@ class Scheduler:
                 if chain is not None:
                     chains.append((slot, chain))
                 planned.append(slot)
-        for slot, draft in drive_chains(self.engine.drafter, chains):
-            with _alone(slot, failed):
-                slot.generation.add_rows(batch, draft)
+        if chains:
+            for slot, draft in drive_chains(self.engine.drafter, chains):
+                with _alone(slot, failed):
+                    slot.generation.add_rows(batch, draft)
         return planned
 
     def _drop(self, slot: Slot, error: BaseException) -> None:
