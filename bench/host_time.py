@@ -122,27 +122,43 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
     """One generation alone: its host seconds after the prompt, cycles and drafts."""
     tokens = engine.prepare(messages)
     probe = AfterPrefill(clock)
-    calibrator = getattr(engine, "calibrator", None)   # None: a localspec from before it (a baseline run)
-    if not (calibrator.acquire() if calibrator is not None else engine._lock.acquire(blocking=False)):
-        raise SystemExit("engine busy")
-    try:
-        loop = engine.open_slot(engine.verifier, tokens, config, None, observers=[probe])
-        if profile is not None:
-            profile.enable()
-        done = None
-        for event in loop.run():
-            if isinstance(event, DoneEvent):
-                done = event
-        native = clock.seconds - probe.native0
-        cpu, native_cpu = time.thread_time() - probe.cpu0, clock.cpu - probe.native_cpu0
-        if profile is not None:
-            profile.disable()
-    finally:
-        calibrator.release() if calibrator is not None else engine._lock.release()
+    if profile is not None:
+        profile.enable()
+    if hasattr(Scheduler, "step_rows"):   # the one driver: a scheduler of one slot, as Engine.generate
+        done = _one_slot(engine, tokens, config, probe)
+    else:                                   # a localspec from before it (a baseline run)
+        done = _alone(engine, tokens, config, probe)
+    native = clock.seconds - probe.native0
+    cpu, native_cpu = time.thread_time() - probe.cpu0, clock.cpu - probe.native_cpu0
+    if profile is not None:
+        profile.disable()
     s = done.stats
     return {"seconds": s.generation_seconds, "native": native, "cpu": cpu, "native_cpu": native_cpu,
             "cycles": s.cycles, "drafted": s.drafted,
             "accepted": s.accepted, "tokens": s.generated_tokens, "text": done.text}
+
+
+def _one_slot(engine: Engine, tokens: list[int], config: GenerationConfig, probe) -> DoneEvent:
+    events: list = []
+    sched = Scheduler(engine, slots=1, hold=True)
+    try:
+        sched.admit(tokens, config, None, events.append, observers=[probe])
+        while sched.active:
+            sched.step()
+    finally:
+        sched.close()
+    return next(e for e in events if isinstance(e, DoneEvent))
+
+
+def _alone(engine: Engine, tokens: list[int], config: GenerationConfig, probe) -> DoneEvent:
+    calibrator = getattr(engine, "calibrator", None)   # None: a localspec from before it
+    if not (calibrator.acquire() if calibrator is not None else engine._lock.acquire(blocking=False)):
+        raise SystemExit("engine busy")
+    try:
+        loop = engine.open_slot(engine.verifier, tokens, config, None, observers=[probe])
+        return next(e for e in loop.run() if isinstance(e, DoneEvent))
+    finally:
+        calibrator.release() if calibrator is not None else engine._lock.release()
 
 
 def slots(engine: Engine, clock: NativeClock, prompts: list[list[Message]], config: GenerationConfig,
@@ -153,7 +169,8 @@ def slots(engine: Engine, clock: NativeClock, prompts: list[list[Message]], conf
     for messages in prompts:
         sched.admit(engine.prepare(messages), config, None,
                     lambda e: dones.append(e) if isinstance(e, DoneEvent) else None)
-    while any(s.loop is not None and s.loop.prefilling for s in sched.slots):
+    while (sched.prefilling if hasattr(sched, "prefilling")
+           else any(s.loop is not None and s.loop.prefilling for s in sched.slots)):
         sched.step()
     t0, n0, steps = time.perf_counter(), clock.seconds, 0
     c0, nc0 = time.thread_time(), clock.cpu

@@ -76,15 +76,17 @@ def test_mtp_chained_heads_load_and_draft_losslessly(mtp_files):
     assert drafted > 0 and accepted > 0 and len(spec.stats.drafted_per_position) <= 3, spec.stats
 
 
-def test_mtp_drafts_in_every_slot_of_a_parallel_engine(mtp_files):
-    """Two slots draft with their own sequences of the head's context in shared batches; each
-    answer is the one plain decoding gives alone."""
+@pytest.mark.parametrize("heads", ["one", "three"])
+def test_mtp_drafts_in_every_slot_of_a_parallel_engine(mtp_files, heads):
+    """Two slots draft with their own sequences of the head's context in shared batches (each an
+    MtpSequence: chained heads keep each slot's draft prefix apart); each answer is the one plain
+    decoding gives alone."""
     from engine_checks import Collect, drain, solo
     from localspec.runtime.scheduler import Scheduler
 
     prompts = [PROMPT, "One, two, three, four, five, six"]
-    alone = solo(mtp_files["one"], prompts, n_ctx=256, max_tokens=24)
-    with Engine(mtp_files["one"], n_ctx=256, parallel=2) as engine:
+    alone = solo(mtp_files[heads], prompts, n_ctx=256, max_tokens=24)
+    with Engine(mtp_files[heads], n_ctx=256, parallel=2) as engine:
         sinks = {p: Collect() for p in prompts}
         cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="mtp"))
         drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])

@@ -317,6 +317,15 @@ class Context:
             raise LocalspecError(f"internal: tree of {len(tokens)} rows exceeds n_outputs_max {self.n_outputs_max}")
         self._decode_seqs(tokens, positions, seqs, [True] * len(tokens))
 
+    def decode_sets(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
+                    outputs: Sequence[bool]) -> None:
+        """Decode rows that may each belong to several sequences (``seqs[i]``), logits where
+        ``outputs`` says: a draft tree's rows beside other rows of a step."""
+        n_out = sum(1 for o in outputs if o)
+        if n_out > self.n_outputs_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"internal: {n_out} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        self._decode_seqs(tokens, positions, seqs, outputs)
+
     def _decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
                      outputs: Sequence[bool]) -> None:
         n = len(tokens)

@@ -1,8 +1,8 @@
 """The rows of one target decode, gathered from every slot of a scheduler step.
 
 Each generation (:class:`~localspec.runtime.generation.GenerationLoop`) adds its rows (a prompt
-chunk, a plain step's one row, or a chain to verify) to a :class:`Batch` and remembers the offset
-it got; the batch is decoded once (one ``llama_decode``); then each generation reads its logits at
+chunk, a plain step's one row, a chain to verify, or a draft tree whose rows each belong to several
+sequences, :meth:`Batch.add_sets`) to a :class:`Batch` and remembers the offset it got; the batch is decoded once (one ``llama_decode``); then each generation reads its logits at
 its own rows (:class:`~localspec.runtime.verifier.Decoded`). A batch of one sequence 0 segment is
 decoded exactly as a generation alone decodes it (the same rows, the same call).
 
@@ -32,9 +32,10 @@ class Batch:
         self.ctx = ctx
         self.tokens: list[int] = []
         self.positions: list[int] = []
-        self.seqs: list[int] = []
+        self.seqs: list[int | list[int]] = []   # a row's sequence, or its sequences (a tree's rows)
         self.outputs: list[bool] = []
         self.segments: list[tuple[int, int, int, bool]] = []   # (seq, offset, start position, all logits)
+        self.sets = False     # some row belongs to several sequences (a draft tree's)
         self.promised = 0     # rows (each with logits) held for chains still being drafted
         self.seconds = 0.0
 
@@ -63,13 +64,29 @@ class Batch:
         self.segments.append((seq, offset, start, all_logits))
         return offset
 
+    def add_sets(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]]) -> int:
+        """Rows each of several sequences (as ``llama_batch`` allows: a draft tree's rows, each in
+        the sequences of the leaves below it), at their own positions, logits for every row; the
+        first row's index in the batch."""
+        offset = len(self.tokens)
+        self.tokens.extend(tokens)
+        self.positions.extend(positions)
+        self.seqs.extend(list(s) for s in seqs)
+        self.outputs.extend([True] * len(tokens))
+        self.segments.append((seqs[0][0], offset, positions[0], True))
+        self.sets = True
+        return offset
+
     def decode(self) -> None:
         """One ``llama_decode`` of every row (none: nothing to do)."""
         if not self.tokens:
             return
         t0 = time.perf_counter()
         pad = self.ctx.pad_single
-        if len(self.tokens) == 1 and pad is not None and self.positions[0] in pad:
+        if self.sets:
+            self.ctx.decode_sets(self.tokens, self.positions, [s if isinstance(s, list) else [s] for s in self.seqs],
+                                 self.outputs)
+        elif len(self.tokens) == 1 and pad is not None and self.positions[0] in pad:
             self._decode_padded()
         elif len(self.segments) == 1 and self.segments[0][0] == 0:
             _, _, start, all_logits = self.segments[0]

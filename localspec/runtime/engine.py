@@ -15,16 +15,18 @@ counted over each position's own context, earlier drafts included), trim the tar
 the committed tokens, and record the committed positions' target features for the drafter (written
 lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
 
-The parts: :mod:`.generation` (the loop, events), :mod:`.drafting` (one draft over the sources),
+The parts: :mod:`.generation` (one generation's rows and events), :mod:`.drafting` (one draft over the sources),
 :mod:`.verifier` (the target context, its KV bookkeeping, prefill, chain and tree verify),
 :mod:`.text_stream` (UTF-8 and stop-string holdback, finish reasons), :mod:`.calibration` (the
 cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of the loop),
-:mod:`.scheduler` (several generations, one per slot, decoded together in one batch per step),
-:mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
+:mod:`.scheduler` (the one driver: generations, one per slot, decoded together in one batch per
+step), :mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
 The engine loads the models once and keeps what outlives one generation (prompt cache, cost model,
-learned acceptance, recalled text). :meth:`Engine.generate` runs one generation at a time on the
-first slot; an engine of ``parallel`` slots runs up to that many at once through
-:class:`~localspec.runtime.scheduler.Scheduler` (``serve --parallel``).
+learned acceptance, recalled text). Every generation runs through
+:class:`~localspec.runtime.scheduler.Scheduler`: :meth:`Engine.generate` is a scheduler of one
+slot (the first), :meth:`Engine.batch_generate` one of every slot (``parallel`` of them: up to that
+many prompts at once, the rest waiting for a free slot), as is ``serve --parallel``. One scheduler
+holds the engine at a time: a second generation meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .calibration import calibrate
 from .calibrator import Calibrator
 from .config import GenerationConfig
 from .generation import GenerationLoop
+from .scheduler import Scheduler, drive
 from .margins import MarginRecorder
 from .recurrent import bounded_policy, cannot_draft_note
 from .threads import for_engine as adaptive_threads
@@ -279,27 +282,58 @@ class Engine:
             tokens = self._check_tokens(prompt)
         else:
             tokens = self.prepare(prompt, parse_special=config.parse_special)
-        if not self.calibrator.acquire():
-            raise LocalspecError("the engine is already generating")
-        try:
-            yield from self._generate(tokens, config, cancel)
-        finally:
-            self.calibrator.release()
+        yield from self._generate(tokens, config, cancel)
 
     def _generate(self, prompt: list[int], config: GenerationConfig, cancel: threading.Event | None) -> Iterator[Event]:
-        self.threads.tick(start=True)   # calibration and prefill on the thread count that fits now
+        """A scheduler of one slot (the first): admitted, stepped until done, each step's events
+        yielded before the next step is decoded."""
         margins = MarginRecorder() if config.record_margins else None
-        loop = self.open_slot(self.verifier, prompt, config, cancel,
-                              observers=[margins] if margins is not None else [], tick=self.threads.tick)
-        for event in loop.run():
+        events: list[Event] = []
+        scheduler = Scheduler(self, slots=1, hold=True)
+        scheduler.admit(prompt, config, cancel, events.append, observers=[margins] if margins is not None else ())
+        for _, event in drive(scheduler, [(0, events)]):
             if margins is not None and isinstance(event, DoneEvent):
                 event = replace(event, margins=margins.result(len(event.tokens)))
             yield event
 
+    def batch_generate(
+        self,
+        prompts: Sequence[str | Sequence[Message | dict] | Sequence[int]],
+        config: GenerationConfig | Sequence[GenerationConfig] | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[tuple[int, Event]]:
+        """Generate every prompt, up to :attr:`n_slots` at once in one decode per step (the rest
+        wait for a free slot, in order): ``(i, event)`` pairs as they come, ``i`` the prompt's
+        index; each prompt's events end with its DoneEvent. ``config``: one for all, or one per
+        prompt. Every prompt is checked before anything runs."""
+        configs = list(config) if isinstance(config, (list, tuple)) else [config] * len(prompts)
+        if len(configs) != len(prompts):
+            raise LocalspecError(f"{len(prompts)} prompts and {len(configs)} configs: give one config, or one per prompt")
+        configs = [c or GenerationConfig() for c in configs]
+        tokens = [self._check_tokens(p) if is_tokens(p) else self.prepare(p, parse_special=c.parse_special)
+                  for p, c in zip(prompts, configs)]
+        yield from self._batch(tokens, configs, cancel)
+
+    def _batch(self, tokens: list[list[int]], configs: list[GenerationConfig],
+               cancel: threading.Event | None) -> Iterator[tuple[int, Event]]:
+        scheduler = Scheduler(self, hold=True)
+        queues: list[tuple[int, list[Event]]] = [(i, []) for i in range(len(tokens))]
+        waiting = list(range(len(tokens)))
+
+        def admit() -> None:   # the waiting prompts into the free slots, in order
+            while waiting and scheduler.free:
+                i = waiting.pop(0)
+                scheduler.admit(tokens[i], configs[i], cancel, queues[i][1].append)
+
+        admit()
+        yield from drive(scheduler, queues, admit)
+
     def open_slot(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig,
-                  cancel: threading.Event | None, *, observers=(), tick=None, cost: bool = True) -> GenerationLoop:
-        """A generation of ``prompt`` on ``verifier``'s sequence, not started; it drafts with the
-        drafter's sequence of the same number. Draft trees (their branches are sequences of their
+                  cancel: threading.Event | None, *, drafter=None, observers=(), cost: bool = True) -> GenerationLoop:
+        """A generation of ``prompt`` on ``verifier``'s sequence, not started, for a scheduler's
+        slot to drive; it drafts with ``drafter``, the slot's drafter sequence (None: the one of
+        the verifier's number). Draft trees (their branches are sequences of their
         own) only in an engine of one slot, and not with chained MTP heads. It never waits for a
         calibration: without one, the policy plans with what :meth:`planning_cost` gives (``cost`` is
         kept for callers; unused)."""
@@ -309,8 +343,10 @@ class Engine:
         chained = self.drafter is not None and self.drafter.max_depth is not None
         if (self.n_slots > 1 or chained) and pcfg.tree != "off":
             pcfg = replace(pcfg, tree="off")
-        drafter = (self.drafters[verifier.seq]
-                   if self.drafter is not None and config.spec and wants(pcfg.source, self.drafter.name) else None)
+        if drafter is None and self.drafters:
+            drafter = self.drafters[verifier.seq]
+        if not (self.drafter is not None and config.spec and wants(pcfg.source, self.drafter.name)):
+            drafter = None
         names = words(pcfg.source)
         if config.spec and MTP in names and not self.mtp_heads:
             raise LocalspecError("source mtp: this engine drafts with no MTP heads (open it with mtp=True, "
@@ -329,7 +365,7 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, tick=tick, cancel=cancel,
+                              observers=observers, cancel=cancel,
                               recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:

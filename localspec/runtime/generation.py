@@ -8,12 +8,13 @@ acceptance (:class:`~localspec.runtime.drafting.DraftStep`), the target verifies
 says when to stop. With no draft source the same loop is plain decoding.
 
 One generation is one slot: each step it adds its rows to a :class:`~localspec.runtime.batch.Batch`
-(``plan``: a prompt chunk, ``last``, or ``last`` and a draft), the batch is decoded once, and it
-reads its own rows back (``settle``). :meth:`GenerationLoop.run` drives it alone; the scheduler
-(:mod:`localspec.runtime.scheduler`) drives several generations through the same two calls, one
-decode per step for all of them.
+(``plan``: a prompt chunk, ``last``, or ``last`` and a draft chain or tree) and says what they are
+in a typed step plan (:class:`PrefillRows`, :class:`StepRow`, :class:`VerifyRows`,
+:class:`TreeRows`), the batch is decoded once, and it reads its own rows back (``settle``,
+dispatching on the plan's type). The scheduler (:mod:`localspec.runtime.scheduler`) is the one
+driver: it drives every generation through these calls, one decode per step for all its slots
+(``Engine.generate`` is a scheduler of one slot), and ticks the engine's thread count once a step.
 
-``tick`` runs between cycles (the engine's thread-count controller) and counts as generation time.
 Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
 target's logits before the sampler moves on, for measurement such as bench's logit margins
 (:mod:`localspec.runtime.margins`); their time after the prompt is not counted as generation time.
@@ -24,8 +25,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol, Sequence
 
+from ..core.errors import LocalspecError
 from ..core.events import CycleEvent, DoneEvent, Event, GenerationStats
 from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
@@ -40,7 +42,7 @@ from .drafting import Draft, DraftChain, DraftStep
 from .logprobs import LogprobRecorder
 from .sampling import Sampler
 from .text_stream import TokenOutput
-from .verifier import Decoded, TargetVerifier, Verified
+from .verifier import Decoded, TargetVerifier, TreeLayout, Verified
 
 
 class GenerationObserver(Protocol):
@@ -59,17 +61,51 @@ class _Cycle:
 _PLAIN = _Cycle(0, 0, None)
 
 
+# -- the step plan: what a generation's rows in this step's batch are (plan -> settle) ---------------
+@dataclass(frozen=True)
+class PrefillRows:
+    """A chunk of the prompt: ``n`` rows from batch row ``offset``, logits for the last only."""
+    offset: int
+    n: int
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """A plain step: ``last`` alone at batch row ``offset``."""
+    offset: int
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """A chain to verify (``uncached + [last] + drafts``, filler rows up to ``rows``) from ``offset``."""
+    offset: int
+    draft: Draft
+    rows: int
+
+
+@dataclass(frozen=True)
+class TreeRows:
+    """A draft tree's rows from ``offset``, each in the sequences of the leaves below it
+    (:meth:`~localspec.runtime.verifier.TargetVerifier.tree_rows`)."""
+    offset: int
+    draft: Draft
+    layout: TreeLayout
+
+
+StepPlan = PrefillRows | StepRow | VerifyRows | TreeRows
+
+
 class GenerationLoop:
     """One generation, one slot of the target context: :meth:`plan` adds its rows to a step's
     :class:`~localspec.runtime.batch.Batch`, :meth:`settle` reads them after the batch's one
-    decode and queues the events, :meth:`check` ends it when it is due. :meth:`run` drives it
-    alone, one batch per step (the CLI, bench, chat); :class:`~localspec.runtime.scheduler.Scheduler`
-    drives several in the same batches."""
+    decode and queues the events, :meth:`check` ends it when it is due.
+    :class:`~localspec.runtime.scheduler.Scheduler` drives it (alone, or with other slots' in the
+    same batches)."""
 
     def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
-                 observers: Sequence[GenerationObserver] = (), tick: Callable[[], None] | None = None,
-                 cancel: threading.Event | None = None, recall: Recall | None = None) -> None:
+                 observers: Sequence[GenerationObserver] = (), cancel: threading.Event | None = None,
+                 recall: Recall | None = None) -> None:
         self.verifier = verifier
         self.prompt = prompt
         self.config = config
@@ -77,7 +113,6 @@ class GenerationLoop:
         self.drafter = drafter                    # None when this generation does not draft with it
         self.calibration = calibration
         self.observers = list(observers)
-        self.tick = tick
         self.cancel = cancel
         self.recall = recall                      # earlier generations' text: drafts from it, this one's text to it
         grammar = (Grammar(verifier.model, config.grammar, config.grammar_triggers)
@@ -93,7 +128,7 @@ class GenerationLoop:
         self.finish: str | None = None
         self.events: list[Event] = []             # queued for the driver (take)
         self.done = False                         # the DoneEvent is queued
-        self._work: tuple | None = None           # what this step's rows are (plan -> settle)
+        self._work: StepPlan | None = None        # what this step's rows are (plan -> settle)
         self._shared = False                      # this step's batch holds other slots' rows
         self._alone = True                        # this step's rows are the batch's first
         self._promised = 0                        # rows promised in the batch for a chain being drafted
@@ -101,21 +136,6 @@ class GenerationLoop:
         self._t_start = self._t_cycle = 0.0
         self._t_gen = 0.0
         self._drafter_t0 = 0.0
-
-    def run(self) -> Iterator[Event]:
-        """This generation alone: one decode per step, its events as they come."""
-        ctx = self.verifier.ctx
-        try:
-            while not self.done:
-                batch = Batch(ctx)
-                self.plan(batch)
-                batch.decode()
-                self.settle(batch)
-                yield from self.take()
-                self.check()
-                yield from self.take()
-        finally:
-            self.close()
 
     def close(self) -> None:
         """Free what the generation holds outside Python (its grammar's states); at its end, or
@@ -131,21 +151,22 @@ class GenerationLoop:
         return not self._started or self.verifier.prefilling
 
     # -- one step ----------------------------------------------------------------------------------
-    def plan(self, batch: Batch, reserve: int = 0, *, batched: bool = False) -> DraftChain | None:
+    def plan(self, batch: Batch, reserve: int = 0, *, batched: bool = False,
+             batch_rows: int = 0) -> DraftChain | None:
         """Add this step's rows to ``batch``: the prompt's next chunk (as many rows as the batch
         has left), or the draft of a cycle with ``last`` (leaving ``reserve`` rows for the slots
-        after this one). A draft tree adds none: it is decoded on its own in :meth:`settle`
-        (only a generation alone drafts trees). ``batched``: an EAGLE chain is returned undriven,
-        its rows promised in the batch; :meth:`add_rows` adds them once the scheduler drafted it."""
+        after this one; ``batch_rows``: the rows the batch holds or has promised to the slots
+        before this one and the fewest the ones after it need, which the policy prices a draft
+        against). ``batched``: an EAGLE chain is returned undriven, its rows promised in the
+        batch; :meth:`add_rows` adds them once the scheduler drafted it."""
         verifier = self.verifier
         if not self._started:
             self._begin()
         if verifier.prefilling:
             tokens, pos = verifier.prefill_chunk(batch.rows_left())
-            self._work = ("prefill", batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
+            self._work = PrefillRows(batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
             return None
-        if self.tick is not None:
-            self.tick()
+        self.policy.batch_rows = batch_rows
         self._t_cycle = time.perf_counter()
         self._alone = batch.rows == 0 and batch.promised == 0
         limit = min(batch.rows_left(), batch.outputs_left()) - reserve - 1 - len(verifier.uncached)
@@ -161,18 +182,19 @@ class GenerationLoop:
         return None
 
     def add_rows(self, batch: Batch, draft: Draft) -> None:
-        """This cycle's rows for ``draft`` (a plain step's one row, a chain to verify)."""
+        """This cycle's rows for ``draft`` (a plain step's one row, a chain or a tree to verify)."""
         verifier = self.verifier
         batch.promised -= self._promised
         self._promised = 0
         if draft.tree is not None:
-            self._work = ("tree", draft)
+            layout = verifier.tree_rows(draft.tree)
+            self._work = TreeRows(batch.add_sets(layout.tokens, layout.positions, layout.seqs), draft, layout)
         elif draft.source is None and not self.observers and not verifier.uncached:
-            self._work = ("step", batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
+            self._work = StepRow(batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
         else:
             rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and self._alone else 0
             tokens, start = verifier.chain_rows(draft.tokens, rows)
-            self._work = ("verify", batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft, rows)
+            self._work = VerifyRows(batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft, rows)
 
     def settle(self, batch: Batch, *, shared: bool = False) -> None:
         """After the batch's decode: commit what the rows decided and queue the events.
@@ -180,20 +202,21 @@ class GenerationLoop:
         about the whole batch once)."""
         work, self._work = self._work, None
         self._shared = shared
-        kind = work[0]
-        if kind == "prefill":
-            first = self.verifier.prefill_done(work[2], self.sampler, work[1])
+        if isinstance(work, PrefillRows):
+            first = self.verifier.prefill_done(work.n, self.sampler, work.offset)
             if first >= 0:
-                self._advance(self._prefilled(first, work[1] + work[2] - 1), None)
+                self._advance(self._prefilled(first, work.offset + work.n - 1), None)
             return
-        if kind == "step":
-            pending, cycle = self._plain_step(self._t_cycle, batch.at(work[1]))
-        elif kind == "tree":
-            pending, cycle = self._verified(work[1], self.verifier.verify_tree(work[1].tree, self.sampler))
+        if isinstance(work, StepRow):
+            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
+        elif isinstance(work, TreeRows):
+            v = self.verifier.settle_tree(work.draft.tree, work.layout, self.sampler, batch.at(work.offset))
+            pending, cycle = self._verified(work.draft, v)
+        elif isinstance(work, VerifyRows):
+            v = self.verifier.verify(work.draft.tokens, self.sampler, rows=work.rows, decoded=batch.at(work.offset))
+            pending, cycle = self._verified(work.draft, v)
         else:
-            _, offset, draft, rows = work
-            v = self.verifier.verify(draft.tokens, self.sampler, rows=rows, decoded=batch.at(offset))
-            pending, cycle = self._verified(draft, v)
+            raise LocalspecError(f"internal: a step settled with no rows planned ({work!r})")
         self._advance(pending, cycle)
 
     def check(self) -> bool:

@@ -35,6 +35,19 @@ class Decoded:
     seconds: float
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """A draft tree's rows for one decode (:meth:`TargetVerifier.tree_rows`): tokens, positions,
+    each row's sequences (those of the leaves below it), each node's row counted from the first,
+    and the tree's leaf sets."""
+
+    tokens: list[int]
+    positions: list[int]
+    seqs: list[list[int]]
+    row_of: dict[int, int]
+    sets: list[list[int]]
+
+
 @dataclass
 class Verified:
     """One target verification: the committed tokens and where their rows were in the batch."""
@@ -224,9 +237,11 @@ class TargetVerifier:
             self.drafter_pairs = self.n_past
         return tok, seconds
 
-    def verify_tree(self, draft_tree: tree.DraftTree, sampler: Sampler) -> Verified:
-        """Verify ``uncached + [last]`` and the tree (depth-first, most probable chain first) in
-        one target decode and follow the target's choices down it.
+    def tree_rows(self, draft_tree: tree.DraftTree) -> "TreeLayout":
+        """The rows that verify ``uncached + [last]`` and the tree (depth-first, most probable
+        chain first) in one target decode, each in the sequences of the leaves below it; every
+        leaf's sequence is made to see the committed prefix first. :meth:`settle_tree` follows
+        the target's choices down the tree once they are decoded.
 
         Only an accepted path that fills the rows right after ``last`` keeps its KV rows in place:
         the cells of rejected rows before an accepted one would be refilled later by later
@@ -237,43 +252,47 @@ class TargetVerifier:
         if self.seq != 0:
             raise LocalspecError("internal: draft trees are verified on sequence 0 only")
         base, n_past = len(self.uncached), self.n_past
-        t0 = time.perf_counter()
         sets = draft_tree.leaf_sets()
         order = draft_tree.preorder()
         n_leaves = len(sets[0])
-        for s in range(1, n_leaves + 1):  # every leaf's sequence sees the committed prefix
+        for s in range(1, n_leaves + 1):  # every leaf's sequence sees the committed prefix (only it)
+            ctx.seq_rm(-1, -1, seq=s)
             ctx.seq_cp(0, s)
+        head = [1 + x for x in sets[0]]
+        return TreeLayout(
+            self.uncached + [self.last] + [draft_tree.tokens[i] for i in order],
+            list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
+            [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order],
+            {node: base + 1 + r for r, node in enumerate(order)}, sets)
+
+    def settle_tree(self, draft_tree: tree.DraftTree, layout: "TreeLayout", sampler: Sampler,
+                    decoded: Decoded) -> Verified:
+        """After the decode of :meth:`tree_rows` (the first at batch row ``decoded.offset``):
+        follow the target's choices down the tree, keep the accepted path's rows that may stay,
+        free the leaves' sequences."""
+        ctx = self.ctx
+        base, n_past, sets = len(self.uncached), self.n_past, layout.sets
+        t0 = time.perf_counter() - decoded.seconds
+        row_of = {node: decoded.offset + row for node, row in layout.row_of.items()}
         try:
-            row_of = self._decode_tree(draft_tree, order, sets)
-            path, correction = tree.walk(draft_tree, self._tree_chooser(draft_tree, row_of, sampler))
+            path, correction = tree.walk(draft_tree, self._tree_chooser(draft_tree, row_of, sampler, decoded.offset))
             kept = 0
-            while kept < len(path) and row_of[path[kept]] == base + 1 + kept:
+            while kept < len(path) and row_of[path[kept]] == decoded.offset + base + 1 + kept:
                 kept += 1
             leaf = 1 + sets[path[-1] + 1 if path else 0][0]  # its sequence holds the whole path
             ctx.seq_cp(leaf, 0, n_past - base, n_past + kept + 1)
         finally:
-            for s in range(1, n_leaves + 1):  # frees the other rows' cells
+            for s in range(1, len(sets[0]) + 1):  # frees the other rows' cells
                 ctx.seq_rm(-1, -1, seq=s)
         seconds = time.perf_counter() - t0
         result = Verified(n_past, [draft_tree.tokens[i] for i in path] + [correction],
-                          [base] + [row_of[i] for i in path], len(draft_tree), base + len(draft_tree) + 1,
-                          seconds, path)
+                          [decoded.offset + base] + [row_of[i] for i in path], len(draft_tree),
+                          base + len(draft_tree) + 1, seconds, path)
         self._advance(result, kept=kept)
         return result
 
-    def _decode_tree(self, draft_tree: tree.DraftTree, order: list[int], sets: list[list[int]]) -> dict[int, int]:
-        """One decode of the batch, each node's row in the sequences of the leaves below it;
-        returns the batch row of each node."""
-        base, n_past = len(self.uncached), self.n_past
-        head = [1 + x for x in sets[0]]
-        self.ctx.decode_tree(
-            self.uncached + [self.last] + [draft_tree.tokens[i] for i in order],
-            list(range(n_past - base, n_past + 1)) + [n_past + draft_tree.depths[i] for i in order],
-            [head] * (base + 1) + [[1 + x for x in sets[i + 1]] for i in order])
-        return {node: base + 1 + r for r, node in enumerate(order)}
-
-    def _tree_chooser(self, draft_tree: tree.DraftTree, row_of: dict[int, int], sampler: Sampler):
-        base = len(self.uncached)
+    def _tree_chooser(self, draft_tree: tree.DraftTree, row_of: dict[int, int], sampler: Sampler, offset: int):
+        base = offset + len(self.uncached)
         tokens = draft_tree.tokens
 
         def choose(node: int) -> int:  # the target's token after ``node``, its path before it

@@ -39,20 +39,74 @@ from ..formats.gguf_info import GGUFInfo
 from ..llama import llama_ext
 from ..llama.llama_model import Context, Model
 from .eagle import DRAFTER_CONTEXT, TREE_SEQS
-from .mtp import MtpDrafter
+from .mtp import MtpDrafter, MtpSequence
 
 ASSISTANT = "assistant"
 
 
-class AssistantDrafter(MtpDrafter):
+class _SharedKV:
+    """What a sequence of the assistant does beyond an MTP head's (draft-mtp's shared-KV mode):
+    only the last committed row is kept, and every row of a draft goes to ``pos0`` (the cache is
+    the target's: nothing is written to it or removed from it). The drafter (sequence 0) and its
+    other sequences (:class:`AssistantSequence`) share it."""
+
+    def _start_sequence(self, drafter, seq: int) -> None:
+        super()._start_sequence(drafter, seq)
+        self._last: tuple[int, np.ndarray, int] | None = None   # (token at pos0, target h before it, pos0)
+        self._fresh = False        # _last came after the last catch_up
+
+    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
+        """Keep the last of the committed rows: its target state and the token after it, which
+        sits at ``start_pos + n_rows`` (the next draft's ``pos0``)."""
+        if n_rows <= 0:
+            return
+        last = n_rows - 1 if rows is None else rows[n_rows - 1]
+        h = self.drafter.features(1, [last])
+        self._last = (int(tokens_next[n_rows - 1]), h, start_pos + n_rows)
+        self._fresh = True
+
+    @property
+    def pending(self) -> int:
+        """Rows the next catch-up decodes: one (the last committed row), never a backlog."""
+        return 1 if self._fresh else 0
+
+    def drop_pending(self) -> None:
+        self._last, self._fresh = None, False
+
+    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The first draft: (token, target state) at ``pos0``, no other row written."""
+        if self._last is None:
+            raise LocalspecError("internal: the assistant has no committed row to draft from")
+        tok, h, pos0 = self._last
+        self._fresh = False
+        self.drafter.anchor(self.seq, pos0)
+        return self.decode([tok], h, pos0 - self.shift)
+
+    def _rm(self, p: int) -> None:
+        """Nothing to forget: the cache is the target's (llama.cpp ignores removals there too)."""
+
+    def begin(self, prompt: list[int], keep: int) -> None:
+        self.reset(keep)
+
+    def reset(self, keep: int) -> None:
+        self._last, self._fresh = None, False
+        self.drafter.anchor(self.seq, None)
+
+
+class AssistantSequence(_SharedKV, MtpSequence):
+    """Another sequence (a slot's) of the assistant's context."""
+
+
+class AssistantDrafter(_SharedKV, MtpDrafter):
     """A Gemma 4 assistant over the target context's KV cache (its own model and context)."""
 
     name = ASSISTANT
+    sequence_class = AssistantSequence
 
     def __init__(self, info: GGUFInfo, target: Context, *, n_batch: int, n_threads: int | None = None,
                  n_gpu_layers: int = 0, slots: int = 1) -> None:
         llama_ext.check_available()
-        self.info, self.target, self.seq = info, target, 0
+        self.info, self.target = info, target
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
         try:
             # as draft-mtp's context: the target's cache size and layout (its cells are shared),
@@ -74,48 +128,16 @@ class AssistantDrafter(MtpDrafter):
             raise LocalspecError(f"{info.path.name}: its state is {self.n_embd} wide, the target's {self.n_embd_tgt}")
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
         self._pos = ctypes.c_int32(0)
-        self.seconds = 0.0
-        self._shared, self._every_head, self._chain, self._first = False, False, None, None
-        self._views = {0: self}
-        self._last: tuple[int, np.ndarray, int] | None = None   # (token at pos0, target h before it, pos0)
-        self._fresh = False        # _last came after the last catch_up
-        self._anchors: dict[int, int] = {}   # each sequence's pos0: where its draft rows go (shared by views)
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-        self._written_until = 0
+        self._views: dict = {}
+        self._anchors: dict[int, int] = {}   # each sequence's pos0: where its draft rows go
+        self._start_sequence(self, 0)
 
-    def for_sequence(self, seq: int) -> "AssistantDrafter":
-        view = super().for_sequence(seq)
-        if view is not self:
-            view._last, view._fresh = None, False
-        return view
-
-    # -- committed rows: the last one only -------------------------------------------------------
-    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
-        """Keep the last of the committed rows: its target state and the token after it, which
-        sits at ``start_pos + n_rows`` (the next draft's ``pos0``)."""
-        if n_rows <= 0:
-            return
-        last = n_rows - 1 if rows is None else rows[n_rows - 1]
-        h = self.features(1, [last])
-        self._last = (int(tokens_next[n_rows - 1]), h, start_pos + n_rows)
-        self._fresh = True
-
-    @property
-    def pending(self) -> int:
-        """Rows the next catch-up decodes: one (the last committed row), never a backlog."""
-        return 1 if self._fresh else 0
-
-    def drop_pending(self) -> None:
-        self._last, self._fresh = None, False
-
-    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The first draft: (token, target state) at ``pos0``, no other row written."""
-        if self._last is None:
-            raise LocalspecError("internal: the assistant has no committed row to draft from")
-        tok, h, pos0 = self._last
-        self._fresh = False
-        self._anchors[self.seq] = pos0
-        return self.decode([tok], h, pos0 - self.shift)
+    def anchor(self, seq: int, pos0: int | None) -> None:
+        """Sequence ``seq``'s draft rows go to ``pos0`` from now on (None: it drafts nothing now)."""
+        if pos0 is None:
+            self._anchors.pop(seq, None)
+        else:
+            self._anchors[seq] = pos0
 
     def _add_row(self, seq: int, tok: int, g_row: np.ndarray, pos: int, output: bool) -> int:
         """Every row of a sequence at its ``pos0`` (draft-mtp's shared-KV mode)."""
@@ -133,20 +155,7 @@ class AssistantDrafter(MtpDrafter):
                         seqs: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         return super().decode_branches(tokens, g, pos, [self.seq] * len(tokens))
 
-    # -- life cycle --------------------------------------------------------------------------------
-    def _rm(self, p: int) -> None:
-        """Nothing to forget: the cache is the target's (llama.cpp ignores removals there too)."""
-
-    def begin(self, prompt: list[int], keep: int) -> None:
-        self.reset(keep)
-
-    def reset(self, keep: int) -> None:
-        self._last, self._fresh = None, False
-        self._anchors.pop(self.seq, None)
-
     def close(self) -> None:
-        if self._shared:
-            return
         batch, self._batch = getattr(self, "_batch", None), None
         if batch:
             llama_cpp.llama_batch_ext_free(batch)

@@ -14,7 +14,6 @@ EAGLE-3.1 drafters, run exactly without patching llama.cpp:
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import time
 
@@ -55,28 +54,130 @@ def _rms_normalize_rows(x: np.ndarray, eps: float) -> None:
     x *= scale[:, None]
 
 
-class EagleDrafter:
+class DrafterSequence:
+    """One sequence of a drafter's context (a slot's, in an engine of several): the target rows
+    recorded for it and not yet written, how far its pairs are written, its own clock. The model,
+    the context and the graphs are the drafter's (``drafter``), which it drafts through on its own
+    sequence ``seq``. A drafter is its own sequence 0 (:class:`EagleDrafter` is one);
+    :meth:`EagleDrafter.for_sequence` makes the others. Its public methods are the ones a
+    generation uses: ``observe``, ``drop_pending``, ``pending``, ``catch_up``, ``decode``,
+    ``begin``, ``reset`` (no draft trees: their branches use sequences 1..TREE_SEQS)."""
+
+    def __init__(self, drafter: "EagleDrafter", seq: int) -> None:
+        self.name, self.shift, self.max_depth, self.ctx = drafter.name, drafter.shift, drafter.max_depth, drafter.ctx
+        self._start_sequence(drafter, seq)
+
+    def _start_sequence(self, drafter: "EagleDrafter", seq: int) -> None:
+        """This sequence's own state, empty."""
+        self.drafter = drafter
+        self.seq = seq
+        self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
+        self._pending_tokens: list[int] = []
+        self._pending_start: int | None = None
+        self._written_until = 0   # committed pairs are written below this position; drafts above
+        self.seconds = 0.0        # time inside llama.cpp calls for this sequence, read by the engine
+
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i of this sequence; the last row's
+        logits and fed-back state (:meth:`EagleDrafter.decode_rows`)."""
+        return self.drafter.decode_rows(tokens, g, start_pos, self)
+
+    def close(self) -> None:
+        """Nothing of its own outside Python: the drafter closes the context."""
+
+    def _rm(self, p: int) -> None:
+        """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""
+        self.ctx.seq_rm(p + self.shift if p > 0 else 0, seq=self.seq)
+
+    # -- cycle-level API used by the engine ----------------------------------------------------
+    # The target's features must be read right after each target decode, but feeding them to the
+    # drafter can wait until the next draft: while the policy decodes plain, committed rows only
+    # accumulate here (a copy of 3 x n_embd floats per token), and one catch-up writes them all.
+
+    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
+        """Record the committed rows of the target's last batch: ``n_rows`` positions from
+        ``start_pos`` (the batch's first rows, or its rows ``rows``); ``tokens_next[i]`` is the
+        token at ``start_pos + i + 1``."""
+        if self._pending_start is None:
+            self._pending_start = start_pos
+        elif start_pos != self._pending_start + len(self._pending_tokens):
+            raise LocalspecError("internal: drafter rows recorded out of order")
+        self._pending_feats.append(self.drafter.features(n_rows, rows))
+        self._pending_tokens.extend(tokens_next[:n_rows])
+
+    def drop_pending(self) -> None:
+        """Forget the recorded rows (the next ``observe`` may start at any later position; the
+        drafter's cache then restarts from there, see catch_up)."""
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending_tokens)
+
+    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Write the recorded pairs (dropping the speculative entries after them) and return the
+        logits and fed-back state for the first draft of the next cycle.
+
+        Every drafter row costs about one drafting step (llama.cpp's eagle3 graph computes the
+        vocabulary logits of every row), so after a long stretch of plain decoding ``max_rows``
+        writes only the most recent rows, and the drafter forgets the older ones (it attends to what
+        is there; drafts only get a little worse, never the output)."""
+        if self._pending_start is None:
+            raise LocalspecError("internal: the drafter has no committed rows to draft from")
+        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
+        start, tokens = self._pending_start, self._pending_tokens
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        if max_rows is not None and len(tokens) > max_rows:
+            cut = len(tokens) - max_rows
+            feats, tokens, start = feats[cut:], tokens[cut:], start + cut
+        # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
+        # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
+        # drafter then attends to the recent rows only
+        self._rm(start if start <= self._written_until else 0)
+        g = self.drafter.encode(feats, self)
+        self._written_until = start + len(tokens)
+        return self.decode(tokens, g, start)
+
+    def begin(self, prompt: list[int], keep: int) -> None:
+        """A generation of ``prompt`` starts, its pairs below ``keep`` kept from the last one."""
+        self.reset(keep)
+
+    def reset(self, keep: int) -> None:
+        """Forget drafter pairs (written or recorded) at positions >= keep."""
+        self._rm(keep)
+        self._written_until = min(self._written_until, keep)
+        if self._pending_start is not None:
+            n = max(0, keep - self._pending_start)
+            if n == 0:
+                self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+            elif n < len(self._pending_tokens):
+                self._pending_feats = [np.concatenate(self._pending_feats)[:n]]
+                self._pending_tokens = self._pending_tokens[:n]
+
+
+class EagleDrafter(DrafterSequence):
     """Owns the drafter model/context and turns target features into draft tokens.
 
     ``name``: the draft source it is on every surface (stats, metrics, ``--source``); ``shift``:
     where the pair of position ``P`` sits in its context (``P + shift``; an MTP head's cache
     holds it one later, :mod:`.mtp`).
 
-    It drafts for one sequence of its context (``seq``, 0 as created); :meth:`for_sequence` gives
-    a drafter for another sequence of the same context and model (a slot of a parallel engine),
-    with its own pending rows. ``slots``: sequences the context holds (each up to ``n_ctx``
+    It is the sequence 0 of its context (a :class:`DrafterSequence`); :meth:`for_sequence` gives
+    another sequence of the same context and model (a slot of a parallel engine), with its own
+    pending rows and clock, as a :class:`DrafterSequence` (its ``sequence_class``). ``slots``: sequences the context holds (each up to ``n_ctx``
     positions, in one unified pool)."""
 
     name = "eagle"
     shift = 0
     max_depth: int | None = None   # the longest chain it can draft (None: as long as asked)
+    sequence_class = DrafterSequence   # its other sequences (for_sequence)
 
     def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int,
                  n_threads: int | None = None, n_gpu_layers: int = 0, slots: int = 1) -> None:
         llama_ext.check_available()
         self.info = info
         self.target = target
-        self.seq = 0
+        self._start_sequence(self, 0)
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
         settings = dict(DRAFTER_CONTEXT, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots))
         # llama.cpp gives an eagle3 context (an "encoder" model to it: llama_model_has_encoder) n_batch
@@ -100,24 +201,12 @@ class EagleDrafter:
         self.out_norm = read_tensor(info, K.T_OUTPUT_NORM).astype(np.float32) if info.norm_output else None
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
         self._pos = ctypes.c_int32(0)
-        self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
-        self._pending_tokens: list[int] = []
-        self._pending_start: int | None = None
-        self._written_until = 0   # committed pairs are written below this position; drafts above
-        self.seconds = 0.0  # time inside llama.cpp calls, read by the engine
-        self._shared = False      # a view of another drafter's context (for_sequence): not closed here
         self._views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
 
-    def for_sequence(self, seq: int) -> "EagleDrafter":
-        """A drafter for sequence ``seq`` of this context (no draft trees: their branches use
-        sequences 1..TREE_SEQS), with its own recorded rows and clock."""
-        if seq == self.seq:
-            return self
-        view = copy.copy(self)
-        view.seq, view._shared = seq, True
-        view._pending_feats, view._pending_tokens, view._pending_start = [], [], None
-        view._written_until, view.seconds, view._views = 0, 0.0, {}
-        return view
+    def for_sequence(self, seq: int) -> DrafterSequence:
+        """Sequence ``seq`` of this context, with its own recorded rows and clock (itself for its
+        own sequence)."""
+        return self if seq == self.seq else self.sequence_class(self, seq)
 
     # -- target side -------------------------------------------------------------------------
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
@@ -142,15 +231,24 @@ class EagleDrafter:
         return out
 
     # -- drafter graphs ------------------------------------------------------------------------
-    def _process(self, kind: int) -> None:
+    def _process(self, kind: int, who: DrafterSequence | list[DrafterSequence] | None = None) -> None:
+        """Run the batch; its seconds go to the sequence ``who`` (None: this drafter's own; a list:
+        shared among them)."""
         t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
-        self.seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        if isinstance(who, list):
+            for each in who:
+                each.seconds += spent / len(who)
+        else:
+            (who or self).seconds += spent
         if rc != 0:
             raise llama_failure(f"the drafter failed (llama_process code {rc})")
 
-    def encode(self, features: np.ndarray) -> np.ndarray:
-        """fc over target features: one ``g`` row per feature row."""
+    def encode(self, features: np.ndarray, who: DrafterSequence | None = None) -> np.ndarray:
+        """fc over target features: one ``g`` row per feature row, after the pairs of sequence
+        ``who`` (None: this drafter's own)."""
+        who = who or self
         n = features.shape[0]
         out = np.empty((n, self.n_embd), dtype=np.float32)
         step = self.ctx.n_batch
@@ -158,17 +256,17 @@ class EagleDrafter:
             chunk = np.ascontiguousarray(features[start:start + step])
             m = chunk.shape[0]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            base = self.ctx.pos_max(self.seq) + 1
+            base = self.ctx.pos_max(who.seq) + 1
             for j in range(m):
                 row = chunk[j]
                 embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
-                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, self.seq, embd)
+                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, who.seq, embd)
                 if idx < 0:
                     raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
                 self._pos.value = base + j
                 llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
                 llama_cpp.llama_batch_ext_set_output_embd(self._batch, idx, True)
-            self._process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE)
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, who)
             ptr = llama_ext.get_embeddings_nextn(self.ctx.ptr)
             if not ptr:
                 raise LocalspecError("the drafter encoder produced no output")
@@ -176,15 +274,16 @@ class EagleDrafter:
         return out
 
     def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
-                     seqs: list[int] | None = None) -> int:
-        """Rows at consecutive positions from ``start_pos`` in this drafter's sequence, or
-        (``seqs``) each in its own sequence, all at ``start_pos``."""
+                     seqs: list[int] | None = None, who: DrafterSequence | None = None) -> int:
+        """Rows at consecutive positions from ``start_pos`` in the sequence ``who`` (None: this
+        drafter's own), or (``seqs``) each in its own sequence, all at ``start_pos``."""
+        who = who or self
         llama_cpp.llama_batch_ext_clear(self._batch)
         idx = -1
         for i, tok in enumerate(tokens):
-            idx = self._add_row(self.seq if seqs is None else seqs[i], tok, g[i], start_pos + (i if seqs is None else 0),
+            idx = self._add_row(who.seq if seqs is None else seqs[i], tok, g[i], start_pos + (i if seqs is None else 0),
                                 output)
-        self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+        self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
         return idx
 
     def _add_row(self, seq: int, tok: int, g_row: np.ndarray, pos: int, output: bool) -> int:
@@ -198,27 +297,24 @@ class EagleDrafter:
         llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
         return idx
 
-    def _rm(self, p: int) -> None:
-        """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""
-        self.ctx.seq_rm(p + self.shift if p > 0 else 0, seq=self.seq)
-
-    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def decode_steps(self, rows: list[tuple[DrafterSequence, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The next chain step of several sequences (slots) in one drafter decode per
         ``ALL_OUTPUT_ROWS`` rows: (sequence, token, fed-back state, position) each; per row a copy
-        of its logits and its next state."""
+        of its logits and its next state. Each decode's seconds are shared among its sequences."""
         out = []
         for start in range(0, len(rows), ALL_OUTPUT_ROWS):
             part = rows[start:start + ALL_OUTPUT_ROWS]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            for seq, tok, state, pos in part:
-                self._add_row(seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
-            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE)
+            for who, tok, state, pos in part:
+                self._add_row(who.seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
+            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, [row[0] for row in part])
             out.extend((np.array(self.ctx.logits(j)), self._state(j)) for j in range(len(part)))
         return out
 
-    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """Write pairs (tokens[i], g[i]) at positions start_pos+i; return the last row's
-        logits (over the target vocabulary) and the state to feed back to the next step.
+    def decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int,
+                    who: DrafterSequence) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i of sequence ``who``; return the
+        last row's logits (over the target vocabulary) and the state to feed back to the next step.
 
         llama.cpp's eagle3 DECODE graph does not select output rows: with only the last row
         marked, it hands back row 0's logits and state. So short batches mark every row (a few
@@ -231,9 +327,9 @@ class EagleDrafter:
             step = self.ctx.n_batch
             for i in range(0, n - 1, step):
                 j = min(i + step, n - 1)
-                self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False)
+                self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False, who=who)
             tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
-        idx = self._decode_rows(tokens, g, start_pos, output=True)
+        idx = self._decode_rows(tokens, g, start_pos, output=True, who=who)
         return self.ctx.logits(idx), self._state(idx)
 
     def _state(self, idx: int) -> np.ndarray:
@@ -266,74 +362,7 @@ class EagleDrafter:
         self._decode_rows(tokens, np.ascontiguousarray(g, dtype=np.float32), pos, True, seqs)
         return [(np.array(self.ctx.logits(i)), self._state(i)) for i in range(len(tokens))]
 
-    # -- cycle-level API used by the engine ----------------------------------------------------
-    # The target's features must be read right after each target decode, but feeding them to the
-    # drafter can wait until the next draft: while the policy decodes plain, committed rows only
-    # accumulate here (a copy of 3 x n_embd floats per token), and one catch-up writes them all.
-
-    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
-        """Record the committed rows of the target's last batch: ``n_rows`` positions from
-        ``start_pos`` (the batch's first rows, or its rows ``rows``); ``tokens_next[i]`` is the
-        token at ``start_pos + i + 1``."""
-        if self._pending_start is None:
-            self._pending_start = start_pos
-        elif start_pos != self._pending_start + len(self._pending_tokens):
-            raise LocalspecError("internal: drafter rows recorded out of order")
-        self._pending_feats.append(self.features(n_rows, rows))
-        self._pending_tokens.extend(tokens_next[:n_rows])
-
-    def drop_pending(self) -> None:
-        """Forget the recorded rows (the next ``observe`` may start at any later position; the
-        drafter's cache then restarts from there, see catch_up)."""
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending_tokens)
-
-    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Write the recorded pairs (dropping the speculative entries after them) and return the
-        logits and fed-back state for the first draft of the next cycle.
-
-        Every drafter row costs about one drafting step (llama.cpp's eagle3 graph computes the
-        vocabulary logits of every row), so after a long stretch of plain decoding ``max_rows``
-        writes only the most recent rows, and the drafter forgets the older ones (it attends to what
-        is there; drafts only get a little worse, never the output)."""
-        if self._pending_start is None:
-            raise LocalspecError("internal: the drafter has no committed rows to draft from")
-        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
-        start, tokens = self._pending_start, self._pending_tokens
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-        if max_rows is not None and len(tokens) > max_rows:
-            cut = len(tokens) - max_rows
-            feats, tokens, start = feats[cut:], tokens[cut:], start + cut
-        # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
-        # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
-        # drafter then attends to the recent rows only
-        self._rm(start if start <= self._written_until else 0)
-        g = self.encode(feats)
-        self._written_until = start + len(tokens)
-        return self.decode(tokens, g, start)
-
-    def begin(self, prompt: list[int], keep: int) -> None:
-        """A generation of ``prompt`` starts, its pairs below ``keep`` kept from the last one."""
-        self.reset(keep)
-
-    def reset(self, keep: int) -> None:
-        """Forget drafter pairs (written or recorded) at positions >= keep."""
-        self._rm(keep)
-        self._written_until = min(self._written_until, keep)
-        if self._pending_start is not None:
-            n = max(0, keep - self._pending_start)
-            if n == 0:
-                self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-            elif n < len(self._pending_tokens):
-                self._pending_feats = [np.concatenate(self._pending_feats)[:n]]
-                self._pending_tokens = self._pending_tokens[:n]
-
     def close(self) -> None:
-        if self._shared:
-            return
         batch, self._batch = self._batch, None   # dropped before freed (see llama_model.Model.close)
         if batch:
             llama_cpp.llama_batch_ext_free(batch)

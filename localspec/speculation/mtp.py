@@ -20,7 +20,7 @@ at ``P+1`` and the target's state at ``P``) shifted by one position, with the ta
 instead of three layer features and no ``fc``. So :class:`MtpDrafter` is an
 :class:`~.eagle.EagleDrafter` over another context, and everything built for EAGLE chains works
 with it unchanged: the policy prices its step with the calibrated drafter curve, chains are
-batched across slots, trees grow in its sequences.
+batched across slots (each slot's sequence an :class:`MtpSequence`), trees grow in its sequences.
 
 Drafts are greedy top-1 (``draft-mtp`` takes the first of its top-10 candidates too). Several
 heads that are not memory-shared are chained as ``draft-mtp`` chains them (step35): the committed
@@ -42,7 +42,7 @@ from ..core.errors import LocalspecError
 from ..formats.gguf_info import mtp_heads  # noqa: F401 (re-exported: the source's recognition)
 from ..llama import llama_ext
 from ..llama.llama_model import Context
-from .eagle import DRAFTER_CONTEXT, TREE_SEQS, EagleDrafter
+from .eagle import DRAFTER_CONTEXT, TREE_SEQS, DrafterSequence, EagleDrafter
 
 MTP = "mtp"
 
@@ -56,57 +56,17 @@ def mtp_context(target: Context, *, n_ctx: int, n_batch: int, n_threads: int | N
                    n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
 
 
-class MtpDrafter(EagleDrafter):
-    """The target's MTP head(s) in a context of their own beside the target's (same model, which
-    must be loaded with ``load_mtp``)."""
+class _Heads:
+    """What a sequence of the MTP heads' context does beyond an EAGLE drafter's: the prompt's
+    first token paired with a zero state, and chained heads (the committed rows under every head,
+    a draft step ``k`` under head ``k`` over the whole draft prefix). The drafter (sequence 0)
+    and its other sequences (:class:`MtpSequence`) share it."""
 
-    name = MTP
-    shift = 1   # the pair of position P (token P+1, h_P) sits at P+1, where draft-mtp puts it
-
-    def __init__(self, target: Context, heads: int, *, n_ctx: int, n_batch: int,
-                 n_threads: int | None = None, slots: int = 1) -> None:
-        llama_ext.check_available()
-        if not getattr(target.model, "load_mtp", False):
-            raise LocalspecError("internal: the target was loaded without its MTP heads")
-        self.info, self.target, self.seq, self.model = None, target, 0, target.model
-        self.heads = heads
-        self.ctx = mtp_context(target, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, slots=slots)
-        self.tree_seqs = TREE_SEQS
-        self.layers: list[int] = []
-        llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)
-        llama_ext.set_embeddings_nextn(self.ctx.ptr, True, True)  # the head's state of its output rows
-        llama_ext.set_nextn_layer_offset(self.ctx.ptr, 0)          # the first head drafts every step
-        self.n_embd = self.n_embd_tgt = int(llama_cpp.llama_model_n_embd_out(self.model.ptr))
-        self.out_norm = None
-        self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
-        self._pos = ctypes.c_int32(0)
-        self._pending_feats: list[np.ndarray] = []
-        self._pending_tokens: list[int] = []
-        self._pending_start: int | None = None
-        self._written_until = 0
-        self.seconds = 0.0
-        self._shared = False
+    def _start_sequence(self, drafter, seq: int) -> None:
+        super()._start_sequence(drafter, seq)
         self._first: int | None = None   # the prompt's first token: its pair has no target state
-        self.max_depth = heads if heads > 1 else None
         self._every_head = False           # catch_up under way: committed rows go to every head
         self._chain: tuple[list[int], list[np.ndarray], int] | None = None   # chained heads: the draft prefix
-        self._views = {0: self}            # chained heads: each sequence's drafter (decode_steps)
-
-    def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
-        """The target's ``h`` of the first ``n_rows`` rows of its last batch (or of rows ``rows``)."""
-        n_batch = n_rows if rows is None else max(rows) + 1
-        ptr = llama_ext.get_embeddings_nextn(self.target.ptr)
-        if not ptr:
-            raise LocalspecError("llama.cpp returned no hidden states of the target for its MTP head")
-        src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd))
-        return np.array(src if rows is None else src[rows], dtype=np.float32)
-
-    def for_sequence(self, seq: int) -> "MtpDrafter":
-        view = super().for_sequence(seq)
-        if view is not self:
-            view._chain = None
-            self._views[seq] = view
-        return view
 
     def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         self._every_head = self.heads > 1
@@ -143,21 +103,6 @@ class MtpDrafter(EagleDrafter):
         finally:
             llama_ext.set_nextn_layer_offset(self.ctx.ptr, 0)
 
-    def decode_steps(self, rows: list[tuple[int, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Chained heads: each sequence's step alone (its prefix under its own head)."""
-        if self.heads == 1:
-            return super().decode_steps(rows)
-        out = []
-        for seq, tok, state, pos in rows:
-            view = self._views[seq]
-            logits, nxt = view.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
-            out.append((np.array(logits), nxt))
-        return out
-
-    def encode(self, features: np.ndarray) -> np.ndarray:
-        """The head takes the target's state as it is (no fc)."""
-        return np.ascontiguousarray(features, dtype=np.float32)
-
     def begin(self, prompt: list[int], keep: int) -> None:
         self._first = int(prompt[0]) if len(prompt) else None
         self.reset(keep)
@@ -167,7 +112,7 @@ class MtpDrafter(EagleDrafter):
             # the first token's pair, (x_0, a zero state) at position 0, as draft-mtp writes it
             self._pending_start = -1
             self._pending_tokens.append(self._first)
-            self._pending_feats.append(np.zeros((1, self.n_embd), dtype=np.float32))
+            self._pending_feats.append(np.zeros((1, self.drafter.n_embd), dtype=np.float32))
         super().observe(tokens_next, n_rows, start_pos, rows)
 
     def reset(self, keep: int) -> None:
@@ -178,9 +123,68 @@ class MtpDrafter(EagleDrafter):
             return
         super().reset(keep)
 
+
+class MtpSequence(_Heads, DrafterSequence):
+    """Another sequence (a slot's) of the MTP heads' context."""
+
+    def __init__(self, drafter: "MtpDrafter", seq: int) -> None:
+        self.heads = drafter.heads
+        super().__init__(drafter, seq)
+
+
+class MtpDrafter(_Heads, EagleDrafter):
+    """The target's MTP head(s) in a context of their own beside the target's (same model, which
+    must be loaded with ``load_mtp``)."""
+
+    name = MTP
+    sequence_class = MtpSequence
+    shift = 1   # the pair of position P (token P+1, h_P) sits at P+1, where draft-mtp puts it
+
+    def __init__(self, target: Context, heads: int, *, n_ctx: int, n_batch: int,
+                 n_threads: int | None = None, slots: int = 1) -> None:
+        llama_ext.check_available()
+        if not getattr(target.model, "load_mtp", False):
+            raise LocalspecError("internal: the target was loaded without its MTP heads")
+        self.info, self.target, self.model = None, target, target.model
+        self.heads = heads
+        self.ctx = mtp_context(target, n_ctx=n_ctx * slots, n_batch=n_batch, n_threads=n_threads, slots=slots)
+        self.tree_seqs = TREE_SEQS
+        self.layers: list[int] = []
+        llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)
+        llama_ext.set_embeddings_nextn(self.ctx.ptr, True, True)  # the head's state of its output rows
+        llama_ext.set_nextn_layer_offset(self.ctx.ptr, 0)          # the first head drafts every step
+        self.n_embd = self.n_embd_tgt = int(llama_cpp.llama_model_n_embd_out(self.model.ptr))
+        self.out_norm = None
+        self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
+        self._pos = ctypes.c_int32(0)
+        self._views: dict = {}
+        self.max_depth = heads if heads > 1 else None
+        self._start_sequence(self, 0)
+
+    def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
+        """The target's ``h`` of the first ``n_rows`` rows of its last batch (or of rows ``rows``)."""
+        n_batch = n_rows if rows is None else max(rows) + 1
+        ptr = llama_ext.get_embeddings_nextn(self.target.ptr)
+        if not ptr:
+            raise LocalspecError("llama.cpp returned no hidden states of the target for its MTP head")
+        src = np.ctypeslib.as_array(ptr, shape=(n_batch, self.n_embd))
+        return np.array(src if rows is None else src[rows], dtype=np.float32)
+
+    def decode_steps(self, rows: list[tuple[DrafterSequence, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Chained heads: each sequence's step alone (its prefix under its own head)."""
+        if self.heads == 1:
+            return super().decode_steps(rows)
+        out = []
+        for who, tok, state, pos in rows:
+            logits, nxt = who.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
+            out.append((np.array(logits), nxt))
+        return out
+
+    def encode(self, features: np.ndarray, who: DrafterSequence | None = None) -> np.ndarray:
+        """The head takes the target's state as it is (no fc)."""
+        return np.ascontiguousarray(features, dtype=np.float32)
+
     def close(self) -> None:
-        if self._shared:
-            return
         batch, self._batch = self._batch, None
         if batch:
             llama_cpp.llama_batch_ext_free(batch)
