@@ -3,7 +3,9 @@ localspec/, and converters/ and tui/, the folders that install as localspec.conv
 
 The runtime path (llama.cpp bindings, the engine and its loop, speculation) stays readable in
 small parts: no function or method longer than MAX_LINES lines, signature, docstring and nested
-functions included; no function in any shipped module longer than MAX_LINES_ANYWHERE.
+functions included; no function in any shipped module longer than MAX_LINES_ANYWHERE. No module
+reads or writes another module's private attributes (``obj._name`` where ``_name`` is not defined
+in that module): it asks through a public method, so that an object's state has one owner.
 """
 
 from __future__ import annotations
@@ -114,3 +116,66 @@ def test_exceptions_name_functions_that_exist_and_are_long(exceptions, limit):
         path = next(p for p in _shipped_files() if _rel(p) == rel)
         lengths = _lengths(path.read_text(encoding="utf-8"))
         assert lengths.get(name, 0) > limit, f"{key} is no longer an exception: remove it"
+
+
+# -- private attributes -------------------------------------------------------------------------
+# a module reads and writes only its own private names ("_x" defined in that module): another
+# module's go through a public method. Third-party privates a binding cannot avoid, as
+# "module.py:expression": reason
+THIRD_PARTY_PRIVATE: dict[str, str] = {
+    "llama/ggml_base.py:llama_cpp.llama_cpp._lib": "the ggml symbols llama-cpp-python loads but does not bind",
+    "llama/llama_ext.py:llama_cpp.llama_cpp._lib": "llama.cpp's C++ staging symbols (llama-ext.h), unbound by llama-cpp-python",
+    "llama/llama_model.py:llama_cpp.llama_cpp._lib": "the one shared library handle, for symbols 0.3.36 does not bind",
+}
+
+
+def _own_names(tree: ast.AST) -> set[str]:
+    """Every name a module defines: functions, classes, names and attributes it assigns, class fields."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _foreign_private(source: str, rel: str = "") -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``, ``cls`` or ``super()`` and ``_name`` is not one
+    the module defines: another module's private attribute."""
+    tree = ast.parse(source)
+    own = _own_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
+            continue
+        if node.attr not in own and f"{rel}:{ast.unparse(node)}" not in THIRD_PARTY_PRIVATE:
+            found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_attribute_checker():
+    source = ("class A:\n    def __init__(self):\n        self._mine = 1\n"
+              "    def same(self, other):\n        return other._mine + self._theirs\n"
+              "def reach(engine, slot):\n    return engine._lock, slot.loop._work, super().__init__, x.__dict__\n")
+    assert _foreign_private(source) == [":7 engine._lock", ":7 slot.loop._work"]
+
+
+def test_no_module_touches_another_modules_private_attributes():
+    found = [hit for path in _shipped_files() for hit in _foreign_private(path.read_text(encoding="utf-8"), _rel(path))]
+    assert not found, f"private attributes of another module (add a public method): {found}"
+
+
+def test_third_party_privates_are_still_used():
+    used = {f"{_rel(p)}:{ast.unparse(n)}" for p in _shipped_files() for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, ast.Attribute)}
+    assert set(THIRD_PARTY_PRIVATE) <= used, set(THIRD_PARTY_PRIVATE) - used
