@@ -103,3 +103,22 @@ def seed_calibration(cache: Path, key: str) -> None:
 
     write_entry(cache, key, {"verify": {str(b): sec for b, sec in CPU_CURVE.items()},
                              "drafter_step": 0.002, "drafter_width": None})
+
+
+def assert_slots_lossless(target, drafter, prompts, config: GenerationConfig, source: str, *, n_ctx: int = 256,
+                          rounds: int = 1, on_engine=None) -> None:
+    """The prompts in the slots of one engine (one per prompt), drafting with ``config``: each
+    answer is the one the prompt gets alone (plain decoding, a fresh cache), round after round
+    (a later round reuses or refills each slot's cache), and ``source`` drafted tokens that were
+    accepted. ``on_engine``: a check of the engine before the rounds."""
+    alone = solo(target, prompts, n_ctx=n_ctx, max_tokens=config.max_tokens)
+    with Engine(target, drafter, n_ctx=n_ctx, parallel=len(prompts)) as engine:
+        if on_engine is not None:
+            on_engine(engine)
+        for _ in range(rounds):
+            sinks = {p: Collect() for p in prompts}
+            drain(Scheduler(engine), [(p, config, sinks[p]) for p in prompts])
+            for p in prompts:
+                assert_lossless(alone[p], sinks[p].done)
+    assert sum(sinks[p].done.stats.sources.get(source, [0, 0, 0])[1] for p in prompts) > 0, \
+        [sinks[p].done.stats.sources for p in prompts]

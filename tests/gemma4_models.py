@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, unit_embeddings
+from tiny_models import N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, unit_embeddings, write_gguf
 from localspec.core.paths import embedded_target
 
 ARCH = "gemma4"
@@ -64,13 +64,6 @@ def _common_keys(writer, arch: str, n_vocab: int, n_layer: int, pattern: list[bo
     writer.add_uint32(f"{arch}.attention.sliding_window", window)
     writer.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
     writer.add_vocab_size(n_vocab)
-
-
-def _finish(writer) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def _rnd(rng):
@@ -115,7 +108,7 @@ def build_gemma4_target(path: Path, *, seed: int = 0, noise: float = 0.6, shared
         writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF, N_EMBD))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF))
         writer.add_tensor(f"blk.{i}.post_ffw_norm.weight", np.full(N_EMBD, noise, np.float32))
-    _finish(writer)
+    write_gguf(writer)
     return path
 
 
@@ -164,5 +157,5 @@ def build_gemma4_assistant(path: Path, *, seed: int = 0, head_noise: float = 0.0
         writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF_ASSISTANT, N_EMBD_ASSISTANT))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD_ASSISTANT, N_FF_ASSISTANT))
         writer.add_tensor(f"blk.{i}.post_ffw_norm.weight", np.full(N_EMBD_ASSISTANT, head_noise, np.float32))
-    _finish(writer)
+    write_gguf(writer)
     return path

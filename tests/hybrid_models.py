@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, add_shape, unit_embeddings
+from mtp_models import add_nextn
+from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, add_shape, unit_embeddings, write_gguf
 from localspec.core.paths import embedded_target
 
 ARCH = "qwen35"
@@ -133,12 +134,6 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
         writer.add_tensor(f"blk.{i}.post_attention_norm.weight", np.ones(N_EMBD, np.float32))
         _attention(writer, i, rnd, head_noise)
         (_moe if moe else _ffn)(writer, i, rnd, head_noise)
-        eh = np.concatenate([np.eye(N_EMBD, dtype=np.float32), np.zeros((N_EMBD, N_EMBD), np.float32)], axis=1)
-        writer.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh + rnd(N_EMBD, 2 * N_EMBD, scale=head_noise / 4))
-        writer.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(N_EMBD, np.float32))
-        writer.add_tensor(f"blk.{i}.nextn.hnorm.weight", np.ones(N_EMBD, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        add_nextn(writer, i, N_EMBD, rnd, head_noise)
+    write_gguf(writer)
     return path

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, add_shape, unit_embeddings
+from tiny_models import HEAD_DIM, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, _copy_tokenizer, add_shape, unit_embeddings, write_gguf
 from localspec.core.paths import embedded_target
 
 ARCH = "step35"
@@ -72,12 +72,15 @@ def build_mtp_target(path: Path, *, heads: int = 1, seed: int = 0, noise: float 
         _block(writer, i, rnd, noise)
     for i in range(N_TRUNK, n_all):
         _block(writer, i, rnd, head_noise)
-        eh = np.concatenate([np.eye(N_EMBD, dtype=np.float32), np.zeros((N_EMBD, N_EMBD), np.float32)], axis=1)
-        writer.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh + rnd(N_EMBD, 2 * N_EMBD, scale=head_noise / 4))
-        writer.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(N_EMBD, np.float32))
-        writer.add_tensor(f"blk.{i}.nextn.hnorm.weight", np.ones(N_EMBD, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        add_nextn(writer, i, N_EMBD, rnd, head_noise)
+    write_gguf(writer)
     return path
+
+
+def add_nextn(writer, i: int, n_embd: int, rnd, head_noise: float) -> None:
+    """Block ``i``'s NextN projection (over [token embedding, target state]) and its norms: a head
+    that mostly passes the token's embedding on (drafts "the same token again"), plus noise."""
+    eh = np.concatenate([np.eye(n_embd, dtype=np.float32), np.zeros((n_embd, n_embd), np.float32)], axis=1)
+    writer.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh + rnd(n_embd, 2 * n_embd, scale=head_noise / 4))
+    writer.add_tensor(f"blk.{i}.nextn.enorm.weight", np.ones(n_embd, np.float32))
+    writer.add_tensor(f"blk.{i}.nextn.hnorm.weight", np.ones(n_embd, np.float32))

@@ -52,3 +52,12 @@ def assert_same_marginals(samples: dict[bool, list[tuple[int, ...]]], n: int) ->
             pooled = (plain[tok] + spec[tok]) / (n1 + n2)
             sigma = np.sqrt(max(pooled * (1 - pooled), 1e-9) * (1 / n1 + 1 / n2))
             assert abs(f1 - f2) <= SIGMAS * sigma, f"position {position}, token {tok}: {f1:.3f} vs {f2:.3f}"
+
+
+def assert_drafts_keep_the_distribution(engine, params: dict, n: int = 250) -> None:
+    """Sampled with drafts, each generated token follows the target's own distribution, plain vs
+    drafted (:func:`assert_same_marginals`), with drafts both accepted and rejected (both branches
+    of the rejection rule ran)."""
+    samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
+    assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)
+    assert_same_marginals(samples, n)

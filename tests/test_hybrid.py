@@ -14,16 +14,15 @@ import json
 import pytest
 
 from cli_run import run_cli
-from engine_checks import Collect, assert_lossless, drain, seed_calibration, solo
+from engine_checks import assert_lossless, assert_slots_lossless, seed_calibration, solo
 from hybrid_models import build_hybrid_target
 from localspec import Engine
 from localspec.core.events import DoneEvent
 from localspec.core.paths import user_dir
 from localspec.llama.contexts import RS_ROLLBACK
 from localspec.runtime.config import GenerationConfig
-from localspec.runtime.scheduler import Scheduler
 from localspec.speculation.policy import PolicyConfig
-from sampling_checks import assert_same_marginals, plain_and_speculative_samples
+from sampling_checks import assert_drafts_keep_the_distribution
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 OTHER = "One, two, three, four, five, six"
@@ -98,17 +97,12 @@ def test_hybrid_prefix_reuse_gives_what_a_fresh_cache_gives(hybrid_files):
 
 
 def test_hybrid_two_slots_draft_and_equal_plain_decoding(hybrid_files):
-    prompts = [PROMPT, OTHER]
-    alone = solo(hybrid_files["plain"], prompts, n_ctx=256, max_tokens=32)
-    with Engine(hybrid_files["plain"], n_ctx=256, parallel=2) as engine:
+    def keeps_snapshots(engine) -> None:
         assert engine.ctx.rollback == RS_ROLLBACK
-        for round_ in range(2):   # the second round reuses (or refills) each slot's cache
-            sinks = {p: Collect() for p in prompts}
-            cfg = GenerationConfig(max_tokens=32, policy=PolicyConfig("fixed", 4, source="lookup"))
-            drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
-            for p in prompts:
-                assert_lossless(alone[p], sinks[p].done)
-    assert sum(sinks[p].done.stats.sources.get("lookup", [0, 0, 0])[1] for p in prompts) > 0
+
+    cfg = GenerationConfig(max_tokens=32, policy=PolicyConfig("fixed", 4, source="lookup"))
+    assert_slots_lossless(hybrid_files["plain"], None, [PROMPT, OTHER], cfg, "lookup", rounds=2,
+                          on_engine=keeps_snapshots)
 
 
 def test_hybrid_cli_generate_with_lookup_is_plain_decoding_s_text(hybrid_files):
@@ -143,24 +137,13 @@ def replace_source(policy: PolicyConfig, source: str) -> PolicyConfig:
 
 
 def test_hybrid_mtp_drafts_in_two_slots(hybrid_files):
-    prompts = [PROMPT, OTHER]
-    alone = solo(hybrid_files["mtp"], prompts, n_ctx=256, max_tokens=24)
-    with Engine(hybrid_files["mtp"], n_ctx=256, parallel=2) as engine:
-        sinks = {p: Collect() for p in prompts}
-        cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="mtp"))
-        drain(Scheduler(engine), [(p, cfg, sinks[p]) for p in prompts])
-    for p in prompts:
-        assert_lossless(alone[p], sinks[p].done)
-    assert sum(sinks[p].done.stats.sources.get("mtp", [0, 0, 0])[1] for p in prompts) > 0
+    cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 3, source="mtp"))
+    assert_slots_lossless(hybrid_files["mtp"], None, [PROMPT, OTHER], cfg, "mtp")
 
 
 def test_hybrid_mtp_sampled_output_follows_the_target_s_distribution(hybrid_files):
-    params = dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0)
-    n = 250
     with Engine(hybrid_files["noisy"], n_ctx=256) as engine:
-        samples, drafted, accepted = plain_and_speculative_samples(engine, params, n)
-    assert 0.1 * drafted < accepted < 0.9 * drafted, (drafted, accepted)   # both branches of the rule
-    assert_same_marginals(samples, n)
+        assert_drafts_keep_the_distribution(engine, dict(temperature=0.4, top_k=8, top_p=1.0, min_p=0.0))
 
 
 def test_hybrid_state_llama_cpp_cannot_roll_back_decodes_plainly_with_one_note(hybrid_files):

@@ -50,6 +50,14 @@ def _copy_tokenizer(writer, source: Path, skip: tuple[str, ...] = ()) -> int:
     return len(header.kv["tokenizer.ggml.tokens"])
 
 
+def write_gguf(writer) -> None:
+    """Write out everything added to ``writer`` (a gguf.GGUFWriter) and close the file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def unit_embeddings(n_vocab: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     e = rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)
@@ -99,10 +107,7 @@ def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed:
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", rnd(N_FF, N_EMBD))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF, N_EMBD))
         writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF, scale=out_scale))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(writer)
     return path
 
 
@@ -177,10 +182,7 @@ def rewrite_gguf(src: Path, dst: Path, changes: dict, tensors: dict | None = Non
         data = tensors[name] if name in tensors else header.tensor_data(name)
         if data is not None:
             writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(writer)
     return dst
 
 
