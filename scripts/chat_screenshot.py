@@ -18,19 +18,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ["Write a Python function that returns the squares of a list of numbers."]
+PROMPTS = ["What are the three primary colours? Answer in one sentence.",
+           "Write a Python function that returns the squares of a list of numbers."]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "docs" / "chat.svg")
     parser.add_argument("--prompt", action="append", help="a user message (repeat for several turns)")
-    parser.add_argument("--size", default="100x32", help="terminal COLUMNSxROWS")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--size", default="100x34", help="terminal COLUMNSxROWS")
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the same reply every run")
-    parser.add_argument("--policy", default="auto", choices=["auto", "fixed"])
-    parser.add_argument("--draft-max", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=2)
+    # the EAGLE drafter drafts every cycle, so the acceptance by depth shows (auto, the default, drafts only
+    # where the calibrated costs say it pays: on a 2-core CPU, mostly lookup on repeats)
+    parser.add_argument("--policy", default="fixed", choices=["auto", "fixed"])
+    parser.add_argument("--draft-max", type=int, default=4)
+    parser.add_argument("--repeat-penalty", type=float, default=1.0, help="1: off (the chat's default is 1.1)")
+    parser.add_argument("--threads", type=int, default=None, help="default: as `localspec chat`, every core but one")
     parser.add_argument("--highlight", action="store_true", help="show drafted tokens highlighted (Ctrl+G)")
     parser.add_argument("--home", type=Path, default=None, help="LOCALSPEC_HOME (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each reply")
@@ -48,6 +52,7 @@ async def wait_for(pilot, condition, timeout: float) -> None:
 
 async def take(args: argparse.Namespace) -> str:
     from localspec.cli.chat import engine_factory
+    from localspec.llama.llama_model import default_threads
     from localspec.store.conversations import ConversationStore
     from localspec.store.models import resolve
     from localspec.tui.app import ChatApp
@@ -55,15 +60,19 @@ async def take(args: argparse.Namespace) -> str:
 
     columns, rows = (int(n) for n in args.size.lower().split("x"))
     spec = resolve(None)
+    threads = args.threads or default_threads(reserve=1)
     settings = ChatSettings(max_tokens=args.max_tokens, temperature=args.temperature, policy=args.policy,
-                            draft_max=args.draft_max)
+                            draft_max=args.draft_max, repeat_penalty=args.repeat_penalty)
     with ConversationStore() as store:
-        app = ChatApp(engine_factory(spec, ctx=2048, threads=args.threads), model_name=spec.name,
+        app = ChatApp(engine_factory(spec, ctx=2048, threads=threads), model_name=spec.name,
                       store=store, settings=settings)
         async with app.run_test(size=(columns, rows)) as pilot:
             await wait_for(pilot, lambda: app.engine is not None or app.load_error is not None, args.timeout)
             if app.load_error:
                 raise SystemExit(f"Error: {app.load_error}")
+            calibrator = getattr(app.engine, "calibrator", None)   # the status line clean, the cores free
+            await pilot.pause(1.0)
+            await wait_for(pilot, lambda: calibrator is None or not calibrator.busy, args.timeout)
             if args.highlight:
                 await pilot.press("ctrl+g")
             for n, prompt in enumerate(args.prompt or PROMPTS, 1):
@@ -82,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.output.with_name(f".{args.output.name}.partial-{os.getpid()}")
     partial.write_text(svg, encoding="utf-8")
     partial.replace(args.output)
-    print(f"wrote {args.output} ({len(svg):,} bytes)")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"wrote {args.output} ({len(svg):,} bytes); load average {load}")
     return 0
 
 
