@@ -35,6 +35,7 @@ def good(tmp_path_factory):
             "step35": build_mtp_target(d / "step35.gguf", heads=2),           # trunk 0-1, heads 2-3
             "qwen35": build_hybrid_target(d / "qwen35.gguf", with_head=True),  # trunk 0-3, head 4
             "qwen35x2": build_hybrid_target(d / "qwen35x2.gguf", with_head=True, heads=2),
+            "qwen35moe": build_hybrid_target(d / "qwen35moe.gguf", arch="qwen35moe"),
             "gemma4": build_gemma4_target(d / "gemma4.gguf"),
             "gemma4_shared1": build_gemma4_target(d / "gemma4-shared1.gguf", shared_kv_layers=1)}
 
@@ -57,6 +58,11 @@ CASES = {
                                 [], "marks none of its 4 layers as sliding"),
     "hybrid_interval_0": ("qwen35", {"qwen35.full_attention_interval": (0, U32)}, [],
                           "full_attention_interval is 0"),
+    "moe_no_expert_used": ("qwen35moe", {f"qwen35moe.{k}": None for k in ("expert_count", "expert_used_count",
+                                                                           "expert_feed_forward_length")}, [],
+                           "qwen35moe.expert_used_count (of its first layer) is 0 or missing"),
+    "llama_layer_without_heads": ("llama", {"llama.attention.head_count": ([4, 0, 4, 4], ARR, U32)}, [],
+                                  "llama.attention.head_count must not be 0 for a layer"),
     "delta_net_heads": ("qwen35", {"qwen35.ssm.group_count": (3, U32)}, [], "must be a positive multiple of"),
     "gemma4_all_layers_shared": ("gemma4", {"gemma4.attention.shared_kv_layers": (G4_LAYERS, U32)}, [],
                                  "shared_kv_layers 4 leaves 0 of its 4 layers with a KV cache of their own"),
@@ -75,7 +81,7 @@ def _hostile(good, name):
 
 
 def test_the_fixtures_themselves_pass_the_checks(good):
-    for name in ("llama", "step35", "qwen35", "gemma4"):
+    for name in ("llama", "step35", "qwen35", "qwen35moe", "gemma4"):
         check_target(read_gguf(good[name]))
     assert mtp_heads(read_gguf(good["step35"])) == 2 and mtp_heads(read_gguf(good["qwen35"])) == 1
 

@@ -48,6 +48,7 @@ KEY_SSM_GROUP_COUNT = "{arch}.ssm.group_count"                    # gated delta 
 KEY_SSM_INNER_SIZE = "{arch}.ssm.inner_size"
 KEY_EXPERT_COUNT = "{arch}.expert_count"
 KEY_EXPERT_USED_COUNT = "{arch}.expert_used_count"
+KEY_EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
 KEY_EXPERT_GROUP_COUNT = "{arch}.expert_group_count"
 KEY_EXPERT_GROUP_USED_COUNT = "{arch}.expert_group_used_count"
 KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
@@ -114,6 +115,9 @@ D2T_TYPE = "I64"        # eagle3.cpp: GGML_ASSERT(model.d2t->type == GGML_TYPE_I
 # the ones whose MTP graph runs any of several NextN blocks (nextn_layer_offset); every other one
 # asserts n_layer_nextn == 1 when it drafts
 MTP_CHAINED_ARCHS = frozenset({"step35", "hy-v3", "mimo2"})
+# targets with attention in every layer beside FEATURE_ARCHS: their heads checked as those are
+# (gemma2 and gemma3 also divide embedding_length by the first layer's head count)
+ATTENTION_ARCHS = frozenset({"llama", "step35", "gemma2", "gemma3"})
 # the ones that always attend through sliding windows (swa_type STANDARD in load_arch_hparams): the
 # cache asserts some layer slides (GGML_ASSERT(hparams.is_swa_any()))
 SWA_ARCHS = frozenset({"step35", "gemma4"})
@@ -127,6 +131,9 @@ SHARED_KV_ARCHS = frozenset({"gemma4"})
 INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
 # gated delta nets: head size inner_size / time_step_rank, time_step_rank % group_count asserted
 DELTA_NET_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+# MoE loaders sizing an expert as feed_forward_length / expert_used_count (of the first layer)
+# when expert_feed_forward_length is not given
+EXPERT_FF_ARCHS = frozenset({"qwen3moe", "qwen35moe", "qwen3next", "qwen4exp"})
 
 # Recurrent-state architectures whose state the pinned llama.cpp rolls back to a draft's position
 # (n_rs_seq snapshots; src/llama-arch.cpp llm_arch_supports_rs_rollback): the others of them

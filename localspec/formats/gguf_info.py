@@ -86,7 +86,7 @@ _COUNTS = (K.KEY_CONTEXT_LENGTH, K.KEY_EMBEDDING_LENGTH, K.KEY_BLOCK_COUNT, K.KE
            K.KEY_EXPERT_COUNT, K.KEY_EXPERT_USED_COUNT, K.KEY_EXPERT_GROUP_COUNT, K.KEY_EXPERT_GROUP_USED_COUNT,
            K.KEY_TARGET_HIDDEN_SIZE, K.KEY_EMBEDDING_LENGTH_OUT, K.KEY_KEY_LENGTH_SWA, K.KEY_SHARED_KV_LAYERS,
            K.KEY_FULL_ATTENTION_INTERVAL, K.KEY_SSM_TIME_STEP_RANK, K.KEY_SSM_GROUP_COUNT,
-           K.KEY_SSM_INNER_SIZE)     # an integer >= 0, or (per layer) a list of them
+           K.KEY_SSM_INNER_SIZE, K.KEY_EXPERT_FEED_FORWARD_LENGTH)     # an integer >= 0, or (per layer) a list of them
 _POSITIVE_REALS = (K.KEY_RMS_EPS, K.KEY_ROPE_FREQ_BASE)                  # a finite number > 0
 _FLAGS = (K.KEY_NORM_BEFORE_FC, K.KEY_NORM_BEFORE_RESIDUAL)              # a boolean (or 0 / 1)
 _LS_TEXTS = (K.KEY_LS_VARIANT, K.KEY_LS_SOURCE_LAYOUT, K.KEY_LS_SOURCE, K.KEY_LS_SOURCE_REVISION, K.KEY_NAME)
@@ -296,6 +296,9 @@ def check_attention(info: GGUFInfo) -> None:
     n_head = _per_layer(info, K.KEY_HEAD_COUNT)
     if n_head is None or not any(n_head):
         raise LocalspecError(f"{name}: missing or zero {K.key(K.KEY_HEAD_COUNT, info.arch)}")
+    if info.arch in K.ATTENTION_ARCHS and not all(n_head):   # every layer attends (gemma3: n_embd / n_head(0))
+        raise LocalspecError(f"{name}: {K.key(K.KEY_HEAD_COUNT, info.arch)} must not be 0 for a layer: every layer "
+                             f"of llama.cpp's {info.arch} attends")
     n_head_kv = _per_layer(info, K.KEY_HEAD_COUNT_KV) or n_head
     for counts, what in ((n_head, "head_count"), (n_head_kv, "head_count_kv")):
         if len(counts) not in (1, info.n_layer):
@@ -409,7 +412,7 @@ def check_target(target: GGUFInfo) -> None:
     check_hparams(target)
     check_layers(target)   # NextN blocks, sliding / shared-KV / recurrent layers, as its graph asserts them
     check_tensor_types(target)
-    if target.arch in K.FEATURE_ARCHS or target.arch == "llama":
+    if target.arch in K.FEATURE_ARCHS or target.arch in K.ATTENTION_ARCHS:
         check_attention(target)   # the architectures localspec runs as targets: llama-style attention
 
 

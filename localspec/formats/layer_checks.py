@@ -32,7 +32,7 @@ class GGUFInfo(Protocol):
 
 def check_layers(info: GGUFInfo) -> None:
     """One LocalspecError naming the file and the key, or nothing."""
-    for check in (_nextn_problem, _sliding_problem, _shared_kv_problem, _recurrent_problem):
+    for check in (_nextn_problem, _sliding_problem, _shared_kv_problem, _recurrent_problem, _expert_problem):
         problem = check(info)
         if problem:
             raise LocalspecError(f"{info.path.name}: {problem}")
@@ -158,3 +158,22 @@ def _recurrent_problem(info: GGUFInfo) -> str | None:
                 f"(value heads) must be a positive multiple of ssm.group_count {k_heads} (key heads) and "
                 f"divide ssm.inner_size {inner}")
     return None
+
+
+def _first_layer(info: GGUFInfo, template: str) -> int:
+    """A per-layer count of the first layer (the value itself when it is one number; 0: absent)."""
+    value = _value(info, template)
+    items = value.tolist() if isinstance(value, np.ndarray) else value if isinstance(value, list) else [value]
+    return int(items[0]) if items and items[0] is not None else 0
+
+
+def _expert_problem(info: GGUFInfo) -> str | None:
+    """MoE loaders that size an expert as ``n_ff / n_expert_used`` (of the first layer) when
+    ``expert_feed_forward_length`` is not given divide by the experts used (qwen35moe checks
+    nothing before)."""
+    if info.arch not in K.EXPERT_FF_ARCHS or _first_layer(info, K.KEY_EXPERT_FEED_FORWARD_LENGTH):
+        return None
+    if _first_layer(info, K.KEY_EXPERT_USED_COUNT):
+        return None
+    return (f"{K.key(K.KEY_EXPERT_USED_COUNT, info.arch)} (of its first layer) is 0 or missing and "
+            f"expert_feed_forward_length is not given: llama.cpp's {info.arch} divides feed_forward_length by it")
