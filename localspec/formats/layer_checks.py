@@ -1,9 +1,9 @@
 """A target's layer patterns against what its architecture's llama.cpp code asserts or divides by.
 
 The metadata says which blocks are NextN (MTP) heads, which layers slide, which reuse another
-layer's KV and which are recurrent; llama.cpp's loader, cache and graph take each as given and
-abort the whole process (``GGML_ASSERT``, or a division by zero) where they do not fit, on plain
-decoding too. Read from the pinned llama.cpp (``src/llama-model.cpp``, ``src/models/*.cpp``,
+layer's KV, which are recurrent and how wide an expert is; llama.cpp's loader, cache and graph
+take each as given and abort the whole process (``GGML_ASSERT``, or a division by zero) where they
+do not fit, on plain decoding too. Read from the pinned llama.cpp (``src/llama-model.cpp``, ``src/models/*.cpp``,
 ``src/llama-kv-cache.cpp``); the list, with the assert each check stands in front of, is in
 docs/design-notes.md. :func:`check_layers` runs in ``gguf_info.check_target``, before anything loads.
 """
