@@ -145,8 +145,8 @@ def _recurrent_problem(info: GGUFInfo) -> str | None:
     num_v_heads``, ``GGML_ASSERT(num_v_heads % num_k_heads == 0)``)."""
     if info.arch in K.INTERVAL_ARCHS and _value(info, K.KEY_RECURRENT_LAYERS) is None \
             and _scalar(info, K.KEY_FULL_ATTENTION_INTERVAL) == 0:
-        return (f"{K.key(K.KEY_FULL_ATTENTION_INTERVAL, info.arch)} is 0: every how many layers one attends "
-                "must be at least 1 (llama.cpp divides by it)")
+        return (f"{K.key(K.KEY_FULL_ATTENTION_INTERVAL, info.arch)} is 0: one layer in every "
+                "full_attention_interval attends, so it must be at least 1 (llama.cpp divides by it)")
     if info.arch not in K.DELTA_NET_ARCHS:
         return None
     v_heads, k_heads = _scalar(info, K.KEY_SSM_TIME_STEP_RANK), _scalar(info, K.KEY_SSM_GROUP_COUNT)
