@@ -80,8 +80,9 @@ def _delta_net(writer, i: int, rnd, out_scale: float) -> None:
 
 
 def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head_noise: float = 0.005,
-                        with_head: bool = False, arch: str = ARCH) -> Path:
-    """A qwen35 target (``with_head``: and its one MTP block); ``arch="qwen35moe"``: its MoE FFNs
+                        with_head: bool = False, arch: str = ARCH, heads: int = 1) -> Path:
+    """A qwen35 target (``with_head``: and its one MTP block, or ``heads`` of them, more than
+    llama.cpp's qwen35 drafts with); ``arch="qwen35moe"``: its MoE FFNs
     (Qwen3.5/3.6-A3B ...); ``arch="qwen3next"``: Qwen3-Next's
     trunk (the same layers, beta and alpha fused, MoE FFNs), whose state the pinned llama.cpp
     cannot roll back."""
@@ -92,7 +93,7 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
     def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    n_all = N_TRUNK + (1 if with_head else 0)
+    n_all = N_TRUNK + (heads if with_head else 0)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}{'-mtp' if with_head else ''}")
     n_vocab = _copy_tokenizer(writer, embedded_target())
@@ -107,7 +108,7 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
     writer.add_uint32(f"{arch}.ssm.time_step_rank", SSM_V_HEADS)
     writer.add_uint32(f"{arch}.ssm.group_count", SSM_K_HEADS)
     if with_head:
-        writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+        writer.add_uint32(f"{arch}.nextn_predict_layers", heads)
     moe = arch in ("qwen35moe", "qwen3next")
     if moe:
         writer.add_uint32(f"{arch}.expert_count", N_EXPERT)
@@ -128,8 +129,7 @@ def build_hybrid_target(path: Path, *, seed: int = 0, noise: float = 0.006, head
         else:
             _attention(writer, i, rnd, noise)
         (_moe if moe else _ffn)(writer, i, rnd, noise)
-    if with_head:
-        i = N_TRUNK
+    for i in range(N_TRUNK, n_all):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
         writer.add_tensor(f"blk.{i}.post_attention_norm.weight", np.ones(N_EMBD, np.float32))
         _attention(writer, i, rnd, head_noise)

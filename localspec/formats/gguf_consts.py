@@ -40,8 +40,15 @@ KEY_SSM_PREFIX = "{arch}.ssm."            # recurrent-state models (no KV cache 
 KEY_RWKV_PREFIX = "{arch}.rwkv"
 KEY_VOCAB_SIZE = "{arch}.vocab_size"
 KEY_NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
+KEY_SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"        # gemma4: the last layers reuse earlier KV
+KEY_FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"    # hybrids: every n-th layer attends
+KEY_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"        # hybrids: per layer, recurrent or not
+KEY_SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"              # gated delta nets: value heads
+KEY_SSM_GROUP_COUNT = "{arch}.ssm.group_count"                    # gated delta nets: key heads
+KEY_SSM_INNER_SIZE = "{arch}.ssm.inner_size"
 KEY_EXPERT_COUNT = "{arch}.expert_count"
 KEY_EXPERT_USED_COUNT = "{arch}.expert_used_count"
+KEY_EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
 KEY_EXPERT_GROUP_COUNT = "{arch}.expert_group_count"
 KEY_EXPERT_GROUP_USED_COUNT = "{arch}.expert_group_used_count"
 KEY_ROPE_SCALING_TYPE = "{arch}.rope.scaling.type"
@@ -67,6 +74,9 @@ VARIANT_EAGLE31 = "eagle3.1"
 # eagle3 tensors
 T_FC = "fc.weight"
 T_NEXTN_EH_PROJ = "nextn.eh_proj.weight"   # an MTP head's block: blk.{n}.nextn.eh_proj.weight
+T_NEXTN_ENORM = "nextn.enorm.weight"
+T_NEXTN_HNORM = "nextn.hnorm.weight"
+NEXTN_TENSORS = (T_NEXTN_EH_PROJ, T_NEXTN_ENORM, T_NEXTN_HNORM)   # each MTP graph asserts all three
 T_NEXTN_PROJ_PRE = "nextn.pre_projection.weight"     # gemma4-assistant: [token embedding, target state] in
 T_NEXTN_PROJ_POST = "nextn.post_projection.weight"   # gemma4-assistant: its state out, at the target's width
 T_ENC_NORM = "enc.output_norm.weight"
@@ -99,6 +109,31 @@ SAME_KV_HEAD_ARCHS = frozenset({
 ROT_IS_HEAD_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "hunyuan-vl"})
 NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64", "F64"})   # no matrix product on the CPU
 D2T_TYPE = "I64"        # eagle3.cpp: GGML_ASSERT(model.d2t->type == GGML_TYPE_I64)
+
+# Layer patterns each architecture's llama.cpp loader, cache or graph asserts on (or divides by),
+# checked before it loads a target (localspec.formats.layer_checks; docs/design-notes.md):
+# the ones whose MTP graph runs any of several NextN blocks (nextn_layer_offset); every other one
+# asserts n_layer_nextn == 1 when it drafts
+MTP_CHAINED_ARCHS = frozenset({"step35", "hy-v3", "mimo2"})
+# targets with attention in every layer beside FEATURE_ARCHS: their heads checked as those are
+# (gemma2 and gemma3 also divide embedding_length by the first layer's head count)
+ATTENTION_ARCHS = frozenset({"llama", "step35", "gemma2", "gemma3"})
+# the ones that always attend through sliding windows (swa_type STANDARD in load_arch_hparams): the
+# cache asserts some layer slides (GGML_ASSERT(hparams.is_swa_any()))
+SWA_ARCHS = frozenset({"step35", "gemma4"})
+# ... and those that do when attention.sliding_window > 0, with the layer period their loader
+# falls back to when sliding_window_pattern is not an array (period 1: no layer slides)
+SWA_IF_WINDOW_ARCHS = {"gemma3": 6}
+# the last shared_kv_layers layers reuse the KV of the last sliding / full layer before them
+SHARED_KV_ARCHS = frozenset({"gemma4"})
+# hybrids marking recurrent layers as (i + 1) % full_attention_interval != 0 when
+# attention.recurrent_layers is absent (a division by the interval)
+INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
+# gated delta nets: head size inner_size / time_step_rank, time_step_rank % group_count asserted
+DELTA_NET_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+# MoE loaders sizing an expert as feed_forward_length / expert_used_count (of the first layer)
+# when expert_feed_forward_length is not given
+EXPERT_FF_ARCHS = frozenset({"qwen3moe", "qwen35moe", "qwen3next", "qwen4exp"})
 
 # Recurrent-state architectures whose state the pinned llama.cpp rolls back to a draft's position
 # (n_rs_seq snapshots; src/llama-arch.cpp llm_arch_supports_rs_rollback): the others of them

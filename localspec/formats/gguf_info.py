@@ -16,6 +16,7 @@ import numpy as np
 from . import gguf_consts as K
 from ..core.errors import LocalspecError
 from ..llama.gguf_native import GGUFHeader
+from .layer_checks import check_layers
 
 GGUF_MAGIC = b"GGUF"
 
@@ -83,7 +84,9 @@ _COUNTS = (K.KEY_CONTEXT_LENGTH, K.KEY_EMBEDDING_LENGTH, K.KEY_BLOCK_COUNT, K.KE
            K.KEY_HEAD_COUNT, K.KEY_HEAD_COUNT_KV, K.KEY_KEY_LENGTH, K.KEY_VALUE_LENGTH,
            K.KEY_ROPE_DIMENSION_COUNT, K.KEY_VOCAB_SIZE, K.KEY_SLIDING_WINDOW, K.KEY_NEXTN_PREDICT_LAYERS,
            K.KEY_EXPERT_COUNT, K.KEY_EXPERT_USED_COUNT, K.KEY_EXPERT_GROUP_COUNT, K.KEY_EXPERT_GROUP_USED_COUNT,
-           K.KEY_TARGET_HIDDEN_SIZE, K.KEY_EMBEDDING_LENGTH_OUT, K.KEY_KEY_LENGTH_SWA)     # an integer >= 0, or (per layer) a list of them
+           K.KEY_TARGET_HIDDEN_SIZE, K.KEY_EMBEDDING_LENGTH_OUT, K.KEY_KEY_LENGTH_SWA, K.KEY_SHARED_KV_LAYERS,
+           K.KEY_FULL_ATTENTION_INTERVAL, K.KEY_SSM_TIME_STEP_RANK, K.KEY_SSM_GROUP_COUNT,
+           K.KEY_SSM_INNER_SIZE, K.KEY_EXPERT_FEED_FORWARD_LENGTH)     # an integer >= 0, or (per layer) a list of them
 _POSITIVE_REALS = (K.KEY_RMS_EPS, K.KEY_ROPE_FREQ_BASE)                  # a finite number > 0
 _FLAGS = (K.KEY_NORM_BEFORE_FC, K.KEY_NORM_BEFORE_RESIDUAL)              # a boolean (or 0 / 1)
 _LS_TEXTS = (K.KEY_LS_VARIANT, K.KEY_LS_SOURCE_LAYOUT, K.KEY_LS_SOURCE, K.KEY_LS_SOURCE_REVISION, K.KEY_NAME)
@@ -293,6 +296,9 @@ def check_attention(info: GGUFInfo) -> None:
     n_head = _per_layer(info, K.KEY_HEAD_COUNT)
     if n_head is None or not any(n_head):
         raise LocalspecError(f"{name}: missing or zero {K.key(K.KEY_HEAD_COUNT, info.arch)}")
+    if info.arch in K.ATTENTION_ARCHS and not all(n_head):   # every layer attends (gemma3: n_embd / n_head(0))
+        raise LocalspecError(f"{name}: {K.key(K.KEY_HEAD_COUNT, info.arch)} must not be 0 for a layer: every layer "
+                             f"of llama.cpp's {info.arch} attends")
     n_head_kv = _per_layer(info, K.KEY_HEAD_COUNT_KV) or n_head
     for counts, what in ((n_head, "head_count"), (n_head_kv, "head_count_kv")):
         if len(counts) not in (1, info.n_layer):
@@ -404,8 +410,9 @@ def check_target(target: GGUFInfo) -> None:
     if target.tokenizer_issue:
         raise LocalspecError(f"{target.path.name}: {target.tokenizer_issue}")
     check_hparams(target)
+    check_layers(target)   # NextN blocks, sliding / shared-KV / recurrent layers, as its graph asserts them
     check_tensor_types(target)
-    if target.arch in K.FEATURE_ARCHS or target.arch == "llama":
+    if target.arch in K.FEATURE_ARCHS or target.arch in K.ATTENTION_ARCHS:
         check_attention(target)   # the architectures localspec runs as targets: llama-style attention
 
 
@@ -484,12 +491,14 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
 
 def mtp_heads(info: GGUFInfo) -> int:
     """How many MTP heads a target GGUF carries, as llama.cpp recognises them
-    (``common_speculative_types_from_gguf``): ``{arch}.nextn_predict_layers`` and the last block's
-    ``nextn.eh_proj`` tensor; 0: none (or a GGUF that declares heads it does not hold)."""
+    (``common_speculative_types_from_gguf``): ``{arch}.nextn_predict_layers``, after at least one
+    trunk layer, and every NextN block's tensors; 0: none (or a GGUF that declares heads it does
+    not hold, which check_target refuses when it holds some of them)."""
     n = info.metadata.get(K.key(K.KEY_NEXTN_PREDICT_LAYERS, info.arch))
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= info.n_layer:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n < info.n_layer:
         return 0
-    return int(n) if f"blk.{info.n_layer - 1}.{K.T_NEXTN_EH_PROJ}" in info.tensors else 0
+    held = all(f"blk.{i}.{t}" in info.tensors for i in range(info.n_layer - n, info.n_layer) for t in K.NEXTN_TENSORS)
+    return int(n) if held else 0
 
 
 def recurrent_note(info: GGUFInfo) -> str | None:
