@@ -309,7 +309,7 @@ def test_other_errors_in_ollamas_shape(server):
     assert "embedding" in ollama_error(http.post("/api/embeddings", json={"model": MODEL, "prompt": "x"}), 400)
     ollama_error(http.post("/api/generate", content=b"{not json"), 400)
     ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "suffix": "y"}), 400)
-    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "context": [1, 2]}), 400)
+    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "raw": True, "context": [1, 2]}), 400)
     ollama_error(http.get("/api/nothing-here"), 404)
     ollama_error(http.get("/api/chat"), 405)
     ollama_error(http.post("/api/show", json={"model": "no-such-model"}), 404)
