@@ -171,6 +171,9 @@ def test_refusals_in_ollamas_shape(server):
     created = http.post("/api/create", json={"model": "x", "from": MODEL, "messages": [{"role": "tool"}]})
     assert "messages.0.role" in ollama_error(created, 400)
     assert "Traceback" not in server.log.read_text()
+    schema = http.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                          "format": {"type": "bogus"}})   # refused by the shared chat path
+    assert "format" in ollama_error(schema, 400) and "response_format" not in schema.text
     for body, field in (({"template": "{{ .Prompt }}"}, "template"), ({"images": ["aGk="]}, "images"),
                         ({"top_logprobs": 21}, "top_logprobs"), ({"bogus": 1}, "bogus")):
         assert field in ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", **body}), 400)

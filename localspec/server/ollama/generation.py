@@ -27,7 +27,7 @@ from ..params import chat_request, completion_request
 from ..stats import finish_reason, speculative
 from ..worker import Failed, Finished, Job, Text
 from .common import keep_alive_of, now_iso, read
-from .params import chat_body, generate_body, prefill, read_options, with_policy
+from .params import chat_body, generate_body, in_ollamas_words, prefill, read_options, with_policy
 from .prompts import context_text, fim_text, rendered
 from .schemas import ChatRequest, GenerateRequest
 
@@ -151,6 +151,20 @@ def _loaded_only(model: str, served: Loaded, kind: str, unload: bool) -> dict:
 
 
 def chat_job(req: ChatRequest, fields: dict, served: Loaded):
+    try:
+        return _chat_job(req, fields, served)
+    except APIError as exc:
+        raise in_ollamas_words(exc) from None
+
+
+def generate_job(req: GenerateRequest, fields: dict, served: Loaded):
+    try:
+        return _generate_job(req, fields, served)
+    except APIError as exc:
+        raise in_ollamas_words(exc) from None
+
+
+def _chat_job(req: ChatRequest, fields: dict, served: Loaded):
     """(prompt, config, tools, context): ``/api/chat`` on the chat path ``/v1`` takes, tool results
     paired as Ollama pairs them; a last assistant message is continued (its text ends the prompt)."""
     body = chat_body(req, fields, served.name)
@@ -161,7 +175,7 @@ def chat_job(req: ChatRequest, fields: dict, served: Loaded):
     return prompt, config, tools, None
 
 
-def generate_job(req: GenerateRequest, fields: dict, served: Loaded):
+def _generate_job(req: GenerateRequest, fields: dict, served: Loaded):
     """(prompt, config, tools, context): ``/api/generate`` as a text completion (``raw``; ``suffix``:
     fill-in-the-middle) or a one-message chat after an earlier answer's ``context``, whose tokens
     with the prompt's are the answer's ``context``."""

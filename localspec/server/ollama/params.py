@@ -12,6 +12,7 @@ default, which changes nothing (:data:`NO_OP`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -40,6 +41,26 @@ NO_OP: dict[str, tuple] = {
 }
 # accepted in any value: they act only where this server never goes (a context shift)
 NOT_APPLICABLE = ("num_keep",)
+
+
+# a field of the OpenAI request an /api request runs as -> the /api field that set it
+OLLAMA_FIELDS = {"response_format": "format", "max_completion_tokens": "options.num_predict",
+                 **{field: f"options.{option}" for option, field in HONOURED.items()}}
+
+
+def in_ollamas_words(exc: APIError) -> APIError:
+    """An error of the shared chat path, naming the ``/api`` field the client sent (``format``, not
+    ``response_format``; ``options.num_predict``, not ``max_tokens``; ``messages.1.content``)."""
+    if exc.param is None:
+        return exc
+    head = re.split(r"[.\[]", exc.param, maxsplit=1)[0]
+    field = OLLAMA_FIELDS.get(head)
+    param = (field + exc.param[len(head):] if field else exc.param).replace("[", ".").replace("]", "")
+    message = exc.message.replace(head, field) if field and head in exc.message else exc.message
+    if param not in message and (field or head) not in message:
+        message = f"{param}: {message}"
+    exc.param, exc.message = param, message
+    return exc
 
 
 def refusal(name: str, why: str) -> APIError:
