@@ -15,7 +15,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from serve_checks import KEY, MODEL, creates_model, running_server
+from serve_checks import KEY, MODEL, creates_model, ollama_client, ollama_error, running_server
 from tool_templates import HERMES_TEMPLATE
 
 SECOND = "smol-tools"
@@ -41,16 +41,7 @@ def server(tmp_path_factory):
         yield srv
 
 
-def client(srv) -> ollama.Client:
-    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-
-def ollama_error(response: httpx.Response, status: int) -> str:
-    assert response.status_code == status, (response.status_code, response.text)
-    body = response.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
-    assert "Traceback" not in response.text
-    return body["error"]
+client = ollama_client
 
 
 # -- generation ------------------------------------------------------------------------------------

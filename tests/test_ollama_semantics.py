@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 
 import gguf
-import httpx
-import ollama
 import pytest
 
-from serve_checks import KEY, MODEL, running_server
+from serve_checks import KEY, MODEL, ollama_client, ollama_error, running_server
 from tiny_models import build_target, rewrite_gguf
 
 FIM = "tiny-fim"
@@ -44,15 +42,7 @@ def server(tmp_path_factory):
         yield srv
 
 
-def client(srv) -> ollama.Client:
-    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-
-def ollama_error(response: httpx.Response, status: int) -> str:
-    assert response.status_code == status, (response.status_code, response.text)
-    body = response.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
-    return body["error"]
+client = ollama_client
 
 
 # -- tools ---------------------------------------------------------------------------------------------

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import time
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from ...core.errors import LocalspecError
 from ...formats.tool_calls import CallStream
 from ..answering import ndjson, ndjson_stream, pending, run
 from ..bodies import check_key
-from ..errors import APIError, bad_request
+from ..errors import APIError
 from ..models_manager import Loaded
 from ..params import chat_request, completion_request
 from ..stats import finish_reason, speculative
@@ -43,11 +42,11 @@ def logprobs_of(entries) -> list[dict]:
 
 class Answer:
     """One ``/api/chat`` or ``/api/generate`` answer: its chunks, its last object. ``logprobs``: the
-    request asked for them; ``context``: the prompt's tokens, which ``/api/generate`` answers with
-    the answer's tokens after them (None: no ``context`` in the answer)."""
+    request asked for them; ``context``: the last object carries ``context``, the prompt's tokens
+    and the answer's (a templated ``/api/generate``'s, as Ollama's)."""
 
     def __init__(self, model: str, chat: bool, tools, *, started: float, load_seconds: float,
-                 logprobs: bool = False, context: Optional[list[int]] = None) -> None:
+                 logprobs: bool = False, context: bool = False) -> None:
         self.model, self.chat = model, chat
         self.calls = CallStream(tools.format) if tools is not None and tools.request is not None else None
         self.started, self.load_seconds = started, load_seconds
@@ -67,7 +66,7 @@ class Answer:
             out["logprobs"] = logprobs_of(entries)
         return out
 
-    def last(self, text: str, end: Finished, calls=None, entries=()) -> dict:
+    def last(self, text: str, end: Finished, prompt: list[int], calls=None, entries=()) -> dict:
         done, s = end.done, end.done.stats
         out = self.chunk(text, calls, entries)
         out.update(done=True, done_reason=finish_reason(done),
@@ -75,8 +74,8 @@ class Answer:
                    load_duration=int(self.load_seconds * 1e9), prompt_eval_count=s.prompt_tokens,
                    prompt_eval_duration=int(s.prompt_seconds * 1e9), eval_count=s.generated_tokens,
                    eval_duration=int(s.generation_seconds * 1e9), speculative=speculative(done, end.drafts))
-        if self.context is not None:
-            out["context"] = self.context + list(done.tokens)
+        if self.context:
+            out["context"] = list(prompt) + list(done.tokens)
         return out
 
 
@@ -102,7 +101,7 @@ async def _events(job: Job, answer: Answer) -> AsyncIterator[dict]:
                 if answer.calls is not None:
                     rest, calls = answer.calls.finish()
                     text += rest
-                yield answer.last(text, end, calls, entries)
+                yield answer.last(text, end, job.prompt_tokens, calls, entries)
                 return
             if text or (answer.logprobs and entries):
                 yield answer.chunk(text, entries=entries)
@@ -151,6 +150,7 @@ def _loaded_only(model: str, served: Loaded, kind: str, unload: bool) -> dict:
 
 
 def chat_job(req: ChatRequest, fields: dict, served: Loaded):
+    """See :func:`_chat_job`; its errors name the ``/api`` fields."""
     try:
         return _chat_job(req, fields, served)
     except APIError as exc:
@@ -158,6 +158,7 @@ def chat_job(req: ChatRequest, fields: dict, served: Loaded):
 
 
 def generate_job(req: GenerateRequest, fields: dict, served: Loaded):
+    """See :func:`_generate_job`; its errors name the ``/api`` fields."""
     try:
         return _generate_job(req, fields, served)
     except APIError as exc:
@@ -166,34 +167,31 @@ def generate_job(req: GenerateRequest, fields: dict, served: Loaded):
 
 def _chat_job(req: ChatRequest, fields: dict, served: Loaded):
     """(prompt, config, tools, context): ``/api/chat`` on the chat path ``/v1`` takes, tool results
-    paired as Ollama pairs them; a last assistant message is continued (its text ends the prompt)."""
+    paired as Ollama pairs them; a last assistant message is continued (its text ends the prompt);
+    ``context`` False: no ``context`` in the answer."""
     body = chat_body(req, fields, served.name)
     prompt, config, tools = chat_request(body, served.spec, served.defaults, served.engine.formatter, paired=False)
     start = prefill(req)
     if start is not None:
         prompt = rendered(served.engine, prompt, "messages") + start
-    return prompt, config, tools, None
+    return prompt, config, tools, False
 
 
 def _generate_job(req: GenerateRequest, fields: dict, served: Loaded):
     """(prompt, config, tools, context): ``/api/generate`` as a text completion (``raw``; ``suffix``:
-    fill-in-the-middle) or a one-message chat after an earlier answer's ``context``, whose tokens
-    with the prompt's are the answer's ``context``."""
+    fill-in-the-middle) or a one-message chat after an earlier answer's ``context``; ``context``
+    True: the answer gives the prompt's tokens and its own back as ``context``, as Ollama does."""
     engine = served.engine
     if req.suffix:
         text = fim_text(engine, req.model, req.prompt, req.suffix, req.system)
         prompt, config = completion_request(generate_body(req, fields, served.name, text), served.defaults)
-        return prompt, config, None, None
+        return prompt, config, None, False
     body = generate_body(req, fields, served.name)
     if req.raw:
-        return (*completion_request(body, served.defaults), None, None)
+        return (*completion_request(body, served.defaults), None, False)
     prompt, config, tools = chat_request(body, served.spec, served.defaults, engine.formatter)
     prompt = (context_text(engine, req.context) if req.context else "") + rendered(engine, prompt, "prompt")
-    try:
-        tokens = engine.prompt_tokens(prompt, parse_special=config.parse_special)
-    except LocalspecError as exc:
-        raise bad_request(str(exc), param="prompt") from None
-    return prompt, config, tools, tokens
+    return prompt, config, tools, True
 
 
 async def _generation(state, request: Request, schema, kind: str) -> Response:
