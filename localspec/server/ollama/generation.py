@@ -101,7 +101,7 @@ async def _events(job: Job, answer: Answer) -> AsyncIterator[dict]:
                 if answer.calls is not None:
                     rest, calls = answer.calls.finish()
                     text += rest
-                yield answer.last(text, end, job.prompt_tokens, calls, entries)
+                yield answer.last(text, end, job.tokens or [], calls, entries)
                 return
             if text or (answer.logprobs and entries):
                 yield answer.chunk(text, entries=entries)
