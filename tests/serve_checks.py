@@ -179,6 +179,22 @@ def error_of(response: httpx.Response) -> dict:
     return body["error"]
 
 
+def ollama_error(response: httpx.Response, status: int) -> str:
+    """Ollama's error shape, ``{"error": "..."}`` with ``status``: its message."""
+    assert response.status_code == status, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+def ollama_client(srv: Server) -> "ollama.Client":
+    """The official ``ollama`` client on ``srv``, with its API key."""
+    import ollama
+
+    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
 class Served:
     """A ``localspec serve`` child (SIGINT at its default, in a session of its own) and its log."""
 

@@ -15,7 +15,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from serve_checks import KEY, MODEL, creates_model, running_server
+from serve_checks import KEY, MODEL, creates_model, ollama_client, ollama_error, running_server
 from tool_templates import HERMES_TEMPLATE
 
 SECOND = "smol-tools"
@@ -41,16 +41,7 @@ def server(tmp_path_factory):
         yield srv
 
 
-def client(srv) -> ollama.Client:
-    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-
-
-def ollama_error(response: httpx.Response, status: int) -> str:
-    assert response.status_code == status, (response.status_code, response.text)
-    body = response.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], body
-    assert "Traceback" not in response.text
-    return body["error"]
+client = ollama_client
 
 
 # -- generation ------------------------------------------------------------------------------------
@@ -309,7 +300,7 @@ def test_other_errors_in_ollamas_shape(server):
     assert "embedding" in ollama_error(http.post("/api/embeddings", json={"model": MODEL, "prompt": "x"}), 400)
     ollama_error(http.post("/api/generate", content=b"{not json"), 400)
     ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "suffix": "y"}), 400)
-    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "context": [1, 2]}), 400)
+    ollama_error(http.post("/api/generate", json={"model": MODEL, "prompt": "x", "raw": True, "context": [1, 2]}), 400)
     ollama_error(http.get("/api/nothing-here"), 404)
     ollama_error(http.get("/api/chat"), 405)
     ollama_error(http.post("/api/show", json={"model": "no-such-model"}), 404)

@@ -152,14 +152,12 @@ def serve(
                          parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram, vram=vram,
                          keep_alive=keep_seconds, api_key=api_key, max_body=body_limit,
                          expose_paths=expose_paths, log_requests=not quiet)
-    from ..server import responses
     from ..server.app import create_app
     from ..server.run import run
 
     primary = state.models.loaded[resolved.name]
     engine = primary.engine
     server_app = create_app(state)
-    responses.add_routes(server_app, state)   # /v1/responses
     announce(sock, f"{resolved.name} ({drafting(engine, resolved, no_spec)}), {slots(engine)}, "
                    f"queue {queue_size}{', API key required' if api_key else ''}", api_key=api_key)
     stopped_by = run(server_app, sock, verbose=verbose, on_shutdown=state.models.abort, on_exit=state.close)

@@ -133,8 +133,26 @@ class Model:
             self._pieces[token] = cached
         return cached
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        """The tokens' text; ``special``: control tokens written as their text (``<|im_start|>``),
+        so that tokenizing it again with special tokens parsed gives them back."""
+        piece = self.special_piece if special else self.piece
+        return b"".join(piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def special_piece(self, token: int) -> bytes:
+        """The bytes of one token, a control token as its text."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle) llama.cpp found in the GGUF, or None."""
+        ids = (llama_cpp.llama_vocab_fim_pre(self.vocab), llama_cpp.llama_vocab_fim_suf(self.vocab),
+               llama_cpp.llama_vocab_fim_mid(self.vocab))
+        return None if any(t < 0 or t >= self.n_vocab for t in ids) else tuple(int(t) for t in ids)
 
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])

@@ -16,6 +16,10 @@ from .planner import Plan, layout, plan_memory
 from .probe import LlamaCompute, device_budgets
 
 
+class DoesNotFit(LocalspecError):
+    """The pair does not fit the memory budget (the server answers it apart from other load errors)."""
+
+
 def plan_files(target: str | Path, drafter: str | Path | None, *, vram: int | None = None, ram: int | None = None,
                n_ctx: int | None = None, n_ctx_max: int | None = None, kv_type: str | None = None,
                draft_max: int | None = None, gpu_layers: int | None = None, drafter_gpu_layers: int | None = None,
@@ -84,13 +88,13 @@ def plan_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
         if p.fits or n == 1:
             break
         if slots is not None:
-            raise LocalspecError(f"{n} slots of context {n_ctx} do not fit the memory budget: {p.reason} "
+            raise DoesNotFit(f"{n} slots of context {n_ctx} do not fit the memory budget: {p.reason} "
                                  f"(use a smaller --parallel or --ctx; see `localspec fit --parallel {n}`)")
     slots = n
     if not p.fits:
         flexible = plan_files(spec.target, drafter, n_ctx=None, n_ctx_max=n_ctx, **kwargs)
         if not flexible.fits:   # not even the smallest context fits: nothing is allocated beyond the budget
-            raise LocalspecError(f"the model does not fit the memory budget: {p.reason} "
+            raise DoesNotFit(f"the model does not fit the memory budget: {p.reason} "
                                  "(see `localspec fit`)")
         flexible.requested_n_ctx = n_ctx
         p = flexible

@@ -1,12 +1,13 @@
 """One generating request on the route's side, shared by ``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/responses``, ``/api/chat`` and ``/api/generate``: the job admitted to its
 model's worker, its first event awaited while a client that goes away cancels it, then the route's
-own streaming response or its whole answer gathered.
+own streaming response (server-sent events on ``/v1``, NDJSON on ``/api``) or its whole answer gathered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import AsyncIterator, Awaitable, Callable, Union
 
 from fastapi import Request
@@ -25,10 +26,29 @@ async def watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
+NDJSON = "application/x-ndjson"
+
+
+def sse(data, event: str | None = None) -> bytes:
+    """One server-sent event (``event``: its type line, as the Responses API names its events)."""
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def ndjson(obj) -> bytes:
+    """One line of an NDJSON stream (Ollama's)."""
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
 def event_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
     """Server-sent events, unbuffered by proxies (OpenAI's streams: chat, completions, responses)."""
     return StreamingResponse(body, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def ndjson_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
+    """An NDJSON stream (Ollama's: one JSON object a line)."""
+    return StreamingResponse(body, media_type=NDJSON)
 
 
 async def run(served: Loaded, request: Request, job: Job, *, streaming: bool,

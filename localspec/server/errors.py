@@ -1,4 +1,6 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status.
+"""The server's errors, one copy of each shape: OpenAI's ``{"error": {"message", "type", "param",
+"code"}}`` (``/v1``) and Ollama's ``{"error": "..."}`` (``/api``), with an HTTP status; and the
+model manager's typed errors (:class:`ModelError`), which each API answers with its own status.
 
 An error may quote what the client sent (a model name, a content part's type, a field's path); a
 value that cannot be encoded as UTF-8 (a lone surrogate, ``"\\ud800"`` in JSON) is written escaped,
@@ -39,7 +41,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        """OpenAI's shape."""
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def ollama_body(self) -> dict:
+        return {"error": self.message}
+
+    def ollama_response(self) -> JSONResponse:
+        """Ollama's shape: ``{"error": "..."}``."""
+        return JSONResponse(self.ollama_body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -77,3 +87,30 @@ def shutting_down(what: str = "The server is shutting down.") -> APIError:
 
 def internal(message: str = "The server failed while handling the request.") -> APIError:
     return APIError(500, message, type="server_error", code="internal_error")
+
+
+# -- the model manager's errors: what it could not do, typed; each API chooses status and shape ------
+class ModelError(Exception):
+    """A request's model could not be served; ``retry_after``: seconds a client may wait and retry."""
+
+    def __init__(self, model: str, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+        self.message = encodable(message)
+        self.retry_after = retry_after
+
+
+class ModelNotFound(ModelError):
+    """The store holds no model by that name (or its record names files that are gone)."""
+
+
+class ModelDoesNotFit(ModelError):
+    """The model does not fit the memory budget even with no other model loaded."""
+
+
+class ModelBusy(ModelError):
+    """The model does not fit beside the loaded models, and they are all answering requests."""
+
+
+class ModelLoadFailed(ModelError):
+    """The model's record or files cannot be read or loaded."""

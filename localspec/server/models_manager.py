@@ -32,7 +32,8 @@ from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store import registry
 from ..store.models import DEFAULT_MODEL, ModelSpec, resolve
-from .errors import APIError, queue_full
+from ..memory.pair import DoesNotFit
+from .errors import ModelBusy, ModelDoesNotFit, ModelLoadFailed, ModelNotFound, queue_full
 from .metrics import ServerMetrics
 from .params import ServeDefaults
 from .worker import EngineWorker, Job, log
@@ -41,7 +42,7 @@ DEFAULT_KEEP_ALIVE = 300.0   # seconds (Ollama's 5m)
 EXPIRY_TICK = 0.25           # how often expired models are looked for (seconds)
 
 
-class DoesNotFit(LocalspecError):
+class NoRoom(LocalspecError):
     """The model's plan does not fit what the loaded models leave of the budget."""
 
 
@@ -201,7 +202,7 @@ class ModelManager:
             if registry.load(bare) is not None:
                 return bare
         except LocalspecError as exc:
-            raise APIError(400, f"The model '{bare}' cannot be read: {exc}", param="model") from None
+            raise ModelLoadFailed(bare, f"The model '{bare}' cannot be read: {exc}") from None
         entry = registry.catalog_entry(bare)
         if (entry is not None and entry.embedded) or bare == DEFAULT_MODEL:
             return bare
@@ -213,8 +214,7 @@ class ModelManager:
         try:
             return resolve(name)
         except LocalspecError as exc:
-            raise APIError(404, f"The model '{name}' cannot be loaded: {exc}", param="model",
-                           code="model_not_found") from None
+            raise ModelNotFound(name, f"The model '{name}' cannot be loaded: {exc}") from None
 
     # -- acquiring --
     async def acquire(self, name: Optional[str], keep_alive=...) -> Loaded:
@@ -247,11 +247,10 @@ class ModelManager:
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
             return await asyncio.shield(future)
-        except LocalspecError as exc:   # the plan or the files: this request's error, the server goes on
-            fits = "fit" not in str(exc)
-            raise APIError(400 if fits else 507, f"The model '{key}' cannot be loaded: {exc}", param="model",
-                           type="invalid_request_error" if fits else "server_error",
-                           code="model_load_failed") from None
+        except DoesNotFit as exc:   # the plan or the files: this request's error, the server goes on
+            raise ModelDoesNotFit(key, f"The model '{key}' cannot be loaded: {exc}") from None
+        except LocalspecError as exc:
+            raise ModelLoadFailed(key, f"The model '{key}' cannot be loaded: {exc}") from None
         finally:
             self._waiters[key] -= 1
 
@@ -273,7 +272,7 @@ class ModelManager:
                     continue
                 try:
                     loaded = self._open(key, spec, strict=bool(others))
-                except DoesNotFit as exc:
+                except NoRoom as exc:
                     self._evict_one(key, str(exc))
                     continue
                 self.loaded[key] = loaded
@@ -283,9 +282,8 @@ class ModelManager:
         idle = [m for m in self.loaded.values() if not m.busy()]
         if not idle:
             busy = ", ".join(self.loaded)
-            raise APIError(503, f"The model '{key}' does not fit beside the loaded models ({busy}), which are "
-                                f"all busy: {why}. Retry shortly.", type="server_error",
-                           code="model_busy", headers={"Retry-After": "5"})
+            raise ModelBusy(key, f"The model '{key}' does not fit beside the loaded models ({busy}), which are "
+                                 f"all busy: {why}. Retry shortly.", retry_after=5)
         victim = min(idle, key=lambda m: m.last_used)
         log(f"unloading {victim.name} to make room for {key} ({why})")
         self._unload_locked(victim)
@@ -316,13 +314,13 @@ class ModelManager:
         try:
             options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
                                   parallel=s.parallel, ram=ram, kv_type=kv)
-        except LocalspecError as exc:
-            if strict and "does not fit" in str(exc):
-                raise DoesNotFit(str(exc)) from None
+        except DoesNotFit as exc:
+            if strict:
+                raise NoRoom(str(exc)) from None
             raise
         plan = options["memory_plan"]
         if strict and plan.context_note:
-            raise DoesNotFit(plan.context_note)
+            raise NoRoom(plan.context_note)
         if plan.context_note:
             log(f"{key}: {plan.context_note}")
         mtp = True if "mtp" in listed_words(defaults.policy.source) else None   # --source mtp: the heads must be there
@@ -434,9 +432,9 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def unknown(name: str) -> APIError:
-    return APIError(404, f"model '{name}' not found (see /api/tags or /v1/models for the models this server has)",
-                    param="model", code="model_not_found")
+def unknown(name: str) -> ModelNotFound:
+    return ModelNotFound(name, f"model '{name}' not found (see /api/tags or /v1/models for the models this "
+                               "server has)")
 
 
 def store_names() -> list[str]:

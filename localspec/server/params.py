@@ -108,11 +108,13 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
         raise bad_request(str(exc)) from None
 
 
-def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]:
+def chat_messages(req: ChatCompletionRequest, model: ModelSpec, *, paired: bool = True) -> list[Message]:
     """The conversation to render: the Modelfile's SYSTEM and MESSAGEs first unless the request
     brings its own system message (as Ollama does), then the request's messages (text, and an
-    assistant's tool calls, a tool result's call id)."""
-    check_tool_answers(req.messages)
+    assistant's tool calls, a tool result's call id). ``paired``: OpenAI's rule that every call is
+    answered by its id is checked (Ollama's API pairs results by name and order, and takes fewer)."""
+    if paired:
+        check_tool_answers(req.messages)
     out: list[Message] = []
     for i, message in enumerate(req.messages):
         for name in ("function_call", "audio"):
@@ -132,10 +134,11 @@ def chat_messages(req: ChatCompletionRequest, model: ModelSpec) -> list[Message]
 
 
 def chat_request(req: ChatCompletionRequest, model: ModelSpec, defaults: ServeDefaults,
-                 formatter: Optional[ChatFormatter] = None):
+                 formatter: Optional[ChatFormatter] = None, *, paired: bool = True):
     """(prompt, config, tools): the prompt is the messages, or the text the server rendered itself
-    when tools are involved (``formatter``: the engine's chat template); ``tools`` is None then not."""
-    messages = chat_messages(req, model)
+    when tools are involved (``formatter``: the engine's chat template); ``tools`` is None then not.
+    ``paired``: see :func:`chat_messages`."""
+    messages = chat_messages(req, model, paired=paired)
     config = generation_config(req, defaults, req.max_completion_tokens or req.max_tokens)
     tools = chat_tools(req, formatter.source if formatter is not None else "")
     grammar, triggers = tool_grammar(tools)

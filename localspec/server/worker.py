@@ -71,6 +71,7 @@ class Job:
         self.shutdown = False                   # cancelled by the server's shutdown, not by the client
         self.finish_of = None                   # DoneEvent -> the finish reason /metrics counts (tool_calls)
         self.finished: Finished | None = None   # the end, once posted (the request log reads it)
+        self.tokens: list[int] | None = None     # the prompt's tokens, once prepared off the engine thread
 
     def post(self, item) -> None:
         if isinstance(item, Finished):
@@ -230,6 +231,7 @@ class EngineWorker:
         except LocalspecError as exc:
             job.post(Failed(bad_request(str(exc), param=job.param)))
             return
+        job.tokens = tokens   # Ollama's context answers with them
         job.post(Started(len(tokens)))
         self._running.append(job)
         try:

@@ -1,5 +1,5 @@
 """Ollama's request fields -> the OpenAI request this server already honours, so that both APIs
-share one path (:func:`.params.chat_request`): the same template, grammar, tools and sampling, and
+share one path (:func:`..params.chat_request`): the same template, grammar, tools and sampling, and
 the same greedy text.
 
 ``options`` are Ollama's option names, which are the Modelfile PARAMETER names: each is checked
@@ -12,15 +12,17 @@ default, which changes nothing (:data:`NO_OP`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any, Optional
 
-from pydantic import ValidationError
-
-from ..formats.modelfile import PARAMETERS, check_parameter
-from .errors import APIError, bad_request
-from .ollama_schemas import ChatRequest, GenerateRequest, Message
-from .schemas import ChatCompletionRequest, CompletionRequest
+from ...core.options import TOP_LOGPROBS_MAX
+from ...formats.modelfile import PARAMETERS, check_parameter
+from ..bodies import validated
+from ..errors import APIError, bad_request
+from ..schemas import ChatCompletionRequest, CompletionRequest
+from .common import refused
+from .schemas import ChatRequest, GenerateRequest, Message
 
 # Ollama option -> the OpenAI request field that does the same
 HONOURED = {
@@ -39,6 +41,26 @@ NO_OP: dict[str, tuple] = {
 }
 # accepted in any value: they act only where this server never goes (a context shift)
 NOT_APPLICABLE = ("num_keep",)
+
+
+# a field of the OpenAI request an /api request runs as -> the /api field that set it
+OLLAMA_FIELDS = {"response_format": "format", "max_completion_tokens": "options.num_predict",
+                 **{field: f"options.{option}" for option, field in HONOURED.items()}}
+
+
+def in_ollamas_words(exc: APIError) -> APIError:
+    """An error of the shared chat path, naming the ``/api`` field the client sent (``format``, not
+    ``response_format``; ``options.num_predict``, not ``max_tokens``; ``messages.1.content``)."""
+    if exc.param is None:
+        return exc
+    head = re.split(r"[.\[]", exc.param, maxsplit=1)[0]
+    field = OLLAMA_FIELDS.get(head)
+    param = (field + exc.param[len(head):] if field else exc.param).replace("[", ".").replace("]", "")
+    message = exc.message.replace(head, field) if field and head in exc.message else exc.message
+    if param not in message and (field or head) not in message:
+        message = f"{param}: {message}"
+    exc.param, exc.message = param, message
+    return exc
 
 
 def refusal(name: str, why: str) -> APIError:
@@ -70,7 +92,7 @@ def read_options(options: Optional[dict], n_ctx: int) -> tuple[dict, dict]:
             _checked(name, value)
             continue
         if name not in PARAMETERS:
-            raise refusal(name, "is not an option this server knows (see the README's table of Ollama options).")
+            raise refusal(name, "is not an option this server knows (see docs/server.md's table of Ollama options).")
         value = _checked(name, value)
         if name == "num_ctx":
             if value > n_ctx:
@@ -113,11 +135,17 @@ def check_extras(req, model: str) -> None:
     if req.think not in (None, False):
         raise bad_request(f"\"{model}\" does not support thinking (think must be false or left out).",
                           param="think")
-    if req.logprobs:
-        raise bad_request("logprobs is not supported on /api/ (use /v1/chat/completions).", param="logprobs")
-    if req.top_logprobs:
-        raise bad_request("top_logprobs is not supported on /api/ (use /v1/chat/completions).",
-                          param="top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= TOP_LOGPROBS_MAX:
+        raise bad_request(f"top_logprobs must be between 0 and {TOP_LOGPROBS_MAX}.", param="top_logprobs")
+
+
+def logprob_fields(req, completion: bool = False) -> dict:
+    """Ollama's ``logprobs`` (and ``top_logprobs``, which counts only with it, as in Ollama) as the
+    OpenAI request's fields: the same recorder answers both APIs."""
+    if not req.logprobs:
+        return {}
+    top = req.top_logprobs or 0
+    return {"logprobs": top} if completion else {"logprobs": True, "top_logprobs": top}
 
 
 def _no_images(images, model: str, param: str) -> None:
@@ -129,12 +157,14 @@ def _no_images(images, model: str, param: str) -> None:
 def openai_messages(messages: list[Message], model: str) -> list[dict]:
     """Ollama's messages as OpenAI's. Ollama pairs a ``tool`` message with its call by ``tool_name``
     (or by order) rather than by id: one without ``tool_call_id`` gets the id of the preceding
-    assistant's first unanswered call of that name, else of its first unanswered call."""
+    assistant's first unanswered call of that name, else of its first unanswered call, else none.
+    A call left unanswered is fine, as in Ollama (the conversation is not checked by OpenAI's
+    rule, :func:`..params.chat_request` with ``paired=False``). ``content: null`` reads as ""."""
     out = []
     pending: list[tuple[str, str]] = []   # (id, name) of the last assistant's calls not answered yet
     for i, m in enumerate(messages):
         _no_images(m.images, model, f"messages.{i}.images")
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        message: dict[str, Any] = {"role": m.role, "content": m.content or ""}
         if m.tool_calls:
             message["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function",
                                       "function": {"name": c.function.name,
@@ -157,19 +187,25 @@ def _answered(pending: list[tuple[str, str]], name: Optional[str]) -> Optional[s
 
 
 def _validated(schema, body: dict):
-    try:
-        return schema.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise bad_request(f"Invalid value for '{param}': {first['msg']}." if param else first["msg"],
-                          param=param) from None
+    return validated(schema, body, refused)
+
+
+def prefill(req: ChatRequest) -> Optional[str]:
+    """The text an assistant message last in the conversation begins the answer with (Ollama
+    continues it), or None when the conversation ends otherwise."""
+    last = req.messages[-1] if req.messages else None
+    if last is None or last.role != "assistant" or last.tool_calls:
+        return None
+    return last.content or ""
 
 
 def chat_body(req: ChatRequest, fields: dict, model: str) -> ChatCompletionRequest:
-    """The OpenAI chat request that does what ``req`` asks."""
+    """The OpenAI chat request that does what ``req`` asks (a last assistant message, which is
+    continued, left out: see :func:`prefill`)."""
     check_extras(req, model)
-    body: dict[str, Any] = {"model": model, "messages": openai_messages(req.messages, model), **fields}
+    messages = req.messages[:-1] if prefill(req) is not None else req.messages
+    body: dict[str, Any] = {"model": model, "messages": openai_messages(messages, model), **fields,
+                            **logprob_fields(req)}
     if req.tools:
         body["tools"] = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
                          for t in req.tools]
@@ -179,27 +215,29 @@ def chat_body(req: ChatRequest, fields: dict, model: str) -> ChatCompletionReque
     return _validated(ChatCompletionRequest, body)
 
 
-def generate_body(req: GenerateRequest, fields: dict, model: str) -> ChatCompletionRequest | CompletionRequest:
+def generate_body(req: GenerateRequest, fields: dict, model: str,
+                  text: Optional[str] = None) -> ChatCompletionRequest | CompletionRequest:
     """``/api/generate`` as a chat of one user message (with ``system``) through the model's
-    template, or, with ``raw``, as a text completion of the prompt as it is."""
+    template, or, with ``raw`` (or ``text``: a prompt already made, fill-in-the-middle's), as a text
+    completion of the prompt as it is."""
     check_extras(req, model)
     _no_images(req.images, model, "images")
-    if req.suffix:
-        raise bad_request("suffix (fill-in-the-middle) is not supported by this server.", param="suffix")
-    if req.context:
-        raise bad_request("context (an earlier answer's token ids) is not supported: send the conversation "
-                          "to /api/chat instead.", param="context")
     if req.template is not None:
         raise bad_request("a per-request template is not supported: create a model with it "
                           "(/api/create's template) and name that model.", param="template")
+    if req.raw and req.context:
+        raise bad_request("context needs the model's template (not raw): a raw prompt is sent as it is; "
+                          "put the earlier text in it.", param="context")
     fmt = response_format(req.format)
-    if req.raw:
+    if req.raw or text is not None:
         if fmt is not None:
-            raise bad_request("format needs the model's template (not raw).", param="format")
-        return _validated(CompletionRequest, {"model": model, "prompt": req.prompt, **fields})
+            raise bad_request(f"format needs the model's template (not {'raw' if req.raw else 'suffix'}).",
+                              param="format")
+        return _validated(CompletionRequest, {"model": model, "prompt": req.prompt if text is None else text,
+                                              **fields, **logprob_fields(req, completion=True)})
     messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
         [{"role": "user", "content": req.prompt}]
-    body: dict[str, Any] = {"model": model, "messages": messages, **fields}
+    body: dict[str, Any] = {"model": model, "messages": messages, **fields, **logprob_fields(req)}
     if fmt is not None:
         body["response_format"] = fmt
     return _validated(ChatCompletionRequest, body)

@@ -11,27 +11,29 @@ chat completions, the response llama-server's ``timings``.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
-from ..core.events import DoneEvent
-from ..formats.chat_format import ToolCall
-from ..formats.tool_calls import CallStream
-from .app import FINISH_REASONS, ServerState, check_api_key, read_body, serving, timings, usage
-from .answering import event_stream, gathered, pending, run
-from .errors import APIError, bad_request
-from .features import ChatTools, answer_calls
-from .params import chat_request
-from .schemas import (INPUT_ITEMS, ChatCompletionRequest, ContentPart, ResponseFunctionCall, ResponseInputMessage,
-                      ResponsesRequest)
-from .models_manager import Loaded
-from .worker import Failed, Finished, Job
+from ...core.events import DoneEvent
+from ...formats.chat_format import ToolCall
+from ...formats.tool_calls import CallStream
+from ..answering import event_stream, gathered, pending, run, sse
+from ..bodies import validated
+from ..errors import APIError, bad_request
+from ..features import ChatTools, answer_calls
+from ..models_manager import Loaded
+from ..params import chat_request
+from ..schemas import (INPUT_ITEMS, ChatCompletionRequest, ContentPart, ResponseFunctionCall, ResponseInputMessage,
+                       ResponsesRequest)
+from ..state import ServerState
+from ..stats import finish_reason, timings
+from ..worker import Failed, Finished, Job
+from .chat import usage
+from .errors import read, refused
 
 # a chat request's field -> the Responses field an error names
 PARAMS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
@@ -57,14 +59,7 @@ def _item(i: int, raw: Any):
     if model is None:
         raise bad_request(f"Input items of type '{kind}' are not supported here (message, function_call, "
                           "function_call_output).", param=f"input.{i}.type" if isinstance(raw, dict) else f"input.{i}")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in ("input", i, *first["loc"]))
-        if first["type"] == "extra_forbidden":
-            raise bad_request(f"Unrecognized request argument supplied: {param}.", param=param) from None
-        raise bad_request(f"Invalid value for '{param}': {first['msg']}.", param=param) from None
+    return validated(model, raw, refused, rename=lambda loc: f"input.{i}" + (f".{loc}" if loc else ""))
 
 
 def _text(content: str | list[ContentPart], param: str) -> str:
@@ -137,12 +132,7 @@ def chat_body(req: ResponsesRequest) -> ChatCompletionRequest:
         parallel_tool_calls=req.parallel_tool_calls, max_completion_tokens=req.max_output_tokens,
         **{name: getattr(req, name) for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                                                  "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed")})
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = _param(".".join(str(p) for p in first["loc"]) or None)
-        raise bad_request(f"Invalid value for '{param}': {first['msg']}.", param=param) from None
+    return validated(ChatCompletionRequest, {k: v for k, v in fields.items() if v is not None}, refused, rename=_param)
 
 
 # -- the answer ----------------------------------------------------------------------------------------
@@ -205,7 +195,7 @@ class ResponseReply:
     @staticmethod
     def status(done: DoneEvent) -> str:
         """``incomplete`` for an answer cut by max_output_tokens or the context's end."""
-        return "incomplete" if FINISH_REASONS.get(done.finish_reason) == "length" else "completed"
+        return "incomplete" if finish_reason(done) == "length" else "completed"
 
     def whole(self, text: str, end: Finished) -> dict:
         content, calls = text, []
@@ -226,7 +216,7 @@ class Events:
     def __call__(self, kind: str, **fields) -> bytes:
         data = {"type": kind, "sequence_number": self.n, **fields}
         self.n += 1
-        return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        return sse(data, kind)
 
 
 class _Message:
@@ -330,9 +320,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        check_api_key(state, request)
-        body = await read_body(request, ResponsesRequest)
-        served = await serving(state, body.model)
+        body = await read(state, request, ResponsesRequest)
+        served = await state.models.acquire(body.model)
         try:
             chat = chat_body(body)
             prompt, config, tools = chat_request(chat, served.spec, served.defaults, served.engine.formatter)

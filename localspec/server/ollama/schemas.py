@@ -1,6 +1,6 @@
 """Request bodies of Ollama's API (``docs/api.md``, ``api/types.go``), as far as this server
 honours them. An unknown field is refused (400 naming it), as on ``/v1``; what a field may hold
-is checked in :mod:`.ollama_params`."""
+is checked in :mod:`.params`."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: Optional[str] = None           # null reads as "", as in Ollama
     images: Optional[list[str]] = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_name: Optional[str] = None          # a tool message: the tool whose result it is
@@ -58,8 +58,8 @@ class _Generating(_Body):
     stream: bool = True
     keep_alive: KeepAlive = None
     think: Union[bool, str, None] = None
-    logprobs: Optional[bool] = None          # only false is honoured
-    top_logprobs: Optional[int] = None       # only 0 is honoured
+    logprobs: Optional[bool] = None          # each token's logprob, Ollama's shape
+    top_logprobs: Optional[int] = None       # alternatives per token (with logprobs)
     truncate: Optional[bool] = None          # no effect: a prompt longer than the context is an error
     shift: Optional[bool] = None             # no effect: the context never shifts here
 

@@ -14,19 +14,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from .. import __version__
-from ..core.errors import LocalspecError
-from ..formats import modelfile as mfmod
-from ..formats.gguf_info import read_gguf
-from ..formats.tool_calls import detect_format
-from ..store import registry
-from ..store.models import ModelSpec
-from .errors import APIError, bad_request
-from .models_manager import ModelManager, store_names, unknown
-from .ollama_common import NDJSON, check_key, ndjson, read_json
-from .ollama_schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest
+from ... import __version__
+from ...core.errors import LocalspecError
+from ...formats import modelfile as mfmod
+from ...formats.gguf_info import read_gguf
+from ...formats.tool_calls import detect_format
+from ...store import registry
+from ...store.models import ModelSpec
+from ..answering import ndjson, ndjson_stream
+from ..bodies import check_key
+from ..errors import APIError, ModelError, bad_request
+from ..models_manager import ModelManager, store_names, unknown
+from .common import read
+from .schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest
 
 # the Ollama version this API follows (clients check it is recent enough: VS Code wants >= 0.6.4)
 OLLAMA_VERSION = "0.13.0"
@@ -205,6 +207,14 @@ def _store_error(exc: LocalspecError, status: int = 400) -> APIError:
     return APIError(404 if "not found" in text or "not in the catalog" in text else status, text)
 
 
+def _message_role(i: int, role: str) -> str:
+    """A stored message's role: those a Modelfile's MESSAGE takes (a tool result needs its call)."""
+    if role not in mfmod.ROLES:
+        raise bad_request(f"messages.{i}.role '{role}' cannot be stored with a model: a Modelfile's MESSAGE "
+                          f"is one of {', '.join(mfmod.ROLES)}.", param=f"messages.{i}.role")
+    return role
+
+
 def create_modelfile(req: CreateRequest) -> mfmod.Modelfile:
     """The Modelfile ``/api/create`` describes (``modelfile``: an older client's text, under the fields)."""
     for field in ("quantize", "files", "adapters", "path"):
@@ -232,14 +242,14 @@ def create_modelfile(req: CreateRequest) -> mfmod.Modelfile:
     mf.template = req.template if req.template is not None else mf.template
     mf.system = req.system if req.system is not None else mf.system
     if req.messages:
-        mf.messages = [(m.role, m.content) for m in req.messages]
+        mf.messages = [(_message_role(i, m.role), m.content or "") for i, m in enumerate(req.messages)]
     if req.license:
         mf.license = [req.license] if isinstance(req.license, str) else list(req.license)
     return mf
 
 
 def _copy(manager: ModelManager, source: str, destination: str) -> None:
-    from ..store.locks import name_lock
+    from ...store.locks import name_lock
 
     spec = manager.spec(manager.canonical(source))
     registry.check_name(destination)
@@ -268,7 +278,7 @@ def _pull_progress(name: str, record) -> list[dict]:
 
 
 async def _pull(manager: ModelManager, req: PullRequest) -> Response:
-    from ..store.install import pull
+    from ...store.install import pull
 
     name = bare(req.target())
     if req.stream:
@@ -281,7 +291,7 @@ async def _pull(manager: ModelManager, req: PullRequest) -> Response:
                 return
             for obj in _pull_progress(name, record)[1:]:
                 yield ndjson(obj)
-        return StreamingResponse(lines(), media_type=NDJSON)
+        return ndjson_stream(lines())
     try:
         await _blocking(pull, name)
     except LocalspecError as exc:
@@ -290,7 +300,7 @@ async def _pull(manager: ModelManager, req: PullRequest) -> Response:
 
 
 async def _create(manager: ModelManager, req: CreateRequest) -> Response:
-    from ..store.install import create
+    from ...store.install import create
 
     name = bare(req.model or req.name)
     mf = create_modelfile(req)
@@ -314,10 +324,10 @@ async def _create(manager: ModelManager, req: CreateRequest) -> Response:
             return
         yield ndjson({"status": "writing manifest"})
         yield ndjson({"status": "success"})
-    return StreamingResponse(lines(), media_type=NDJSON)
+    return ndjson_stream(lines())
 
 
-def add_model_routes(app: FastAPI, state) -> None:
+def add_routes(app: FastAPI, state) -> None:
     manager: ModelManager = state.models
 
     @app.get("/")
@@ -336,14 +346,14 @@ def add_model_routes(app: FastAPI, state) -> None:
         for name in store_names():
             try:
                 models.append(entry(name, manager.spec(name)))
-            except (APIError, LocalspecError):
+            except (ModelError, LocalspecError):
                 continue   # a damaged record or a missing file: not servable
         return {"models": models}
 
     @app.post("/api/show")
     async def show_route(request: Request):
         check_key(state.api_key, request)
-        req = await read_json(request, ModelRequest)
+        req = await read(state, request, ModelRequest)
         try:
             return show(manager, req.target() or "", req.verbose)
         except LocalspecError as exc:
@@ -357,17 +367,17 @@ def add_model_routes(app: FastAPI, state) -> None:
     @app.post("/api/pull")
     async def pull_route(request: Request):
         check_key(state.api_key, request)
-        return await _pull(manager, await read_json(request, PullRequest))
+        return await _pull(manager, await read(state, request, PullRequest))
 
     @app.post("/api/create")
     async def create_route(request: Request):
         check_key(state.api_key, request)
-        return await _create(manager, await read_json(request, CreateRequest))
+        return await _create(manager, await read(state, request, CreateRequest))
 
     @app.post("/api/copy")
     async def copy_route(request: Request):
         check_key(state.api_key, request)
-        req = await read_json(request, CopyRequest)
+        req = await read(state, request, CopyRequest)
         source, destination = bare(req.source, "source"), bare(req.destination, "destination")
         try:
             await _blocking(_copy, manager, source, destination)
@@ -378,7 +388,7 @@ def add_model_routes(app: FastAPI, state) -> None:
     @app.delete("/api/delete")
     async def delete_route(request: Request):
         check_key(state.api_key, request)
-        req = await read_json(request, ModelRequest)
+        req = await read(state, request, ModelRequest)
         name = bare(req.target())
         if registry.load(name) is None:
             raise unknown(name)
