@@ -1,5 +1,5 @@
 """Where llama.cpp's GBNF grammar code crashes or stalls (issue 36): the numbers behind the limits
-in ``localspec.llama.grammar`` (README, "Limits").
+in ``localspec.llama.grammar`` (docs/server.md, "Limits").
 
 Each probe runs in a child process (a stack overflow kills it: exit -11), on a thread of the
 default stack size, as the server's engine thread and request threads are:

@@ -116,7 +116,7 @@ def build_tool(cache: Path, tool: str = TOOL) -> Path:
                     m.name = m.name[len(prefix):]
                 tar.extractall(src, members=[m for m in members if m.name], filter="data")
     print(f"building {tool} into {root / 'build'} (10-20 minutes on 2 cores) ...", file=sys.stderr)
-    # the same CMAKE_ARGS as llama-cpp-python's own build (README: e.g. AMX off where it faults)
+    # the same CMAKE_ARGS as llama-cpp-python's own build (docs/install.md: e.g. AMX off where it faults)
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     f"-DLLAMA_BUILD_SERVER={'ON' if tool == 'llama-server' else 'OFF'}",

@@ -39,7 +39,7 @@ from .process import capture_log
 ROOT = b"root"
 
 # What llama.cpp's grammar code takes without crashing or stalling, measured with
-# bench/grammar_limits.py on the pinned llama.cpp (README, "Limits"). Its parser recurses once per
+# bench/grammar_limits.py on the pinned llama.cpp (docs/server.md, "Limits"). Its parser recurses once per
 # nested group: 16,000 nested groups parse, 32,000 overflow an 8 MiB thread stack (a segfault: the
 # whole server gone; the converter writes maxLength 100000 as 100,000 nested optional groups). Its
 # rule checks recurse along rules reached through first elements and take time quadratic in them:
