@@ -149,6 +149,8 @@ def test_suffix_uses_the_models_fim_tokens(server):
     assert "suffix" in error and "FIM" in error and MODEL in error
     assert "system" in ollama_error(server.http.post("/api/generate", json={
         "model": FIM, "prompt": "x", "suffix": "y", "system": "s"}), 400)
+    assert "context" in ollama_error(server.http.post("/api/generate", json={
+        "model": FIM, "prompt": "x", "suffix": "y", "context": [1, 2]}), 400)
 
 
 # -- bad input, in Ollama's shape --------------------------------------------------------------------------

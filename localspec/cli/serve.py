@@ -109,7 +109,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="Port to listen on (0: any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", show_default=False,
-                                          help=f"Require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})."),
+                                          help=f"Require 'Authorization: Bearer KEY' on /v1 and /api (or ${API_KEY_ENV})."),
     queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for a free slot; more get 429."),
     max_body: str = typer.Option("4M", "--max-body", help="Largest request body (e.g. 512K, 4M); larger get 413."),
     target: Optional[Path] = TargetOpt,

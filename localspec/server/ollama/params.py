@@ -225,9 +225,10 @@ def generate_body(req: GenerateRequest, fields: dict, model: str,
     if req.template is not None:
         raise bad_request("a per-request template is not supported: create a model with it "
                           "(/api/create's template) and name that model.", param="template")
-    if req.raw and req.context:
-        raise bad_request("context needs the model's template (not raw): a raw prompt is sent as it is; "
-                          "put the earlier text in it.", param="context")
+    if (req.raw or text is not None) and req.context:
+        raise bad_request(f"context needs the model's template (not {'raw' if req.raw else 'suffix'}): "
+                          "a raw or fill-in-the-middle prompt is sent as it is; put the earlier text in it.",
+                          param="context")
     fmt = response_format(req.format)
     if req.raw or text is not None:
         if fmt is not None:
