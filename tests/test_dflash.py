@@ -1,0 +1,198 @@
+"""DFlash and DSpark block drafters (localspec.speculation.dflash, .block_source) on the tiny llama
+target and tiny ``dflash`` drafters written with ``gguf`` (tests/dflash_models.py): loaded by
+llama.cpp, checked against their target (one ``Error:`` line for every malformed one, never a
+native abort), a block drafted in one decode after the injection of the target's layer inputs,
+greedy output equal to plain decoding (1 and 2 threads, chains of fixed depth, auto, two slots),
+sampled output from the target's distribution, and auto never drafting with a drafter whose
+blocks are garbage. The tests' names say ``dflash`` or ``dspark`` (``pytest -k "dflash or dspark"``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cli_run import assert_one_error, cli_batch, run_cli
+from dflash_models import BLOCK_SIZE, MASK_TOKEN, build_dflash, dflash_set
+from engine_checks import assert_lossless
+from localspec import Engine
+from localspec.core.errors import LocalspecError
+from localspec.core.events import DoneEvent
+from localspec.formats.gguf_info import check_pair, read_gguf
+from localspec.runtime.config import GenerationConfig
+from localspec.speculation.policy import PolicyConfig
+from sampling_checks import assert_drafts_keep_the_distribution
+from tiny_models import rewrite_gguf
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+
+
+@pytest.fixture(scope="module")
+def df(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dflash")
+    paths = dflash_set(d)
+    paths["dir"] = d
+    return paths
+
+
+def _done(engine, prompt, cfg) -> DoneEvent:
+    return [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+
+
+def test_dflash_and_dspark_drafters_load_and_draft_in_llama_cpp(df):
+    """Each fixture, in one child process (a malformed file would abort it): llama.cpp loads the
+    pair and ``generate`` drafts under the drafter's own source name."""
+    names = ("dflash", "dflash_random", "dspark", "dspark_random", "dspark_noconf")
+    procs = cli_batch(*[["generate", "--target", str(df["noisy"]), "--draft", str(df[n]), "-p", PROMPT, "-n", "12",
+                         "--policy", "fixed", "--draft-max", "4", "--ctx", "256", "--json"] for n in names])
+    for name, proc in zip(names, procs):
+        assert proc.returncode == 0, (name, proc.stderr)
+        out = json.loads(proc.stdout)
+        source = "dspark" if name.startswith("dspark") else "dflash"
+        assert out["sources"][source]["drafted"] > 0, (name, out["sources"])
+
+
+def test_dflash_and_dspark_files_are_recognised_and_named(df):
+    for name, kind in (("dflash", "dflash"), ("dspark", "dspark")):
+        info = read_gguf(df[name])
+        assert info.is_block_drafter and not info.is_drafter and info.block_kind == kind
+        assert info.target_layers == (1, 3) and info.mask_token == MASK_TOKEN
+        check_pair(read_gguf(df["noisy"]), info)
+        proc = run_cli("inspect", str(df[name]), "--json")
+        assert proc.returncode == 0, proc.stderr
+        desc = json.loads(proc.stdout)
+        assert desc["kind"] == "drafter" and desc["draft_source"] == kind and desc["block_size"] == BLOCK_SIZE, desc
+    assert json.loads(run_cli("inspect", str(df["dspark"]), "--json").stdout)["confidence_head"] is True
+
+
+def _hostile_cases(df) -> dict[str, tuple[dict, dict | None, str]]:
+    """Malformed block drafters for the tiny llama target: (metadata changes, tensor changes, message)."""
+    import gguf
+
+    u32, arr, i32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32
+    rng = np.random.default_rng(0)
+    n_vocab = read_gguf(df["noisy"]).n_vocab
+    return {
+        "block0": ({"dflash.block_size": (0, u32)}, None, "block_size must be an integer from 2 to 64"),
+        "block1": ({"dflash.block_size": (1, u32)}, None, "block_size must be an integer from 2 to 64"),
+        "block_huge": ({"dflash.block_size": (1 << 30, u32)}, None, "block_size must be an integer from 2 to 64"),
+        "no_block": ({"dflash.block_size": None}, None, "block_size must be an integer"),
+        "layers_range": ({"dflash.target_layers": ([1, 4], arr, i32)}, None, "out of range for noisy.gguf"),
+        "layers_none": ({"dflash.target_layers": None}, None, "must list the target layers"),
+        "layers_twice": ({"dflash.target_layers": ([1, 1], arr, i32)}, None, "lists a layer twice"),
+        "layers_three": ({"dflash.target_layers": ([0, 1, 3], arr, i32)}, None, "fc.weight must take 3 x 64"),
+        "mask_out": ({"tokenizer.ggml.mask_token_id": (n_vocab, u32)}, None, "mask token"),
+        "mask_none": ({"tokenizer.ggml.mask_token_id": None}, None, "mask token"),
+        "markov_rank": ({}, {"markov_w2.weight": rng.standard_normal((n_vocab, 4)).astype(np.float32)},
+                        "disagree on its rank"),
+        "conf_shape": ({}, {"conf_proj.weight": rng.standard_normal((1, 64)).astype(np.float32)},
+                       "conf_proj must be [72, 1]"),
+    }
+
+
+def test_a_hostile_dflash_or_dspark_drafter_is_one_error_line_before_llama_cpp_sees_it(df):
+    """Every malformed block drafter, and a DFlash GGUF given as the target: each ``generate`` is
+    one ``Error:`` line with exit 1, in one child process that a native abort would kill."""
+    cases = _hostile_cases(df)
+    files = {name: rewrite_gguf(df["dspark"], df["dir"] / f"bad-{name}.gguf", changes, tensors)
+             for name, (changes, tensors, _) in cases.items()}
+    commands = [["generate", "--target", str(df["noisy"]), "--draft", str(files[name]), "-p", "hi", "-n", "2"]
+                for name in cases]
+    commands.append(["generate", "--target", str(df["dflash"]), "-p", "hi", "-n", "2"])
+    commands.append(["generate", "--target", str(df["noisy"]), "-p", "hi", "-n", "2", "--source", "dspark"])
+    procs = cli_batch(*commands)
+    for (name, (_, _, message)), proc in zip(cases.items(), procs):
+        assert_one_error(proc, contains=message)
+    assert_one_error(procs[-2], contains="is a dflash block drafter, not a target model")
+    assert_one_error(procs[-1], contains="source dspark: this engine has no dspark block drafter")
+    from dataclasses import replace
+
+    with pytest.raises(LocalspecError, match="must list the target layers"):   # gguf writes no empty array
+        check_pair(read_gguf(df["noisy"]), replace(read_gguf(df["dflash"]), target_layers=()))
+    with pytest.raises(LocalspecError, match="do not share the same tokenizer"):
+        merges = read_gguf(df["noisy"]).path   # the same vocabulary, one merge rule less
+        import gguf
+
+        from localspec.llama.gguf_native import GGUFHeader
+
+        kept = list(GGUFHeader(merges).kv["tokenizer.ggml.merges"])[:-1]
+        other = rewrite_gguf(df["dflash"], df["dir"] / "other-vocab.gguf",
+                             {"tokenizer.ggml.merges": (kept, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)})
+        check_pair(read_gguf(df["noisy"]), read_gguf(other))
+
+
+def test_a_dflash_block_is_one_decode_after_the_injection(df):
+    """The repeat drafter drafts the last committed token at every block position, in one drafter
+    decode; the block's cells are dropped and the injected context reaches the committed text."""
+    with Engine(df["noisy"], df["dflash"], n_ctx=256) as engine:
+        d = engine.drafter
+        assert d.name == "dflash" and d.max_depth == BLOCK_SIZE - 1
+        tokens = engine.model.tokenize(PROMPT)
+        engine.ctx.seq_rm(0)
+        engine.ctx.decode(tokens, 0, all_logits=False)
+        d.begin(tokens, 0)
+        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        seconds = d.seconds
+        drafts, confidence = d.draft_block(5)
+        assert drafts == [tokens[-1]] * 5 and all(0.0 < p <= 1.0 for p in confidence), (drafts, confidence)
+        assert d.ctx.pos_max(0) == len(tokens) - 1 and d.seconds > seconds   # the block's cells are gone
+    with Engine(df["noisy"], df["dspark"], n_ctx=256) as engine:
+        d = engine.drafter
+        assert d.name == "dspark" and d.max_depth == BLOCK_SIZE and d.confidence_head
+        engine.ctx.decode(tokens, 0, all_logits=False)
+        d.begin(tokens, 0)
+        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        drafts, confidence = d.draft_block(BLOCK_SIZE)
+        assert len(drafts) == BLOCK_SIZE and drafts[0] == tokens[-1], drafts
+        assert all(0.0 < p < 1.0 for p in confidence) and len(set(confidence)) > 1, confidence
+
+
+def test_dflash_drafts_depend_on_the_injected_target_features(df):
+    """The random drafter's block after the same anchor differs when the injected context
+    differs (another prompt of the same length), and is the same when it is the same."""
+    out = []
+    with Engine(df["noisy"], df["dflash_random"], n_ctx=256) as engine:
+        d = engine.drafter
+        for prompt in ("one two three four five six seven", "alpha beta gamma delta epsilon zeta eta",
+                       "one two three four five six seven"):
+            tokens = engine.model.tokenize(prompt)[:6] + [engine.model.tokenize(" fox")[-1]]
+            engine.ctx.seq_rm(0)
+            engine.ctx.decode(tokens, 0, all_logits=False)
+            d.begin(tokens, 0)
+            d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+            out.append(d.draft_block(BLOCK_SIZE - 1))
+    assert out[0] == out[2] and out[0][0] != out[1][0], out
+
+
+@pytest.mark.parametrize("drafter,policy,threads", [
+    ("dflash", PolicyConfig("fixed", 4, tree="off"), 1), ("dflash", PolicyConfig("auto"), 1),
+    ("dflash", PolicyConfig("fixed", 6, tree="off"), 2), ("dspark", PolicyConfig("fixed", 4, tree="off"), 1),
+    ("dspark", PolicyConfig("auto"), 2), ("dspark_noconf", PolicyConfig("fixed", 8, tree="off"), 1),
+    ("dflash_random", PolicyConfig("fixed", 4, tree="off"), 1), ("dspark_random", PolicyConfig("fixed", 4, tree="off"), 2),
+], ids=["dflash-fixed4", "dflash-auto", "dflash-fixed6-2threads", "dspark-fixed4", "dspark-auto-2threads",
+        "dspark-noconf-fixed8", "dflash-random", "dspark-random-2threads"])
+def test_dflash_and_dspark_greedy_output_equals_plain_decoding(df, drafter, policy, threads):
+    with Engine(df["noisy"], df[drafter], n_ctx=512, n_threads=threads) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=48, spec=False, record_margins=True))
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=48, policy=policy))
+    assert_lossless(plain, spec)
+    if policy.name == "fixed":
+        source = "dspark" if drafter.startswith("dspark") else "dflash"
+        drafts, drafted, accepted = spec.stats.sources[source]
+        assert drafted > 0, spec.stats.sources
+        if "random" not in drafter:
+            assert 0 < accepted < drafted, spec.stats.sources
+
+
+def test_dflash_drafts_in_every_slot_of_a_parallel_engine(df):
+    from engine_checks import assert_slots_lossless
+
+    cfg = GenerationConfig(max_tokens=24, policy=PolicyConfig("fixed", 4, tree="off", source="dflash"))
+    assert_slots_lossless(df["noisy"], df["dflash"], [PROMPT, "One, two, three, four, five, six"], cfg, "dflash")
+
+
+def test_dspark_sampled_output_follows_the_target_s_distribution(df):
+    with Engine(df["noisy"], df["dspark"], n_ctx=256) as engine:
+        assert_drafts_keep_the_distribution(engine, dict(temperature=0.6, top_k=8, top_p=1.0, min_p=0.0))
