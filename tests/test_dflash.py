@@ -196,3 +196,106 @@ def test_dflash_drafts_in_every_slot_of_a_parallel_engine(df):
 def test_dspark_sampled_output_follows_the_target_s_distribution(df):
     with Engine(df["noisy"], df["dspark"], n_ctx=256) as engine:
         assert_drafts_keep_the_distribution(engine, dict(temperature=0.6, top_k=8, top_p=1.0, min_p=0.0))
+
+
+def test_dflash_auto_leaves_a_garbage_block_drafter_off_and_drafts_good_blocks(df, tmp_path, monkeypatch):
+    """Under auto: with the cost model calibrated on this machine, a drafter whose blocks are never
+    accepted is left off (a block of 8 full-vocabulary rows costs about ten target steps on this
+    CPU: no acceptance could pay for it, so it is not even probed; bench/block_drafters.py times it
+    against plain decoding); on a machine where a verify's and a block's rows are nearly free (a
+    GPU-like calibration), a drafter whose drafts are good drafts several tokens per block, one
+    drafter decode each."""
+    from localspec.speculation.cost_cache import write_entry
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    prompt = PROMPT + " " + PROMPT
+    with Engine(df["noisy"], df["dflash_random"], n_ctx=512, n_threads=1) as engine:
+        engine.cost_model()
+        spec = _done(engine, prompt, GenerationConfig(max_tokens=96, policy=PolicyConfig("auto")))
+    cycles, drafted, accepted = spec.stats.sources.get("dflash", [0, 0, 0])
+    assert accepted == 0 and cycles <= 2, (spec.stats.sources, spec.stats.policy_choices)
+    with Engine(df["noisy"], df["dspark"], n_ctx=512, n_threads=1) as engine:
+        flat = {str(b): 0.01 * (1 + b / 64) for b in (1, 2, 4, 8, 16, 32, 64)}   # rows nearly free
+        write_entry(tmp_path / "calibration.json", engine.cost_key(),
+                    {"verify": flat, "drafter_step": 0.004, "drafter_width": None})
+        engine.cost = None
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=64, policy=PolicyConfig("auto", source="dspark")))
+    cycles, drafted, accepted = spec.stats.sources["dspark"]
+    assert cycles > 4 and drafted > 2 * cycles and accepted > cycles, spec.stats.sources
+
+
+def _reference_block(drafter_path, target_path, feats: np.ndarray, block: list[int], pos0: int, neox: bool) -> np.ndarray:
+    """The logits of a DFlash block, computed in numpy from the dflash graph of the pinned
+    llama.cpp (src/models/dflash.cpp): the injected context's K/V from ``fc`` over the target
+    features at positions 0..len-1, the block attending to it and to itself (non-causal), the
+    target's tied embeddings as input and lm_head."""
+    from localspec.llama.gguf_native import GGUFHeader
+
+    d, t = GGUFHeader(drafter_path), GGUFHeader(target_path)
+    w = {name: d.tensor_data(name).astype(np.float64) for name in d.tensors}
+    embd = t.tensor_data("token_embd.weight").astype(np.float64)
+    eps, n_head, hd = 1e-6, 4, 16
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def rope(x, pos):   # x: (rows, heads, hd)
+        half = hd // 2
+        inv = 10000.0 ** (-np.arange(half) * 2.0 / hd)
+        ang = pos[:, None, None] * inv[None, None, :]
+        a, b = (x[..., :half], x[..., half:]) if neox else (x[..., 0::2], x[..., 1::2])
+        ra, rb = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
+        return np.concatenate([ra, rb], -1) if neox else np.stack([ra, rb], -1).reshape(x.shape)
+
+    g = rms(feats.astype(np.float64) @ w["fc.weight"].T, w["enc.output_norm.weight"])
+    ctx_pos, blk_pos = np.arange(len(feats), dtype=np.float64), pos0 + np.arange(len(block), dtype=np.float64)
+    x = embd[block]
+    for i in range(2):
+        p = f"blk.{i}."
+        kc = rope(rms((g @ w[p + "attn_k.weight"].T).reshape(-1, n_head, hd), w[p + "attn_k_norm.weight"]), ctx_pos)
+        vc = (g @ w[p + "attn_v.weight"].T).reshape(-1, n_head, hd)
+        h = rms(x, w[p + "attn_norm.weight"])
+        q = rope(rms((h @ w[p + "attn_q.weight"].T).reshape(-1, n_head, hd), w[p + "attn_q_norm.weight"]), blk_pos)
+        k = rope(rms((h @ w[p + "attn_k.weight"].T).reshape(-1, n_head, hd), w[p + "attn_k_norm.weight"]), blk_pos)
+        v = (h @ w[p + "attn_v.weight"].T).reshape(-1, n_head, hd)
+        keys, values = np.concatenate([kc, k]), np.concatenate([vc, v])
+        scores = np.einsum("qhd,khd->hqk", q, keys) / np.sqrt(hd)
+        att = np.exp(scores - scores.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        out = np.einsum("hqk,khd->qhd", att, values).reshape(len(block), -1)
+        x = x + out @ w[p + "attn_output.weight"].T
+        h = rms(x, w[p + "ffn_norm.weight"])
+        gate = h @ w[p + "ffn_gate.weight"].T
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    return rms(x, w["output_norm.weight"]) @ embd.T
+
+
+def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
+    """The random drafter's block logits, read by localspec after its injection of the target's
+    layer inputs, equal a numpy computation of llama.cpp's dflash graph from the target features
+    at their positions (so the right layers, in order, at the right positions); with the
+    features of the wrong positions (rolled by one) they do not."""
+    import llama_cpp
+
+    from localspec.llama import llama_ext
+
+    with Engine(df["noisy"], df["dflash_random"], n_ctx=256) as engine:
+        d = engine.drafter
+        tokens = engine.model.tokenize(PROMPT)
+        engine.ctx.seq_rm(0)
+        engine.ctx.decode(tokens, 0, all_logits=False)
+        feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
+                                                               shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
+        neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
+        d.begin(tokens, 0)
+        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        d.catch_up()
+        block = [tokens[-1]] + [MASK_TOKEN] * 4
+        d.block(tokens[-1], len(tokens), 4, d)
+        got = np.stack([np.array(d.ctx.logits(i)) for i in range(len(block))])
+        d.ctx.seq_rm(len(tokens))
+    want = _reference_block(df["dflash_random"], df["noisy"], feats, block, len(tokens), neox)
+    assert np.abs(got - want).max() < 2e-3 * np.abs(want).max(), np.abs(got - want).max()
+    assert (got.argmax(1) == want.argmax(1)).all()
+    wrong = _reference_block(df["dflash_random"], df["noisy"], np.roll(feats, 1, axis=0), block, len(tokens), neox)
+    assert np.abs(got - wrong).max() > 10 * np.abs(got - want).max()

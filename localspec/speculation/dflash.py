@@ -39,6 +39,7 @@ from ..core.errors import LocalspecError
 from ..formats import gguf_consts as K
 from ..formats.gguf_info import GGUFInfo
 from ..llama import llama_ext
+from ..llama.contexts import block_drafter_batch
 from ..llama.llama_model import Context, Model
 from ..llama.process import llama_failure
 from .eagle import DrafterSequence
@@ -46,7 +47,6 @@ from .eagle import DrafterSequence
 DFLASH, DSPARK = "dflash", "dspark"
 SAMPLER_TOP_K = 10      # draft-dflash's sampler: the top token's probability among the top 10
 INJECT_EVERY = 64       # recorded rows are injected once this many wait (a bounded backlog)
-INJECT_BATCH = 64       # injection rows per decode (the context's n_batch)
 
 
 class BlockSequence(DrafterSequence):
@@ -132,8 +132,11 @@ class BlockDrafter(BlockSequence):
         self._start_sequence(self, 0)
         self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
         try:
-            self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=max(INJECT_BATCH, self.block_size + 1),
-                               n_threads=n_threads, ctx_other=target, n_seq_max=max(1, slots), kv_unified=True)
+            # as EAGLE's drafter context (F32 cache, exact attention: what the memory plan counts),
+            # its batch sized to the block
+            self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=block_drafter_batch(self.block_size),
+                               n_threads=n_threads, ctx_other=target, n_seq_max=max(1, slots), kv_unified=True,
+                               precise_attention=True)
         except BaseException:
             self.model.close()
             raise
@@ -231,9 +234,12 @@ class BlockDrafter(BlockSequence):
         return np.array(np.ctypeslib.as_array(ptr, shape=(rows, self.n_embd))[:, 0])
 
     def time_block(self, tok: int) -> None:
-        """One full block decode on an empty sequence 0, then dropped (the calibration's drafter step)."""
+        """A drafting cycle on an empty sequence 0, then dropped (the calibration's drafter step):
+        one injected row, then a full block (llama.cpp builds the block's graph again after an
+        injection: most of a cycle's time on a small model)."""
         self.reset(0)
-        self.block(tok, 0, self.max_depth, self)
+        self.inject(np.zeros((1, len(self.layers) * self.n_embd_tgt), dtype=np.float32), 0, self)
+        self.block(tok, 1, self.max_depth, self)
         self.ctx.seq_rm(0, seq=self.seq)
 
     def close(self) -> None:
