@@ -299,3 +299,38 @@ def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
     assert (got.argmax(1) == want.argmax(1)).all()
     wrong = _reference_block(df["dflash_random"], df["noisy"], np.roll(feats, 1, axis=0), block, len(tokens), neox)
     assert np.abs(got - wrong).max() > 10 * np.abs(got - want).max()
+
+
+def test_fit_counts_a_dflash_drafter_s_weights_kv_and_a_block_sized_buffer_and_llama_cpp_allocates_them(df):
+    """``fit``: the drafter's weights, its F32 KV over its 2 layers, a compute buffer and logit rows
+    for one block (9 rows), a note that says so; and llama.cpp allocates what was planned (the KV
+    exactly, the compute buffer within the plan)."""
+    from localspec.memory.live import memory_report
+    from localspec.memory.pair import plan_engine
+    from localspec.store.models import ModelSpec
+
+    info = read_gguf(df["dspark"])
+    proc = run_cli("fit", "--target", str(df["noisy"]), "--draft", str(df["dspark"]), "--ctx", "256", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    drafter = out["drafter"]
+    assert drafter["weights_bytes"] == sum(t.n_bytes for t in info.tensors.values()), drafter
+    assert drafter["kv_type"] == "f32" and drafter["kv_bytes"] == 256 * 2 * (2 * 64) * 4, drafter
+    assert drafter["output_bytes"] < 10 * info.n_vocab * 4 + (1 << 20), drafter   # one block's logit rows
+    assert any("sized to its block of 9 rows" in note for note in out["notes"]), out["notes"]
+    options = plan_engine(ModelSpec("t", df["noisy"], df["dspark"]), n_ctx=256, n_threads=1, ram=1 << 40)
+    with Engine(df["noisy"], df["dspark"], n_threads=1, **options) as engine:
+        report = memory_report(engine)
+    actual, planned = report["actual"]["drafter"], report["planned"]["drafter"]
+    assert abs(actual["kv_bytes"] - planned["kv_bytes"]) <= 6000, report
+    # the plan's compute figure is llama.cpp's own reserve of the same context (an upper bound of the live one)
+    assert actual["compute_bytes"] <= planned["compute_bytes"] <= 2.5 * actual["compute_bytes"], report
+
+
+def test_list_and_show_name_a_dspark_drafter(df, isolated_home, tmp_path):
+    (tmp_path / "Modelfile").write_text(f"FROM {df['noisy']}\nDRAFT {df['dspark']}\n")
+    assert run_cli("create", "spark", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    listed = run_cli("list")
+    assert listed.returncode == 0 and "dspark block" in listed.stdout, listed.stdout
+    shown = run_cli("show", "spark")
+    assert shown.returncode == 0 and "(dspark block drafter)" in " ".join(shown.stdout.split()), shown.stdout
