@@ -334,3 +334,27 @@ def test_list_and_show_name_a_dspark_drafter(df, isolated_home, tmp_path):
     assert listed.returncode == 0 and "dspark block" in listed.stdout, listed.stdout
     shown = run_cli("show", "spark")
     assert shown.returncode == 0 and "(dspark block drafter)" in " ".join(shown.stdout.split()), shown.stdout
+
+
+def test_a_server_with_a_dspark_drafter_drafts_with_it_and_names_it(df, tmp_path):
+    """``serve --draft`` the DSpark drafter: the official client's answer is plain decoding's
+    text, usage counts the drafts under source ``dspark``, and so does ``/metrics``; Ollama's
+    ``/api/show`` lists the source."""
+    from serve_checks import running_server
+
+    with Engine(df["noisy"], df["dspark"], n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=24, spec=False))
+    args = ("--target", str(df["noisy"]), "--draft", str(df["dspark"]), "--ctx", "256", "--parallel", "1",
+            "--policy", "fixed", "--draft-max", "4", "--tree", "off")
+    with running_server(tmp_path, *args) as srv:
+        reply = srv.client().completions.create(model=df["noisy"].stem, prompt=PROMPT, max_tokens=24,
+                                                temperature=0, extra_body={"repeat_penalty": 1.0})
+        speculative = reply.usage.model_extra["speculative"]
+        metrics = srv.metrics()
+        shown = srv.http.post("/api/show", json={"model": df["noisy"].stem}).json()["draft"]
+    assert reply.choices[0].text == plain.text
+    assert shown["sources"] == ["dspark", "lookup"] and shown["drafter"]["variant"] == "dspark", shown
+    assert speculative["sources"]["dspark"]["drafted"] > 0, speculative
+    drafted = [v for (name, labels), v in metrics.items()
+               if name.endswith("draft_tokens_by_source_total") and ("source", "dspark") in labels]
+    assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
