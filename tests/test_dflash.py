@@ -224,7 +224,8 @@ def test_dflash_auto_leaves_a_garbage_block_drafter_off_and_drafts_good_blocks(d
     assert cycles > 4 and drafted > 2 * cycles and accepted > cycles, spec.stats.sources
 
 
-def _reference_block(drafter_path, target_path, feats: np.ndarray, block: list[int], pos0: int, neox: bool) -> np.ndarray:
+def _reference_block(drafter_path, target_path, feats: np.ndarray, block: list[int], pos0: int, neox: bool,
+                     hidden: bool = False):
     """The logits of a DFlash block, computed in numpy from the dflash graph of the pinned
     llama.cpp (src/models/dflash.cpp): the injected context's K/V from ``fc`` over the target
     features at positions 0..len-1, the block attending to it and to itself (non-causal), the
@@ -267,7 +268,8 @@ def _reference_block(drafter_path, target_path, feats: np.ndarray, block: list[i
         h = rms(x, w[p + "ffn_norm.weight"])
         gate = h @ w[p + "ffn_gate.weight"].T
         x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-    return rms(x, w["output_norm.weight"]) @ embd.T
+    h = rms(x, w["output_norm.weight"])
+    return (h @ embd.T, h, w) if hidden else h @ embd.T
 
 
 def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
@@ -358,3 +360,36 @@ def test_a_server_with_a_dspark_drafter_drafts_with_it_and_names_it(df, tmp_path
     drafted = [v for (name, labels), v in metrics.items()
                if name.endswith("draft_tokens_by_source_total") and ("source", "dspark") in labels]
     assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
+
+
+def test_dspark_blocks_chain_the_markov_head_and_read_the_confidence_head(df):
+    """The random DSpark drafter (anchor-first block): each draft is the argmax of the dflash
+    graph's logits plus the Markov bias of the previous draft (the anchor first), and each
+    confidence is the sigmoid of conf_proj over [the row's final state, the previous token's
+    Markov embedding]: localspec reads the drafts and the confidences at llama.cpp's rows."""
+    import llama_cpp
+
+    from localspec.llama import llama_ext
+
+    n = 6
+    with Engine(df["noisy"], df["dspark_random"], n_ctx=256) as engine:
+        d = engine.drafter
+        tokens = engine.model.tokenize(PROMPT)
+        engine.ctx.seq_rm(0)
+        engine.ctx.decode(tokens, 0, all_logits=False)
+        feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
+                                                               shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
+        neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
+        d.begin(tokens, 0)
+        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        drafts, confidence = d.draft_block(n)
+    base, h, w = _reference_block(df["dspark_random"], df["noisy"], feats, [tokens[-1]] + [MASK_TOKEN] * (n - 1),
+                                  len(tokens), neox, hidden=True)
+    prev, want, conf = tokens[-1], [], []
+    for i in range(n):
+        markov = w["markov_w1.weight"][prev]
+        conf.append(1 / (1 + np.exp(-(w["conf_proj.weight"].reshape(-1) @ np.concatenate([h[i], markov]) + w["conf_proj.bias"].reshape(-1)[0]))))
+        prev = int(np.argmax(base[i] + w["markov_w2.weight"] @ markov))
+        want.append(prev)
+    assert drafts == want, (drafts, want)
+    assert np.allclose(confidence, conf, atol=2e-3), (confidence, conf)
