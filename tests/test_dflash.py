@@ -9,6 +9,7 @@ blocks are garbage. The tests' names say ``dflash`` or ``dspark`` (``pytest -k "
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -393,3 +394,107 @@ def test_dspark_blocks_chain_the_markov_head_and_read_the_confidence_head(df):
         want.append(prev)
     assert drafts == want, (drafts, want)
     assert np.allclose(confidence, conf, atol=2e-3), (confidence, conf)
+
+
+def _sdist_gguf_py(tmp_path):
+    """gguf-py of the pinned llama-cpp-python sdist (its DFLASH tensor map), unpacked from a cached
+    sdist (the test cache, or /tmp/sdist); None where none is cached."""
+    import tarfile
+    from importlib.metadata import version
+
+    from sdist_templates import CACHE
+
+    pinned = version("llama-cpp-python")
+    archives = [p for p in (CACHE / f"llama_cpp_python-{pinned}.tar.gz", Path(f"/tmp/sdist/llama_cpp_python-{pinned}.tar.gz"))
+                if p.is_file()]
+    if not archives:
+        return None
+    prefix = f"llama_cpp_python-{pinned}/vendor/llama.cpp/gguf-py/"
+    with tarfile.open(archives[0]) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        tar.extractall(tmp_path / "gguf-py", members=members, filter="data")
+    return tmp_path / "gguf-py"
+
+
+def _tiny_checkpoint(d, *, dspark: bool) -> Path:
+    """A tiny random checkpoint in z-lab's DFlash layout (no ``model.`` prefix) or DeepSeek's
+    DSpark one (``model.`` names, a Markov and a confidence head), for the tiny llama target."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    pre = "model." if dspark else ""
+    t = {f"{pre}fc.weight": rnd(64, 128), f"{pre}hidden_norm.weight": torch.ones(64), f"{pre}norm.weight": torch.ones(64)}
+    for i in range(2):
+        p = f"{pre}layers.{i}."
+        t.update({p + "input_layernorm.weight": torch.ones(64), p + "post_attention_layernorm.weight": torch.ones(64),
+                  p + "self_attn.q_proj.weight": rnd(64, 64), p + "self_attn.k_proj.weight": rnd(64, 64),
+                  p + "self_attn.v_proj.weight": rnd(64, 64), p + "self_attn.o_proj.weight": rnd(64, 64),
+                  p + "self_attn.q_norm.weight": torch.ones(16), p + "self_attn.k_norm.weight": torch.ones(16),
+                  p + "mlp.gate_proj.weight": rnd(128, 64), p + "mlp.up_proj.weight": rnd(128, 64),
+                  p + "mlp.down_proj.weight": rnd(64, 128)})
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "max_position_embeddings": 4096, "vocab_size": 49152}
+    if dspark:
+        t.update({"model.markov_head.markov_w1.weight": rnd(49152, 8), "model.markov_head.markov_w2.weight": rnd(49152, 8),
+                  "model.confidence_head.proj.weight": rnd(1, 72), "model.confidence_head.proj.bias": torch.zeros(1),
+                  "lm_head.weight": rnd(49152, 64)})
+        config.update(architectures=["DSparkDraftModel"], target_layer_ids=[0, 2], mask_token_id=MASK_TOKEN, block_size=7)
+    else:
+        config.update(architectures=["DFlashDraftModel"], block_size=8,
+                      dflash_config={"target_layer_ids": [0, 2], "mask_token_id": MASK_TOKEN})
+    d.mkdir()
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp_path, kind):
+    """``localspec convert`` of a tiny z-lab DFlash / DeepSeek DSpark checkpoint: every tensor under
+    the name the pinned llama.cpp's gguf-py maps it to for MODEL_ARCH.DFLASH (where its sdist is
+    cached), the converter's keys (target layers + 1, the block, DSpark's flags, the target's
+    tokenizer and the mask token), a pair that drafts and decodes as plain decoding does."""
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt", dspark=kind == "dspark")
+    out = tmp_path / f"{kind}.gguf"
+    proc = run_cli("convert", str(ckpt), "--target", str(df["noisy"]), "-o", str(out), "--outtype", "f32")
+    assert proc.returncode == 0, proc.stderr
+    info = read_gguf(out)
+    assert info.block_kind == kind and info.target_layers == (1, 3) and info.mask_token == MASK_TOKEN
+    assert info.tokenizer_sha256 == read_gguf(df["noisy"]).tokenizer_sha256
+    meta = info.metadata
+    assert meta["dflash.block_size"] == (7 if kind == "dspark" else 8)
+    if kind == "dspark":
+        assert meta["dflash.sample_from_anchor"] is True and meta["dflash.has_confidence_head"] is True
+        assert "output.weight" not in info.tensors   # a full-vocabulary DSpark reads the target's lm_head
+    gguf_py = _sdist_gguf_py(tmp_path)
+    if gguf_py is not None:
+        from safetensors import safe_open
+
+        with safe_open(str(ckpt / "model.safetensors"), "np") as f:
+            names = [n for n in f.keys() if not n.endswith("lm_head.weight")]
+        script = ("import json, sys, gguf; m = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DFLASH, 2); "
+                  "names = json.loads(sys.argv[1]); "
+                  "print(json.dumps({n: m.get_name(n if n.startswith('model.') else 'model.' + n, "
+                  "try_suffixes=('.weight', '.bias')) for n in names}))")
+        import subprocess
+        import sys
+
+        done = subprocess.run([sys.executable, "-c", script, json.dumps(names)], capture_output=True, text=True,
+                              env={"PYTHONPATH": str(gguf_py), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr
+        upstream = json.loads(done.stdout)
+        assert sorted(upstream.values()) == sorted(info.tensors), (upstream, sorted(info.tensors))
+    with Engine(df["noisy"], out, n_ctx=256) as engine:
+        plain = _done(engine, PROMPT, GenerationConfig(max_tokens=16, spec=False, record_margins=True))
+        engine.clear_cache()
+        spec = _done(engine, PROMPT, GenerationConfig(max_tokens=16, policy=PolicyConfig("fixed", 4, tree="off")))
+    assert_lossless(plain, spec)
+    assert spec.stats.sources[kind][1] > 0
