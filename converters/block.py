@@ -42,6 +42,18 @@ def is_block_checkpoint(config: dict) -> bool:
     return bool(set(config.get("architectures") or ()) & set(BLOCK_ARCHITECTURES)) or "dflash_config" in config
 
 
+def normalized_config(config: dict) -> dict:
+    """The speculators format's config (``transformer_layer_config`` beside its own keys) as one
+    dict, as llama.cpp's DSparkModel reads it; a DSpark's ``sample_from_anchor`` (EAGLE-3-style
+    exports, the speculators format among them, put a bonus anchor first: False)."""
+    out = dict(config)
+    if _is_dspark(config):
+        out.setdefault("sample_from_anchor", "transformer_layer_config" not in config
+                       and "aux_hidden_state_layer_ids" not in config)
+    out.update(config.get("transformer_layer_config") or {})
+    return out
+
+
 def _is_dspark(config: dict) -> bool:
     return any("DSpark" in a for a in config.get("architectures") or ())
 
@@ -62,6 +74,8 @@ def block_keys(config: dict) -> tuple[dict, int]:
     """The keys llama.cpp's DFlashModel / DSparkModel write from ``config`` (the tokenizer aside),
     and the mask token."""
     dflash = dict(config.get("dflash_config") or {})
+    if "aux_hidden_state_layer_ids" in config:   # the speculators format: layer ids counted from 1
+        dflash.setdefault("target_layer_ids", [int(i) - 1 for i in config["aux_hidden_state_layer_ids"]])
     for k in ("target_layer_ids", "mask_token_id"):
         if k not in dflash and k in config:
             dflash[k] = config[k]
@@ -93,7 +107,7 @@ def write_block_gguf(ckpt, target_gguf: Path, out: Path, outtype: str = "f32") -
 
     from localspec.llama.gguf_native import ARRAY, GGUFHeader
 
-    config = ckpt.config
+    config = normalized_config(ckpt.config)
     keys, mask = block_keys(config)
     writer = gguf.GGUFWriter(str(out), ARCH)
     writer.add_name(str(config.get("name") or ckpt.provenance or Path(ckpt.source).name))
@@ -109,7 +123,7 @@ def write_block_gguf(ckpt, target_gguf: Path, out: Path, outtype: str = "f32") -
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     names = ckpt.names()
     if _is_dspark(config):
-        writer.add_bool(f"{ARCH}.sample_from_anchor", bool(config.get("sample_from_anchor", True)))
+        writer.add_bool(f"{ARCH}.sample_from_anchor", bool(config["sample_from_anchor"]))
         writer.add_bool(f"{ARCH}.has_confidence_head", any("confidence_head.proj" in n for n in names))
     header = GGUFHeader(target_gguf)
     for key, value in header.kv.items():
@@ -131,6 +145,10 @@ def write_block_gguf(ckpt, target_gguf: Path, out: Path, outtype: str = "f32") -
 def _add_tensors(writer, ckpt, config: dict, outtype: str) -> None:
     full_vocab = (config.get("draft_vocab_size") or config["vocab_size"]) == config["vocab_size"]
     for name in ckpt.names():
+        if name in ("d2t", "model.d2t"):   # a reduced draft vocabulary: absolute target ids, I64
+            offsets = ckpt.tensor(name).astype(np.int64).reshape(-1)
+            writer.add_tensor("d2t", offsets + np.arange(offsets.size, dtype=np.int64))
+            continue
         target = gguf_name(name)
         if target is None or (target == "output.weight" and _is_dspark(config) and full_vocab):
             continue

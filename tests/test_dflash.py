@@ -418,9 +418,12 @@ def _sdist_gguf_py(tmp_path):
     return tmp_path / "gguf-py"
 
 
-def _tiny_checkpoint(d, *, dspark: bool) -> Path:
-    """A tiny random checkpoint in z-lab's DFlash layout (no ``model.`` prefix) or DeepSeek's
-    DSpark one (``model.`` names, a Markov and a confidence head), for the tiny llama target."""
+def _tiny_checkpoint(d, layout: str) -> Path:
+    """A tiny random checkpoint for the tiny llama target in a published layout: ``zlab`` (z-lab's
+    DFlash: no ``model.`` prefix, ``dflash_config``), ``deepseek`` (a DSpark: ``model.`` names, a
+    Markov and a confidence head, a full vocabulary) or ``speculators`` (a DSparkSpeculator:
+    ``transformer_layer_config``, ``aux_hidden_state_layer_ids``, a reduced vocabulary with ``d2t``
+    and ``t2d``)."""
     import torch
     from safetensors.torch import save_file
 
@@ -429,7 +432,7 @@ def _tiny_checkpoint(d, *, dspark: bool) -> Path:
     def rnd(*shape):
         return torch.randn(*shape, generator=g) * 0.1
 
-    pre = "model." if dspark else ""
+    pre = "" if layout == "zlab" else "model."
     t = {f"{pre}fc.weight": rnd(64, 128), f"{pre}hidden_norm.weight": torch.ones(64), f"{pre}norm.weight": torch.ones(64)}
     for i in range(2):
         p = f"{pre}layers.{i}."
@@ -439,30 +442,38 @@ def _tiny_checkpoint(d, *, dspark: bool) -> Path:
                   p + "self_attn.q_norm.weight": torch.ones(16), p + "self_attn.k_norm.weight": torch.ones(16),
                   p + "mlp.gate_proj.weight": rnd(128, 64), p + "mlp.up_proj.weight": rnd(128, 64),
                   p + "mlp.down_proj.weight": rnd(64, 128)})
-    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-              "max_position_embeddings": 4096, "vocab_size": 49152}
-    if dspark:
-        t.update({"model.markov_head.markov_w1.weight": rnd(49152, 8), "model.markov_head.markov_w2.weight": rnd(49152, 8),
-                  "model.confidence_head.proj.weight": rnd(1, 72), "model.confidence_head.proj.bias": torch.zeros(1),
-                  "lm_head.weight": rnd(49152, 64)})
-        config.update(architectures=["DSparkDraftModel"], target_layer_ids=[0, 2], mask_token_id=MASK_TOKEN, block_size=7)
-    else:
-        config.update(architectures=["DFlashDraftModel"], block_size=8,
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+             "max_position_embeddings": 4096, "vocab_size": 49152}
+    if layout == "zlab":
+        config = dict(shape, architectures=["DFlashDraftModel"], block_size=8,
                       dflash_config={"target_layer_ids": [0, 2], "mask_token_id": MASK_TOKEN})
+    else:
+        vocab = 49152 if layout == "deepseek" else 512
+        t.update({"model.markov_head.markov_w1.weight": rnd(49152, 8), "model.markov_head.markov_w2.weight": rnd(vocab, 8),
+                  "model.confidence_head.proj.weight": rnd(1, 72), "model.confidence_head.proj.bias": torch.zeros(1),
+                  "lm_head.weight": rnd(vocab, 64)})
+        if layout == "deepseek":
+            config = dict(shape, architectures=["DSparkDraftModel"], target_layer_ids=[0, 2],
+                          mask_token_id=MASK_TOKEN, block_size=7)
+        else:
+            ids = torch.sort(torch.randperm(49152, generator=g)[:vocab]).values
+            t.update({"d2t": ids - torch.arange(vocab), "t2d": torch.zeros(49152, dtype=torch.bool)})
+            config = {"architectures": ["DSparkSpeculator"], "transformer_layer_config": shape, "block_size": 7,
+                      "aux_hidden_state_layer_ids": [1, 3], "mask_token_id": MASK_TOKEN, "draft_vocab_size": vocab}
     d.mkdir()
     save_file(t, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(config))
     return d
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
-def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp_path, kind):
+@pytest.mark.parametrize("layout,kind", [("zlab", "dflash"), ("deepseek", "dspark"), ("speculators", "dspark")])
+def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp_path, layout, kind):
     """``localspec convert`` of a tiny z-lab DFlash / DeepSeek DSpark checkpoint: every tensor under
     the name the pinned llama.cpp's gguf-py maps it to for MODEL_ARCH.DFLASH (where its sdist is
     cached), the converter's keys (target layers + 1, the block, DSpark's flags, the target's
     tokenizer and the mask token), a pair that drafts and decodes as plain decoding does."""
-    ckpt = _tiny_checkpoint(tmp_path / "ckpt", dspark=kind == "dspark")
+    ckpt = _tiny_checkpoint(tmp_path / "ckpt", layout)
     out = tmp_path / f"{kind}.gguf"
     proc = run_cli("convert", str(ckpt), "--target", str(df["noisy"]), "-o", str(out), "--outtype", "f32")
     assert proc.returncode == 0, proc.stderr
@@ -471,15 +482,16 @@ def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp
     assert info.tokenizer_sha256 == read_gguf(df["noisy"]).tokenizer_sha256
     meta = info.metadata
     assert meta["dflash.block_size"] == (7 if kind == "dspark" else 8)
-    if kind == "dspark":
-        assert meta["dflash.sample_from_anchor"] is True and meta["dflash.has_confidence_head"] is True
-        assert "output.weight" not in info.tensors   # a full-vocabulary DSpark reads the target's lm_head
+    if kind == "dspark":   # the speculators format puts a bonus anchor first (sample_from_anchor false)
+        assert meta["dflash.sample_from_anchor"] is (layout == "deepseek") and meta["dflash.has_confidence_head"] is True
+        # a full-vocabulary DSpark reads the target's lm_head; a reduced one ships its own and d2t
+        assert ("output.weight" in info.tensors) == ("d2t" in info.tensors) == (layout == "speculators")
     gguf_py = _sdist_gguf_py(tmp_path)
     if gguf_py is not None:
         from safetensors import safe_open
 
         with safe_open(str(ckpt / "model.safetensors"), "np") as f:
-            names = [n for n in f.keys() if not n.endswith("lm_head.weight")]
+            names = [n for n in f.keys() if n not in ("d2t", "t2d") and (layout == "speculators" or "lm_head" not in n)]
         script = ("import json, sys, gguf; m = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DFLASH, 2); "
                   "names = json.loads(sys.argv[1]); "
                   "print(json.dumps({n: m.get_name(n if n.startswith('model.') else 'model.' + n, "
@@ -491,7 +503,8 @@ def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp
                               env={"PYTHONPATH": str(gguf_py), "PATH": "/usr/bin:/bin"})
         assert done.returncode == 0, done.stderr
         upstream = json.loads(done.stdout)
-        assert sorted(upstream.values()) == sorted(info.tensors), (upstream, sorted(info.tensors))
+        expected = set(upstream.values()) | ({"d2t"} if layout == "speculators" else set())
+        assert expected == set(info.tensors), (upstream, sorted(info.tensors))
     with Engine(df["noisy"], out, n_ctx=256) as engine:
         plain = _done(engine, PROMPT, GenerationConfig(max_tokens=16, spec=False, record_margins=True))
         engine.clear_cache()
