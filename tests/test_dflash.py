@@ -511,3 +511,37 @@ def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp
         spec = _done(engine, PROMPT, GenerationConfig(max_tokens=16, policy=PolicyConfig("fixed", 4, tree="off")))
     assert_lossless(plain, spec)
     assert spec.stats.sources[kind][1] > 0
+
+
+def test_the_chat_drafts_with_a_dspark_drafter_and_names_it(df, isolated_home):
+    """The terminal chat on the pair: F3's rows name the block drafter, and a reply drafts with it."""
+    import asyncio
+    import time
+
+    from localspec.store.conversations import ConversationStore
+    from localspec.tui.app import ChatApp, ChatSettings
+    from localspec.tui.widgets import StatsPanel
+
+    async def until(pilot, condition) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, "timed out waiting for the app"
+            await pilot.pause(0.02)
+
+    async def go(store):
+        app = ChatApp(lambda: Engine(df["noisy"], df["dspark"], n_ctx=256, n_threads=1), model_name="noisy.gguf",
+                      store=store, settings=ChatSettings(max_tokens=16, policy="fixed", draft_max=4))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.engine is not None or app.load_error is not None)
+            rows = dict(app.info_rows())
+            assert rows["drafter"] == "dspark.gguf: dspark block drafter, source dspark", rows
+            assert app.send("The quick brown fox")
+            await until(pilot, lambda: app.replies_done == 1)
+            stats = app.query_one(StatsPanel).stats
+            assert stats.spec and stats.sources.get("dspark", [0, 0, 0])[1] > 0, stats.sources
+
+    store = ConversationStore()
+    try:
+        asyncio.run(go(store))
+    finally:
+        store.close()
