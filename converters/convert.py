@@ -18,6 +18,7 @@ from localspec.core.atomic import atomic_path
 from localspec.core.errors import LocalspecError
 from localspec.formats.gguf_info import check_pair, check_target, read_gguf
 
+from .block import is_block_checkpoint, write_block_gguf
 from .checkpoint import open_checkpoint
 from .gguf_writer import OUTTYPES, write_gguf_file
 from .layouts import TargetShape, detect
@@ -82,6 +83,8 @@ def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = 
         raise LocalspecError(f"{out} is the target model; refusing to overwrite it")
 
     ckpt = open_checkpoint(src)
+    if is_block_checkpoint(ckpt.config):   # DFlash / DSpark: the dflash GGUF (converters.block)
+        return _convert_block(ckpt, target_gguf, out, outtype)
     layout = detect(ckpt)
     weights = layout.read(shape)
 
@@ -94,3 +97,17 @@ def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = 
         draft_vocab=weights.draft_vocab, outtype=outtype, size_bytes=out.stat().st_size,
         warnings=list(layout.warnings), out=out, source=ckpt.source,
     )
+
+
+def _convert_block(ckpt, target_gguf: Path, out: Path, outtype: str) -> ConversionSummary:
+    """A DFlash or DSpark checkpoint to its dflash GGUF, checked against the target before it
+    becomes ``out``."""
+    if outtype not in ("f32", "f16"):
+        raise LocalspecError(f"a DFlash / DSpark drafter converts to f32 or f16, not {outtype}")
+    with atomic_path(out) as staging:
+        write_block_gguf(ckpt, target_gguf, staging, outtype=outtype)
+        check_pair(read_gguf(target_gguf), read_gguf(staging))
+    info = read_gguf(out)
+    return ConversionSummary(layout=info.block_kind, variant=info.block_kind, target_layers=tuple(info.target_layers),
+                             draft_vocab=None, outtype=outtype, size_bytes=out.stat().st_size, warnings=[],
+                             out=out, source=ckpt.source)

@@ -50,7 +50,8 @@ def test_statistics_classes_are_named_with_their_sources_priors_in_the_old_order
 
 
 def test_the_builtin_sources_are_registered_in_order_and_switched_by_their_word():
-    assert [s.name for s in registry.BUILTIN] == ["lookup", "prediction", "recall", "eagle", "mtp", "assistant"]
+    assert [s.name for s in registry.BUILTIN] == ["lookup", "prediction", "recall", "eagle", "mtp", "assistant",
+                                                  "dflash", "dspark"]
     assert [s.name for s in text_sources()] == ["prediction", "lookup", "recall"]   # asked in this order
     assert wants("auto", "lookup") and wants("mtp,lookup", "lookup") and not wants("mtp", "lookup")
     assert check("source", "mtp, lookup") == "mtp,lookup"
@@ -162,5 +163,5 @@ def test_a_comma_list_of_sources_drafts_with_each_on_the_real_pair(smollm2):
 def test_cli_names_the_flag_for_an_unknown_source_in_a_list(smollm2):
     for value, why in (("lookup,nope", "'nope' is not one"), ("auto,lookup", "'auto' stands alone")):
         proc = run_cli("generate", "--target", str(smollm2), "-p", "hi", "-n", "2", "--source", value)
-        line = assert_one_error(proc, contains=f"draft source must be auto, eagle, lookup, mtp or assistant, or a comma list")
+        line = assert_one_error(proc, contains=f"draft source must be auto, eagle, lookup, mtp, assistant, dflash or dspark, or a comma list")
         assert why in line and line.endswith("(--source)"), line

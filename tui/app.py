@@ -472,6 +472,10 @@ class ChatApp(App):
         elif d.is_assistant:   # Gemma 4's assistant: reads the target's KV cache
             rows.append(("drafter", f"{d.path.name}: Gemma 4's assistant, source assistant"))
             rows.append(("  layers / width", f"{d.n_layer} blocks, {d.n_embd} wide, no KV cache of its own"))
+        elif d.is_block_drafter:   # DFlash / DSpark: a block of drafts per drafter decode
+            rows.append(("drafter", f"{d.path.name}: {d.block_kind} block drafter, source {d.block_kind}"))
+            rows.append(("  block / target layers", f"{engine.drafter.max_depth} drafts, layers "
+                                                    + ", ".join(str(x) for x in (d.target_layers or ()))))
         else:
             rows.append(("drafter", d.path.name))
             rows.append(("  variant", str(d.variant or "eagle3")))

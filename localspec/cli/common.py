@@ -61,6 +61,8 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     words = listed_words(getattr(source, "value", source)) if source is not None else ()
     if "assistant" in words:   # after the plan: the files are read and checked
         _check_assistant(model_spec)
+    for word in {"dflash", "dspark"} & set(words):
+        _check_block_drafter(model_spec, word)
     note = options["memory_plan"].context_note
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -77,4 +79,15 @@ def _check_assistant(model_spec: ModelSpec) -> None:
 
     if model_spec.drafter is None or not read_gguf(model_spec.drafter).is_assistant:
         raise LocalspecError("source assistant: this model has no Gemma 4 assistant (give its GGUF as the "
+                             "drafter: --draft, or DRAFT in a Modelfile)")
+
+
+def _check_block_drafter(model_spec: ModelSpec, word: str) -> None:
+    """``--source dflash`` / ``dspark``: the model's drafter file is a block drafter of that kind
+    (said before loading)."""
+    from ..core.errors import LocalspecError
+    from ..formats.gguf_info import read_gguf
+
+    if model_spec.drafter is None or read_gguf(model_spec.drafter).block_kind != word:
+        raise LocalspecError(f"source {word}: this engine has no {word} block drafter (give its GGUF as the "
                              "drafter: --draft, or DRAFT in a Modelfile)")

@@ -1,4 +1,5 @@
-"""``localspec convert``: a drafter checkpoint (local or Hugging Face) -> an eagle3 GGUF."""
+"""``localspec convert``: a drafter checkpoint (local or Hugging Face) -> an eagle3 GGUF, or a
+DFlash / DSpark checkpoint -> the dflash GGUF llama.cpp's converter writes."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def convert(
     timeout: Optional[float] = TimeoutOpt,
     verbose: bool = HubVerboseOpt,
 ) -> None:
-    """Convert an EAGLE-3 / EAGLE-3.1 drafter checkpoint to a GGUF that llama.cpp loads as eagle3."""
+    """Convert an EAGLE-3 / EAGLE-3.1 drafter checkpoint to a GGUF that llama.cpp loads as eagle3, or a
+    DFlash / DSpark checkpoint to its dflash GGUF (the target supplies the tokenizer)."""
     import sys
 
     from ..store import hub

@@ -53,6 +53,24 @@ def describe_gguf(info: GGUFInfo) -> dict[str, Any]:
             "vocab": info.n_vocab,
             "runs_exactly_on": "localspec; llama.cpp (draft-mtp)",
         }
+    if info.is_block_drafter:   # DFlash / DSpark: a block of drafts per drafter decode
+        meta = info.metadata
+        return {
+            "kind": "drafter",
+            **common,
+            "draft_source": info.block_kind,
+            "drafts_for": f"a target whose layers {list(info.target_layers or ())} it reads "
+                          f"(fc over {K.key(K.KEY_TARGET_LAYERS, info.arch)} x the target's width)",
+            "block_size": meta.get(K.key(K.KEY_BLOCK_SIZE, info.arch)),
+            "mask_token": info.mask_token,
+            "markov_head": K.T_MARKOV_W1 in info.tensors,
+            "confidence_head": K.T_CONF_PROJ in info.tensors,
+            "layers": info.n_layer,
+            "hidden_size": info.n_embd,
+            "vocab": info.n_vocab,
+            "own_embeddings": K.T_TOKEN_EMBD in info.tensors,
+            "runs_exactly_on": f"localspec; llama.cpp (draft-{info.block_kind})",
+        }
     if info.is_drafter:
         meta = info.metadata
         return {

@@ -78,7 +78,7 @@ def list_(
     table = Table("NAME", "TARGET", "DRAFTER", "SIZE", "CREATED")
     _embedded_row(table)
     for m in models:
-        drafter = Path(m.drafter).name if m.drafter else ("mtp (the target's own heads)"
+        drafter = _drafter_name(m.drafter) if m.drafter else ("mtp (the target's own heads)"
                                                           if m.origin.get("source") == "mtp" else "-")
         table.add_row(m.name, Path(m.target).name, drafter,
                       _size(m.target, m.drafter), m.created.replace("T", " ")[:16])
@@ -126,7 +126,7 @@ def show(
     table = Table(show_header=False, box=None)
     table.add_row("name", name)
     table.add_row("target", mf.from_)
-    table.add_row("drafter", mf.draft or "-")
+    table.add_row("drafter", _drafter_name(mf.draft, full=True) if mf.draft else "-")
     if record is not None:
         for key, value in record.origin.items():
             table.add_row(f"origin.{key}", value)
@@ -175,3 +175,16 @@ def registry_pull(name: str):
     if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
         raise LocalspecError(f"invalid model name '{name}'")
     return install.pull(name)
+
+
+def _drafter_name(path: str, *, full: bool = False) -> str:
+    """A drafter file's name (``full``: its path); a block drafter's kind beside it (dflash,
+    dspark: the ``--source`` word it drafts under)."""
+    from ..formats.gguf_info import read_gguf
+
+    name = str(path) if full else Path(path).name
+    try:
+        info = read_gguf(path)
+    except LocalspecError:   # gone or damaged: the name alone (rm and the checks say the rest)
+        return name
+    return f"{name} ({info.block_kind} block drafter)" if info.is_block_drafter else name

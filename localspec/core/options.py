@@ -270,11 +270,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     # speculation (PolicyConfig)
     Option("policy", str, choices=("auto", "fixed"), flag="--policy", default="auto",
            help="auto: adaptive; fixed: always draft --draft-max.", parameter="draft_policy"),
-    Option("source", str, choices=("auto", "eagle", "lookup", "mtp", "assistant"), listed=True, flag="--source",
+    Option("source", str, choices=("auto", "eagle", "lookup", "mtp", "assistant", "dflash", "dspark"), listed=True,
+           flag="--source",
            label="draft source", default="auto",
            help="Draft sources: auto (every one there is: the model drafter and n-gram lookup), eagle (the drafter "
                 "file), lookup, mtp (the target's own MTP heads), assistant (a Gemma 4 assistant as the drafter "
-                 "file), or a comma list weighed against each other "
+                 "file), dflash / dspark (a DFlash or DSpark block drafter file), or a comma list weighed against each other "
                 "(mtp,lookup)."),
     Option("tree", str, choices=("auto", "on", "off"), flag="--tree", label="tree setting", default="auto",
            help="Drafter trees: auto (where the cost model says width is nearly free, as on GPUs), "

@@ -103,7 +103,7 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 # the graph asserts n_embd_head_v == n_embd_head_k (src/models/<arch>.cpp; lfm2: the KV widths) ...
 SAME_KV_HEAD_ARCHS = frozenset({
     "eagle3", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01",
-    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "hunyuan-vl", "lfm2",
+    "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "hunyuan-vl", "lfm2", "dflash",
 })
 # ... and these also that RoPE spans the whole head (n_embd_head == n_rot)
 ROT_IS_HEAD_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "hunyuan-vl"})
@@ -155,3 +155,22 @@ FEATURE_ARCHS = frozenset({
 
 def key(template: str, arch: str) -> str:
     return template.format(arch=arch)
+
+# Block drafters (DFlash, DSpark: llama.cpp's ``dflash`` architecture, src/models/dflash.cpp and
+# common/speculative.cpp's draft-dflash / draft-dspark): one drafter decode of [last token, MASK...]
+DFLASH_ARCH = "dflash"
+KEY_BLOCK_SIZE = "{arch}.block_size"                      # the trained block (anchor + drafts)
+KEY_SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"      # DSpark: drafts read from the anchor row on
+KEY_HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"    # DSpark: conf_proj present
+KEY_CAUSAL = "{arch}.attention.causal"                    # block-internal attention (default off)
+KEY_SELECTOR_TOP_K = "{arch}.selector_top_k"              # DFlash2's selector (not run by localspec)
+KEY_HC_COUNT = "{arch}.hyper_connection_count"            # DSpark on DeepSeek V4's blocks
+KEY_MASK_ID = "tokenizer.ggml.mask_token_id"
+T_MARKOV_W1 = "markov_w1.weight"      # DSpark's Markov head: [rank, n_vocab] (GGUF order)
+T_MARKOV_W2 = "markov_w2.weight"      # [rank, n_vocab of the draft]
+T_CONF_PROJ = "conf_proj.weight"      # DSpark's confidence head: [n_embd + rank, 1]
+T_CONF_PROJ_B = "conf_proj.bias"
+T_SELECTOR_HIDDEN = "selector_hidden.weight"   # DFlash2
+# target architectures whose graph also records the output of the last layer (t_layer_inp[n_layer])
+LAST_LAYER_INP_ARCHS = frozenset({"deepseek4", "mimo2", "nemotron_h"})
+BLOCK_SIZE_MAX = 64     # the largest block localspec drafts (published drafters: 7 to 16)

@@ -19,6 +19,7 @@ from ..llama.gguf_native import GGUFHeader
 from .layer_checks import check_layers
 
 GGUF_MAGIC = b"GGUF"
+DFLASH_VARIANT = "dflash"   # GGUFInfo.variant of a block drafter (block_kind says which)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class GGUFInfo:
     draft_vocab: int | None = None
     # why llama.cpp cannot tokenize with this file's vocabulary (it aborts the process), if it cannot
     tokenizer_issue: str | None = None
+    # a block drafter's (dflash) mask token (tokenizer.ggml.mask_token_id), as the header says it
+    mask_token: Any = None
 
     @property
     def is_drafter(self) -> bool:
@@ -67,6 +70,21 @@ class GGUFInfo:
         """A Gemma 4 assistant: a drafter GGUF of NextN blocks that reads its gemma4 target's KV
         cache (llama.cpp's ``gemma4-assistant``; :mod:`localspec.speculation.assistant`)."""
         return self.arch == K.GEMMA4_ASSISTANT_ARCH
+
+    @property
+    def is_block_drafter(self) -> bool:
+        """A DFlash or DSpark drafter (llama.cpp's ``dflash``): a block of drafts in one decode, from
+        the target's layer inputs (:mod:`localspec.speculation.dflash`)."""
+        return self.arch == K.DFLASH_ARCH
+
+    @property
+    def block_kind(self) -> str | None:
+        """``dspark`` (a Markov head), ``dflash2`` (a selector) or ``dflash``; None: not a block drafter."""
+        if not self.is_block_drafter:
+            return None
+        if K.T_MARKOV_W1 in self.tensors:
+            return "dspark"
+        return "dflash2" if K.T_SELECTOR_HIDDEN in self.tensors else "dflash"
 
     @property
     def weight_type(self) -> str:
@@ -226,6 +244,8 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
         tensors=tensors,
         metadata=metadata,
     )
+    if arch == K.DFLASH_ARCH:
+        info.update(_block_fields(p, kv, tensors))
     if arch == K.EAGLE3_ARCH:
         layers = meta(K.KEY_TARGET_LAYERS)
         if layers is not None and not (isinstance(layers, (list, np.ndarray))
@@ -245,6 +265,16 @@ def _read_cached(path: str, mtime_ns: int, size: int) -> GGUFInfo:
             draft_vocab=d2t.shape[0] if d2t is not None else None,
         )
     return GGUFInfo(**info)
+
+
+def _block_fields(p: Path, kv: dict, tensors: dict) -> dict[str, Any]:
+    """A block drafter's (dflash) target layers, mask token and kind, as the header says them."""
+    key = K.key(K.KEY_TARGET_LAYERS, K.DFLASH_ARCH)
+    layers = kv.get(key)
+    if layers is not None and not (isinstance(layers, (list, np.ndarray)) and all(_is_int(x) for x in layers)):
+        raise LocalspecError(f"{p}: {key} must be a list of integers, got {_short(layers)}")
+    return dict(target_layers=tuple(int(x) for x in layers) if layers is not None else None,
+                mask_token=kv.get(K.KEY_MASK_ID), variant="dspark" if K.T_MARKOV_W1 in tensors else DFLASH_VARIANT)
 
 
 def _short(value: Any) -> str:
@@ -402,6 +432,9 @@ def _int_meta(info: GGUFInfo, template: str) -> int:
 def check_target(target: GGUFInfo) -> None:
     if target.is_drafter:
         raise LocalspecError(f"{target.path.name} is an EAGLE-3 drafter, not a target model")
+    if target.is_block_drafter:
+        raise LocalspecError(f"{target.path.name} is a {target.block_kind} block drafter, not a target model: "
+                             "give it as the drafter (--draft, or DRAFT in a Modelfile) of its target")
     if target.is_assistant:
         raise LocalspecError(f"{target.path.name} is a Gemma 4 assistant (a drafter), not a target model: "
                              "give it as the drafter (--draft, or DRAFT in a Modelfile) of its gemma4 target")
@@ -433,6 +466,9 @@ def check_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
     """Every check that keeps llama.cpp from aborting on a target/drafter mismatch."""
     if drafter.is_assistant:
         check_assistant_pair(target, drafter)
+        return
+    if drafter.is_block_drafter:
+        check_block_pair(target, drafter)
         return
     t, d = target.path.name, drafter.path.name
     check_target(target)
@@ -578,3 +614,101 @@ def check_assistant_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
         if mine != theirs:
             raise LocalspecError(f"{d}: its layer {layer} reads {t}'s {'sliding' if swa else 'full'} cache "
                                  f"of {theirs[1]} heads of {theirs[0]} with {mine[1]} heads of {mine[0]}")
+
+
+# -- block drafters (DFlash, DSpark) -----------------------------------------------------------------
+def _dims(info: GGUFInfo, name: str) -> list[int] | None:
+    t = info.tensors.get(name)
+    return list(t.shape) if t is not None else None
+
+
+def check_block_drafter(drafter: GGUFInfo) -> None:
+    """A DFlash / DSpark drafter's own sizes: what llama.cpp's dflash loader and draft-dflash
+    assert or misread (a missing block size, mask token or layer list; a Markov head or a
+    confidence head of another rank). DFlash2 (a selector) and DeepSeek V4 DSpark blocks are not run."""
+    d, arch = drafter.path.name, K.DFLASH_ARCH
+    if drafter.tokenizer_issue:
+        raise LocalspecError(f"{d}: {drafter.tokenizer_issue}")
+    check_hparams(drafter)
+    check_tensor_types(drafter)
+    if drafter.block_kind == "dflash2":
+        raise LocalspecError(f"{d} is a DFlash2 drafter (a selector lattice): localspec drafts with DFlash and DSpark only")
+    if _int_meta(drafter, K.KEY_HC_COUNT):
+        raise LocalspecError(f"{d} is a DSpark drafter of DeepSeek V4 blocks: localspec does not run those")
+    check_attention(drafter)
+    block = drafter.metadata.get(K.key(K.KEY_BLOCK_SIZE, arch))
+    if not _is_int(block) or not 2 <= block <= K.BLOCK_SIZE_MAX:
+        raise LocalspecError(f"{d}: {K.key(K.KEY_BLOCK_SIZE, arch)} must be an integer from 2 to "
+                             f"{K.BLOCK_SIZE_MAX} (an anchor and at least one draft), got {_short(block)}")
+    layers = drafter.target_layers
+    if not layers:
+        raise LocalspecError(f"{d}: {K.key(K.KEY_TARGET_LAYERS, arch)} must list the target layers it reads (got {layers})")
+    if len(set(layers)) != len(layers):
+        raise LocalspecError(f"{d}: {K.key(K.KEY_TARGET_LAYERS, arch)} lists a layer twice ({list(layers)})")
+    mask = drafter.mask_token
+    if not _is_int(mask) or not 0 <= mask < drafter.n_vocab:
+        raise LocalspecError(f"{d}: its mask token ({K.KEY_MASK_ID}) must be a token of its vocabulary "
+                             f"(0..{drafter.n_vocab - 1}), got {_short(mask)}")
+    if drafter.block_kind == "dspark":
+        _check_dspark_heads(drafter)
+
+
+def _check_dspark_heads(drafter: GGUFInfo) -> None:
+    """DSpark's Markov head (w1: [rank, vocab], w2: [rank, draft vocab]) and its optional
+    confidence head ([n_embd + rank, 1], a bias of 1)."""
+    d = drafter.path.name
+    w1, w2 = _dims(drafter, K.T_MARKOV_W1), _dims(drafter, K.T_MARKOV_W2)
+    if w1 is None or len(w1) != 2 or w2 is None or len(w2) != 2 or w1[0] != w2[0] or w1[0] <= 0:
+        raise LocalspecError(f"{d}: the Markov head's weights disagree on its rank "
+                             f"(markov_w1 {w1}, markov_w2 {w2}; both [rank, vocabulary])")
+    conf = _dims(drafter, K.T_CONF_PROJ)
+    if conf is not None and conf not in ([drafter.n_embd + w1[0], 1], [drafter.n_embd + w1[0]]):
+        raise LocalspecError(f"{d}: conf_proj must be [{drafter.n_embd + w1[0]}, 1] (its width {drafter.n_embd} "
+                             f"plus the Markov rank {w1[0]}), got {conf}")
+    bias = _dims(drafter, K.T_CONF_PROJ_B)
+    if bias is not None and bias != [1]:
+        raise LocalspecError(f"{d}: conf_proj.bias must hold one value, got shape {bias}")
+    if conf is None and bias is not None:
+        raise LocalspecError(f"{d}: conf_proj.bias without conf_proj.weight")
+
+
+def check_block_pair(target: GGUFInfo, drafter: GGUFInfo) -> None:
+    """A DFlash / DSpark drafter against its target: the layers it reads exist and are exported,
+    their width is its fc's input, the same tokenizer, its borrowed embeddings and head fit."""
+    t, d = target.path.name, drafter.path.name
+    check_target(target)
+    check_block_drafter(drafter)
+    if target.arch not in K.FEATURE_ARCHS:
+        raise LocalspecError(f"target architecture '{target.arch}' ({t}) cannot export layer inputs in this "
+                             f"llama.cpp; DFlash and DSpark work with: {', '.join(sorted(K.FEATURE_ARCHS))}")
+    layers, top = drafter.target_layers, target.n_layer + (target.arch in K.LAST_LAYER_INP_ARCHS)
+    if any(not 0 <= lid < top for lid in layers):
+        raise LocalspecError(f"{d}: target layers {list(layers)} out of range for {t} "
+                             f"({target.n_layer} layers: 0..{top - 1})")
+    if drafter.tokenizer_sha256 != target.tokenizer_sha256:
+        raise LocalspecError(f"{d} and {t} do not share the same tokenizer")
+    fc = _dims(drafter, K.T_FC)
+    if fc is None or fc[0] != len(layers) * target.n_embd:
+        raise LocalspecError(f"{d}: fc.weight must take {len(layers)} x {target.n_embd} target features "
+                             f"({len(layers)} layers of {t}), got {fc}")
+    _check_borrowed(target, drafter)
+
+
+def _check_borrowed(target: GGUFInfo, drafter: GGUFInfo) -> None:
+    """The token embeddings and lm_head a block drafter borrows from its target (ctx_other) or
+    ships: its width where borrowed, the target's vocabulary (or d2t's) where shipped."""
+    t, d = target.path.name, drafter.path.name
+    embd, head = _dims(drafter, K.T_TOKEN_EMBD), _dims(drafter, K.T_OUTPUT)
+    borrowed = [what for what, own in (("token embeddings", embd), ("lm_head", head or embd)) if own is None]
+    if borrowed and drafter.n_embd != target.n_embd:
+        raise LocalspecError(f"{d} borrows the target's {' and '.join(borrowed)} but its width {drafter.n_embd} "
+                             f"differs from {t}'s {target.n_embd}")
+    if embd is not None and embd[-1] != target.n_vocab:
+        raise LocalspecError(f"{d}: its token embeddings cover {embd[-1]} tokens, {t} has {target.n_vocab}")
+    d2t = _dims(drafter, K.T_D2T)
+    rows = d2t[0] if d2t else target.n_vocab
+    if head is not None and head[-1] != rows:
+        raise LocalspecError(f"{d}: lm_head has {head[-1]} rows, {'d2t maps' if d2t else t + ' has'} {rows}")
+    w1, w2 = _dims(drafter, K.T_MARKOV_W1), _dims(drafter, K.T_MARKOV_W2)
+    if w1 is not None and (w1[1] != target.n_vocab or w2[1] != rows):
+        raise LocalspecError(f"{d}: the Markov head covers {w1[1]} and {w2[1]} tokens, {t} has {target.n_vocab}")

@@ -55,3 +55,11 @@ def target_context(with_drafter: bool, slots: int = 1, *, recurrent: bool = Fals
     if slots > 1:
         return dict(n_seq_max=max(slots, 1 + options.TREE_MAX_NODES if with_drafter else 0), kv_unified=True)
     return dict(n_seq_max=1 + options.TREE_MAX_NODES, kv_unified=True) if with_drafter else {}
+
+
+def block_drafter_batch(block_size: int) -> int:
+    """A block drafter's (DFlash, DSpark) context batch: its largest decode, a block of the anchor
+    and ``block_size`` rows at most (injection rows go in chunks of it). Its compute buffer and
+    logit rows are sized by it, not by the target's prompt batch (llama.cpp's draft context
+    inherits the target's: gigabytes on large vocabularies, llama.cpp issue #27569)."""
+    return block_size + 1

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable
 from ..core import options
 from ..core.errors import LocalspecError
 from ..core.units import MiB, format_size
-from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, VERIFY_OUTPUTS_MAX
+from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, VERIFY_OUTPUTS_MAX, block_drafter_batch
 
 if TYPE_CHECKING:  # pragma: no cover - the planner reads a GGUFInfo, it never opens a file
     from ..formats.gguf_info import GGUFInfo
@@ -80,6 +80,7 @@ class Layout:
     weights_read: bool = False
     n_nextn: int = 0                # the last blocks are MTP heads: never in the target context's KV
     mtp: bool = False               # the heads are loaded and draft (their weights, their own KV)
+    block_rows: int = 0             # a block drafter's (DFlash, DSpark) batch: its block; 0: EAGLE's
 
     @property
     def n_trunk(self) -> int:
@@ -192,9 +193,14 @@ def layout(info: GGUFInfo, cpu_features: dict[str, bool] | None = None, *, weigh
         notes.append(f"{info.arch}: sliding-window layers counted at full context (upper bound)")
     if any(k.startswith(f"{info.arch}.ssm.") or k.startswith(f"{info.arch}.rwkv") for k in info.metadata):
         notes.append(f"{info.arch}: recurrent state not modelled; KV estimate covers attention layers only")
-    return Layout(str(info.path), info.arch, n_layer, info.n_embd, info.n_vocab, layer_bytes, input_bytes,
+    lay = Layout(str(info.path), info.arch, n_layer, info.n_embd, info.n_vocab, layer_bytes, input_bytes,
                   output_bytes, tied, layer_repack, output_repack, kv, notes, tied_repack, weights_read,
                   n_nextn, mtp and n_nextn > 0)
+    if info.is_block_drafter:   # DFlash / DSpark: a context batch of one block (llama.contexts)
+        lay.block_rows = block_drafter_batch(int(_meta(info, "block_size", DRAFTER_BATCH - 1)))
+        lay.notes.append(f"{info.path.name}: a {info.block_kind} block drafter: its context's batch, compute buffer "
+                         f"and logit rows are sized to its block of {lay.block_rows} rows, not the target's batch")
+    return lay
 
 
 # -- budget and plan ---------------------------------------------------------------------------------
@@ -478,7 +484,8 @@ def _place(target: Layout, drafter: Layout | None, cpu_dev: DeviceBudget, gpu_de
     kv_d = KV_TYPES["f32"][1]  # the drafter's exact attention keeps an F32 cache
     dm = draft_max or DRAFT_MAX_CHOICES[0]
     t_out = _output_bytes(target, VERIFY_OUTPUTS_MAX, 0)   # the rows the context reserves (auto's long lookup drafts)
-    d_out = _output_bytes(drafter, DRAFTER_BATCH, DRAFTER_BATCH) if drafter else 0
+    d_rows = (drafter.block_rows or DRAFTER_BATCH) if drafter else 0   # a block drafter's logit rows: its block
+    d_out = _output_bytes(drafter, d_rows, d_rows) if drafter else 0
     m_out = _output_bytes(target, DRAFTER_BATCH, DRAFTER_BATCH) if target.mtp else 0   # as a drafter's
 
     def split(ngl: int, dngl: int) -> tuple[Share, Share, Share, int, int]:

@@ -67,8 +67,8 @@ class LlamaCompute:
                 d_bufs = parse_buffers(dc.load_log)
             elif self.drafter:
                 dm = Model(self.drafter, n_gpu_layers=dngl, no_alloc=True)
-                dc = Context(dm, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads, ctx_other=tc,
-                             **DRAFTER_CONTEXT)
+                dc = Context(dm, n_ctx=n_ctx, n_batch=_drafter_batch(self.drafter), n_threads=self.n_threads,
+                             ctx_other=tc, **DRAFTER_CONTEXT)
                 d_bufs = parse_buffers(dc.load_log)
         finally:
             for obj in (dc, dm, tc, tm):
@@ -76,6 +76,18 @@ class LlamaCompute:
                     obj.close()
         self.buffers[(n_ctx, kv, ngl, dngl)] = [("target", *b) for b in t_bufs] + [("drafter", *b) for b in d_bufs]
         return (sum(b[2] for b in t_bufs if b[1] == "compute"), sum(b[2] for b in d_bufs if b[1] == "compute"))
+
+
+def _drafter_batch(path) -> int:
+    """The drafter context's batch: EAGLE's, or a block drafter's block (speculation.dflash)."""
+    from ..formats import gguf_consts as K
+    from ..formats.gguf_info import read_gguf
+    from ..llama.contexts import DRAFTER_BATCH, block_drafter_batch
+
+    info = read_gguf(path)
+    if not info.is_block_drafter:
+        return DRAFTER_BATCH
+    return block_drafter_batch(int(info.metadata.get(K.key(K.KEY_BLOCK_SIZE, K.DFLASH_ARCH), DRAFTER_BATCH - 1)))
 
 
 def device_budgets(vram: int | None = None, ram: int | None = None) -> list[DeviceBudget]:

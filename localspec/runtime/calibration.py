@@ -69,7 +69,10 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
 def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
     """Seconds of one drafter step, and a step of ``tree.WIDTH`` branches relative to it. The
     sequences it decodes on are emptied first: in an engine of several slots they are the slots'
-    drafter sequences, which may hold an earlier request's pairs (the scheduler counts them gone)."""
+    drafter sequences, which may hold an earlier request's pairs (the scheduler counts them gone).
+    A block drafter (speculation.dflash): one full block decode, no trees."""
+    if getattr(d, "block", False):
+        return cost_measure.measure(lambda _b: d.time_block(tok), [1])[1], None
     g = np.zeros((1, d.n_embd), dtype=np.float32)
     seqs = list(range(1, tree.WIDTH + 1))
     d.reset(0)

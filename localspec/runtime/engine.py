@@ -52,6 +52,7 @@ from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
 from ..speculation import cost_cache, costmodel, tree
 from ..speculation.assistant import ASSISTANT, AssistantDrafter
+from ..speculation.dflash import DFLASH, DSPARK, BlockDrafter
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
 from ..speculation.policy import EAGLE, DraftPolicy, Learned
@@ -183,6 +184,9 @@ class Engine:
             if self.drafter_info is not None and self.drafter_info.is_assistant:   # Gemma 4's, over the target's cache
                 self.drafter = AssistantDrafter(self.drafter_info, self.ctx, n_batch=DRAFTER_BATCH, n_threads=n_threads,
                                                 n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
+            elif self.drafter_info is not None and self.drafter_info.is_block_drafter:   # DFlash, DSpark
+                self.drafter = BlockDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_threads=n_threads,
+                                            n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
             elif self.drafter_info is not None:
                 self.drafter = EagleDrafter(self.drafter_info, self.ctx, n_ctx=n_ctx, n_batch=DRAFTER_BATCH,
                                             n_threads=n_threads, n_gpu_layers=drafter_gpu_layers, slots=self.n_slots)
@@ -354,8 +358,12 @@ class Engine:
         if config.spec and ASSISTANT in names and drafter is None:
             raise LocalspecError("source assistant: this engine has no Gemma 4 assistant (give its GGUF as the "
                                  "drafter: --draft, or DRAFT in a Modelfile)")
-        if MTP in names or ASSISTANT in names:   # the policy knows the model drafter, whichever it is, as its EAGLE source
-            pcfg = replace(pcfg, source=",".join(EAGLE if w in (MTP, ASSISTANT) else w for w in names))
+        for word in (DFLASH, DSPARK):
+            if config.spec and word in names and drafter is None:
+                raise LocalspecError(f"source {word}: this engine has no {word} block drafter (give its GGUF as "
+                                     "the drafter: --draft, or DRAFT in a Modelfile)")
+        if any(w in (MTP, ASSISTANT, DFLASH, DSPARK) for w in names):   # the policy's model drafter: its EAGLE source
+            pcfg = replace(pcfg, source=",".join(EAGLE if w in (MTP, ASSISTANT, DFLASH, DSPARK) else w for w in names))
         if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
                            tree_nodes=min(pcfg.tree_nodes, TILED_ROWS - 2))
@@ -364,6 +372,7 @@ class Engine:
         model = self.planning_cost() if wants_cost else None
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
+        policy.block = bool(getattr(drafter, "block", False))   # a block drafter: one decode per draft
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
                               observers=observers, cancel=cancel,
                               recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it

@@ -224,6 +224,8 @@ class DraftPolicy:
         self._since_eagle = 0
         self._could: tuple[int, bool] | None = None   # (_since_eagle when asked, _probe_could_pay's answer)
         self.wants_features = True   # the engine records target features for the drafter
+        # a block drafter (speculation.dflash): a draft of any depth is one drafter decode
+        self.block = False
         # rows other slots decode in the same batch (localspec.runtime.scheduler): a draft's rows are
         # then priced at their marginal cost on the batch (see _verify)
         self.batch_rows = 0
@@ -272,9 +274,9 @@ class DraftPolicy:
             if backlog > 0:
                 rows = min(backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
                 acc = self.eagle_acc.expected(k_max)
-                bound = (1.0 + acc[-1]) / (self._cheapest() + (1 + rows) * d + o)   # as above
+                bound = (1.0 + acc[-1]) / (self._cheapest() + self._drafting(1 + rows, d) + o)   # as above
                 for k in range(1, len(acc) if bound > max(best_rate, short_bar) else 1):
-                    rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + (k + rows) * d + o)
+                    rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + self._drafting(k + rows, d) + o)
                     if rate > best_rate and rate > short_bar:
                         best_rate, best, eagle_best = rate, (EAGLE, k), k
             if eagle_best is not None:
@@ -382,9 +384,30 @@ class DraftPolicy:
         for i, r in enumerate(self.eagle_acc.rates()[:k_max]):
             run *= min(1.0, r + OPTIMISM)
             total += run
-            if (1.0 + total) / (cost.verify(i + 2) + (i + 1) * d + o) > plain:
+            if (1.0 + total) / (cost.verify(i + 2) + self._drafting(i + 1, d) + o) > plain:
                 return True
         return False
+
+    def _drafting(self, steps: int, d: float) -> float:
+        """Seconds to draft: ``steps`` drafter steps of ``d`` each; a block drafter's one decode
+        (its calibrated and observed step is a whole cycle's drafting, injection included)."""
+        return d if self.block else steps * d
+
+    def worthwhile_prefix(self, confidence: list[float]) -> int:
+        """How many of a block's drafts to verify, from per-draft acceptance estimates (DSpark's
+        confidence head): the prefix of the best expected tokens per second of verifying, the
+        block itself already paid for (at least one draft, which the policy chose to draft)."""
+        if self.cost is None or len(confidence) <= 1:
+            return len(confidence)
+        o = self.overhead
+        best, best_rate, run, total = 1, 0.0, 1.0, 0.0
+        for i, p in enumerate(confidence):
+            run *= min(max(p, 0.0), 1.0)
+            total += run
+            rate = (1.0 + total) / (self._verify(self.verify_rows(i + 2)) + o)
+            if rate > best_rate:
+                best, best_rate = i + 1, rate
+        return best
 
     @property
     def catch_up_rows(self) -> int | None:

@@ -8,6 +8,7 @@ source's ``switch`` word) and the stats know it by its name.
 
 from __future__ import annotations
 
+from .block_source import DFlashSource, DSparkSource
 from .lookup import LookupSource
 from .model_source import AssistantSource, EagleSource, MtpSource
 from .prediction import PredictedText
@@ -21,6 +22,8 @@ BUILTIN = (
     EagleSource,
     MtpSource,
     AssistantSource,
+    DFlashSource,
+    DSparkSource,
 )
 
 for _source in BUILTIN:

@@ -139,6 +139,8 @@ def draft_block(spec: ModelSpec, loaded) -> dict:
         d = read_gguf(spec.drafter)
         if d.is_assistant:   # Gemma 4's assistant: its architecture for a variant, source assistant
             source = "assistant"
+        if d.is_block_drafter:   # DFlash / DSpark: the kind is the source and the variant
+            source = d.block_kind
         drafter = {"file": Path(spec.drafter).name, "variant": d.arch if d.is_assistant else d.variant or "eagle3",
                    "target_layers": list(d.target_layers or ()), "draft_vocab": d.draft_vocab}
     sources = ([source] if drafter else []) + ["lookup"]

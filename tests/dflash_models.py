@@ -1,0 +1,124 @@
+"""Tiny DFlash and DSpark block drafters for the tiny llama target, written with ``gguf``.
+
+The drafter is llama.cpp's ``dflash`` architecture (``src/models/dflash.cpp``), key for key and
+tensor for tensor as the pinned ``convert_hf_to_gguf.py`` writes a z-lab DFlash checkpoint
+(``DFlashModel``, a Qwen3 model: per layer ``attn_q/k/v/output``, ``attn_q_norm``/``attn_k_norm``,
+the SwiGLU FFN; ``fc`` over the target layers' inputs side by side and its norm
+``enc.output_norm``; ``output_norm``; no ``token_embd`` and no ``output``: the target's are read
+through ``ctx_other``; ``dflash.block_size``, ``dflash.target_layers`` and the target's tokenizer
+with ``tokenizer.ggml.mask_token_id``). A DSpark drafter adds the Markov head (``markov_w1``,
+``markov_w2``), optionally the confidence head (``conf_proj`` and its bias) and the keys
+``dflash.sample_from_anchor`` / ``dflash.has_confidence_head`` (``DSparkModel``).
+
+Kinds:
+- ``repeat``: drafts "the last token again" at every block position, which a ``noisy`` target
+  (tests/tiny_models.py) mostly does: Q is zero (attention is uniform over the context and the
+  block), the injected context carries no value (``fc`` zero), the mask token's value is projected
+  away and the anchor's is scaled up, so every row's state is the anchor's embedding;
+- ``random``: random weights everywhere (drafts that depend on the injected features, the
+  positions and the block, and that the target almost never accepts: garbage).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tiny_models import N_EMBD, N_FF, N_LAYER, _copy_tokenizer, unit_embeddings, write_gguf
+from localspec.core.paths import embedded_target
+
+ARCH = "dflash"
+N_HEAD = 4
+HEAD_DIM = N_EMBD // N_HEAD
+N_DRAFT_LAYER = 2
+BLOCK_SIZE = 8
+MASK_TOKEN = 4            # a special token of SmolLM2's vocabulary, as published drafters reuse one
+TARGET_LAYERS = (1, 3)    # extract ids as the converter writes them (the checkpoint's ids + 1)
+MARKOV_RANK = 8
+VALUE_GAIN = 2000.0       # repeat: the anchor's value outweighs the mask token's own embedding
+
+
+def build_dflash(path: Path, target_embd_seed: int = 0, *, kind: str = "repeat", dspark: bool = False,
+                 confidence: bool = True, block_size: int = BLOCK_SIZE, layers=TARGET_LAYERS,
+                 mask: int = MASK_TOKEN, seed: int = 0, markov_scale: float = 0.05) -> Path:
+    """A DFlash drafter (``dspark``: a DSpark one, with its confidence head unless ``confidence``
+    is False) for the tiny llama target whose embeddings come from ``target_embd_seed``."""
+    import gguf
+
+    rng = np.random.default_rng(seed + 11)
+
+    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_name(f"tiny-{'dspark' if dspark else 'dflash'}-{kind}")
+    writer.add_block_count(N_DRAFT_LAYER)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_uint32(f"{ARCH}.block_size", block_size)
+    writer.add_array(f"{ARCH}.target_layers", [int(x) for x in layers])
+    if dspark:
+        writer.add_bool(f"{ARCH}.sample_from_anchor", True)
+        writer.add_bool(f"{ARCH}.has_confidence_head", confidence)
+    n_vocab = _copy_tokenizer(writer, embedded_target())
+    writer.add_uint32("tokenizer.ggml.mask_token_id", mask)
+
+    embd = unit_embeddings(n_vocab, target_embd_seed).astype(np.float16).astype(np.float32)
+    n_in = len(layers) * N_EMBD
+    repeat = kind == "repeat"
+    if repeat:   # the value of every row but the mask token's: its embedding, scaled up
+        e_m = embd[mask] / np.linalg.norm(embd[mask])
+        value = (VALUE_GAIN * (np.eye(N_EMBD) - np.outer(e_m, e_m))).astype(np.float32)
+    for i in range(N_DRAFT_LAYER):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((N_EMBD, N_EMBD), np.float32) if repeat else rnd(N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", rnd(N_HEAD * HEAD_DIM, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", value if repeat and i == 0 else rnd(N_HEAD * HEAD_DIM, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_output.weight",
+                          (np.eye(N_EMBD, dtype=np.float32) if i == 0 else np.zeros((N_EMBD, N_EMBD), np.float32))
+                          if repeat else rnd(N_EMBD, N_EMBD))
+        writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(HEAD_DIM, np.float32))
+        writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(HEAD_DIM, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", rnd(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", np.zeros((N_EMBD, N_FF), np.float32) if repeat else rnd(N_EMBD, N_FF))
+    writer.add_tensor("fc.weight", np.zeros((N_EMBD, n_in), np.float32) if repeat else rnd(N_EMBD, n_in, scale=0.1))
+    writer.add_tensor("enc.output_norm.weight", np.ones(N_EMBD, np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
+    if dspark:
+        scale = markov_scale if repeat else 1.0
+        writer.add_tensor("markov_w1.weight", rnd(n_vocab, MARKOV_RANK, scale=scale))
+        writer.add_tensor("markov_w2.weight", rnd(n_vocab, MARKOV_RANK, scale=scale))
+        if confidence:
+            writer.add_tensor("conf_proj.weight", rnd(1, N_EMBD + MARKOV_RANK, scale=0.3))
+            writer.add_tensor("conf_proj.bias", np.array([0.5], np.float32))
+    write_gguf(writer)
+    return path
+
+
+def dflash_set(d: Path) -> dict[str, Path]:
+    """The tiny llama targets and block drafters the tests share: {"noisy", "random_target",
+    "dflash", "dflash_random", "dspark", "dspark_random", "dspark_noconf"}."""
+    from tiny_models import build_target
+
+    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
+             "random_target": build_target(d / "random.gguf", "random")}
+    paths["dflash"] = build_dflash(d / "dflash.gguf")
+    paths["dflash_random"] = build_dflash(d / "dflash_random.gguf", kind="random")
+    paths["dspark"] = build_dflash(d / "dspark.gguf", dspark=True)
+    paths["dspark_random"] = build_dflash(d / "dspark_random.gguf", kind="random", dspark=True)
+    paths["dspark_noconf"] = build_dflash(d / "dspark_noconf.gguf", dspark=True, confidence=False)
+    return paths
+
+
+assert N_LAYER > max(TARGET_LAYERS)
