@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
+from .body_limits import check_items
 from .errors import APIError, bad_request, unauthorized
 from .models_manager import parse_keep_alive
 
@@ -58,6 +59,7 @@ async def read_json(request: Request, schema: type[BaseModel]):
         raise bad_request(f"We could not parse the JSON body of your request: {exc}.") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
+    check_items(data)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
