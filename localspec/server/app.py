@@ -28,6 +28,8 @@ from .features import (REFUSAL_HINTS, ChatTools, answer_calls, chat_logprobs_con
 from .params import chat_request, completion_request
 from .request_log import RequestLog
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .body_limits import check_items
+from .model_holds import HoldModels
 from .models_manager import Loaded, ModelManager, openai_models, unknown
 from .ollama import add_ollama_routes
 from .ollama_common import is_ollama, ollama_error
@@ -180,6 +182,7 @@ async def read_body(request: Request, schema: type[BaseModel]):
                        code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
+    check_items(data)
     bad_text = _invalid_text(data)
     if bad_text is not None:
         raise bad_request(f"Invalid value for '{bad_text}': the text holds a lone surrogate, which is not "
@@ -424,6 +427,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     app.add_middleware(BodyLimit, limit=state.max_body)
     app.add_middleware(QuietShutdown, worker=state.models)
     app.add_middleware(RequestLog, enabled=state.log_requests)
+    app.add_middleware(HoldModels)   # outermost: a request holds its model until its response has ended
     _error_handlers(app)
 
     @app.post("/v1/chat/completions")
