@@ -185,6 +185,7 @@ def test_a_long_plain_text_is_tokenized_off_the_engine_thread(server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 10_001}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 20_000}]},
      "messages.0.content"),
+    ("/v1/completions", {"prompt": "x", "stop": ["x"] * 20_000}, "stop"),   # each stop is looked for after every token
 ])
 def test_a_list_of_more_than_ten_thousand_items_is_a_400_naming_it(server, path, body, param):
     t0 = time.perf_counter()
