@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -162,3 +163,43 @@ def test_rm_from_another_process_of_a_loaded_model_makes_the_next_request_a_404(
     assert r.status_code == 404, r.text
     assert answer(server, "churn-a")   # the next model loads in its place
     assert "copy-src" not in loaded(server)
+
+
+def test_delete_of_a_loaded_model_lets_its_running_stream_finish(server):
+    r = server.http.post("/api/create", json={"model": "doomed", "from": str(server.target), "system": "Doomed.",
+                                              "stream": False})
+    assert r.status_code == 200, r.text
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    ask = dict(model="doomed", messages=ASK, max_tokens=200, temperature=0)
+    alone = client.chat.completions.create(**ask).choices[0].message.content
+    parts, deleted = [], None
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        parts.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+        if deleted is None and len(parts) > 2:   # the stream runs: the model goes from the store
+            deleted = server.http.request("DELETE", "/api/delete", json={"model": "doomed"})
+    assert deleted is not None and deleted.status_code == 200, deleted
+    assert "".join(parts) == alone   # not cut short by the delete
+    r = server.http.post("/v1/chat/completions", json={"model": "doomed", "messages": ASK, "max_tokens": 2})
+    assert r.status_code == 404, r.text
+    deadline = time.monotonic() + 10
+    while "doomed" in loaded(server):   # idle and removed: unloaded without another request
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_an_unload_waits_for_the_other_client_s_stream(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    ask = dict(model="churn-c", messages=ASK, max_tokens=200, temperature=0)
+    alone = client.chat.completions.create(**ask).choices[0].message.content
+    parts, unloaded = [], None
+    for chunk in client.chat.completions.create(**ask, stream=True):
+        parts.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+        if unloaded is None and len(parts) > 2:   # Ollama's unload, from another client, mid-stream
+            out: list = []
+            unloaded = threading.Thread(target=lambda: out.append(server.http.post(
+                "/api/generate", json={"model": "churn-c", "keep_alive": 0})))
+            unloaded.start()
+    unloaded.join(timeout=60)
+    assert "".join(parts) == alone   # not cut short with a 503
+    assert out[0].status_code == 200 and out[0].json()["done_reason"] == "unload", out[0].text
+    assert "churn-c" not in loaded(server)

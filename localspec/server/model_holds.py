@@ -23,6 +23,12 @@ def hold(loaded) -> None:
         held.append(loaded)
 
 
+def held_here(loaded) -> int:
+    """How many holds the request in progress has on ``loaded``."""
+    held = _HELD.get()
+    return sum(1 for h in held if h is loaded) if held is not None else 0
+
+
 def adopt(loaded) -> None:
     """The request in progress takes over a hold already taken for it (by the load it waited for);
     outside a request the hold is given back at once."""

@@ -475,7 +475,7 @@ class ModelManager:
             log(f"{loaded.name}: its engine thread did not stop; its memory is kept until exit")
 
     def unload_blocking(self, name: str) -> bool:
-        """Unload ``name`` now (its running requests end with 503); False when it is not loaded."""
+        """Unload ``name`` now (requests still running on it end with 503); False when it is not loaded."""
         with self._lock:
             loaded = self.loaded.get(name)
             if loaded is None:
@@ -484,10 +484,24 @@ class ModelManager:
             self._unload_locked(loaded)
             return True
 
-    async def unload(self, name: str) -> bool:
+    def retire(self, name: str) -> None:
+        """``name`` serves no new request and unloads once its running ones end (its record was
+        removed or replaced: the next request reads the store again)."""
         loaded = self.loaded.get(name)
         if loaded is not None:
-            loaded.draining = True   # on the event loop: no request takes it from here on
+            loaded.draining = True
+
+    async def unload(self, name: str) -> bool:
+        """Unload ``name`` once the other requests on it have ended (Ollama's ``keep_alive: 0``:
+        none is cut short); none starts on it meanwhile. False when it is not loaded."""
+        loaded = self.loaded.get(name)
+        if loaded is None:
+            return False
+        loaded.draining = True   # on the event loop: no request takes it from here on
+        own = model_holds.held_here(loaded)
+        while (loaded.holds > own or loaded.worker.running_count() or loaded.worker.waiting_count()) \
+                and not self._closing:
+            await asyncio.sleep(DRAIN_TICK)
         return await asyncio.get_running_loop().run_in_executor(None, self.unload_blocking, name)
 
     def _is_expired(self, m: Loaded) -> bool:
@@ -503,6 +517,8 @@ class ModelManager:
         while not self._closing:
             await asyncio.sleep(EXPIRY_TICK)
             for m in list(self.loaded.values()):
+                if m.stamp is not None and record_stamp(m.name) is None:
+                    m.draining = True   # its record was removed (``localspec rm``, another process)
                 if self._is_expired(m):
                     log(f"unloading {m.name} ({'drained' if m.draining else 'keep_alive expired'})")
                     m.draining = True

@@ -384,8 +384,9 @@ def add_model_routes(app: FastAPI, state) -> None:
         name = bare(req.target())
         if registry.load(name) is None:
             raise unknown(name)
-        try:   # a loaded model of this name serves its running requests, then unloads (models_manager)
+        try:
             await _blocking(registry.remove, name)
         except LocalspecError as exc:
             raise _store_error(exc) from None
+        manager.retire(name)   # loaded: it serves its running requests, then unloads
         return Response(status_code=200)
