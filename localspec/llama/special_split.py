@@ -2,13 +2,15 @@
 
 llama.cpp's ``tokenizer_st_partition`` (``src/llama-vocab.cpp``) walks a linked list of fragments
 and, for every special token it finds, counts its way from the head of the list to the fragment it
-splits (``std::distance``, ``std::next``): a text of n special tokens costs O(n²) (10k specials
-2.9 s, 50k 48 s on SmolLM2's vocabulary). :class:`SpecialSplitter` makes the same cut with the same
-rules (special tokens longest first, each taking the leftmost non-overlapping matches in what the
-earlier ones left; LSTRIP/RSTRIP eat the whitespace beside a match; control tokens only when
-special text is parsed) over a Python list, then llama.cpp tokenizes each plain piece alone (it
-does the same per fragment). It also stops counting at a limit, so that a text with more special
-tokens than a context holds is refused before anything is tokenized.
+splits (``std::distance``, ``std::next``): a text of n special tokens costs O(n²) (SmolLM2's
+vocabulary: 10k specials 1.5 s, 50k 26-29 s, bench/special_tokens.py). :class:`SpecialSplitter`
+makes the same cut with the same rules (special tokens longest first, each taking the leftmost
+non-overlapping matches in what the earlier ones left; LSTRIP/RSTRIP eat the whitespace beside a
+match; control tokens only when special text is parsed) over a Python list, and llama.cpp then
+tokenizes each plain piece alone, as it tokenizes each fragment. The cut counts the special
+tokens as it goes and stops at a limit: a text with more of them than a context holds is refused
+before anything is tokenized. A text with few special tokens (``FEW``) is llama.cpp's own to
+tokenize: its walk is short there, and one call costs less than one per piece.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class SplitTokenizer:
         self._vocab = vocab
         self._tokenize = tokenize
         self._splitter: Optional[SpecialSplitter] = None
-        self._ends: Optional[tuple[list[int], list[int]]] = None
+        self._ends: Optional[tuple] = None   # (before, after), () when unknown
         self._lock = threading.Lock()
 
     def splitter(self) -> SpecialSplitter:
@@ -143,39 +145,33 @@ class SplitTokenizer:
                 self._splitter = SpecialSplitter(self._vocab)
             return self._splitter
 
-    def _added(self) -> tuple[list[int], list[int]]:
-        """The tokens ``add_special`` puts before and after a text (BOS, EOS, SEP), as llama.cpp adds them."""
+    def _added(self) -> Optional[tuple[list[int], list[int]]]:
+        """The tokens ``add_special`` puts before and after a text (BOS, EOS, SEP), as llama.cpp
+        adds them; None when a probe does not show them (the text is then llama.cpp's own)."""
         if self._ends is None:
             probe = b"a"
             bare, full = self._tokenize(probe, False, False), self._tokenize(probe, True, False)
-            for i in range(len(full) - len(bare) + 1):
-                if full[i:i + len(bare)] == bare:
-                    self._ends = (full[:i], full[i + len(bare):])
-                    break
-            else:
-                self._ends = (list(full), [])   # not seen: the fallback below never uses it
-        return self._ends
+            found = [i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare]
+            self._ends = (full[:found[0]], full[found[0] + len(bare):]) if bare and found else ()
+        return self._ends or None
 
     def tokens(self, data: bytes, *, add_special: bool, parse_special: bool, limit: Optional[int] = None) -> list[int]:
         """The tokens llama.cpp would give ``data``; TooManyTokens once ``limit`` special tokens
-        are found (before any piece is tokenized) or ``limit`` tokens are passed."""
+        are found (before any piece is tokenized), or more than ``limit`` tokens are made from its pieces."""
         splitter = self.splitter()
         present = splitter.present(data, parse_special)
         parts = splitter.split(data, present, limit) if present else []
-        if sum(1 for p in parts if p[2] >= 0) <= FEW or splitter.ambiguous(present):
-            tokens = self._tokenize(data, add_special, parse_special)   # few specials: llama.cpp's walk is short
-        else:
-            tokens = self._pieces(data, parts, add_special, limit)
-        if limit is not None and len(tokens) > limit:   # (> : the caller may still drop a doubled BOS)
-            raise TooManyTokens(len(tokens), special=False)
-        return tokens
+        if sum(1 for p in parts if p[2] >= 0) <= FEW or splitter.ambiguous(present) or \
+                (add_special and self._added() is None):
+            return self._tokenize(data, add_special, parse_special)   # few specials: llama.cpp's walk is short
+        return self._pieces(data, parts, add_special, limit)
 
     def _pieces(self, data: bytes, parts: list[Part], add_special: bool, limit: Optional[int]) -> list[int]:
         """llama.cpp's tokens of ``data`` cut into ``parts``: each plain piece tokenized by
         llama.cpp alone, as it tokenizes each fragment (a piece seen before is not tokenized again:
         llama.cpp's tokenizer costs ~0.1 ms a call here, a chat's pieces repeat); stopped once more
         than ``limit`` tokens are made."""
-        before, after = self._added() if add_special else ([], [])
+        before, after = self._added() if add_special else ([], [])   # (known: see tokens)
         out = list(before)
         seen: dict[bytes, list[int]] = {}
         for start, end, token in parts:
@@ -187,7 +183,7 @@ class SplitTokenizer:
             if tokens is None:
                 tokens = seen[piece] = self._tokenize(piece, False, False)
             out.extend(tokens)
-            if limit is not None and len(out) > limit:
+            if limit is not None and len(out) > limit:   # (>: the caller may still drop a doubled BOS)
                 raise TooManyTokens(len(out), special=False)
         out.extend(after)
         return out
