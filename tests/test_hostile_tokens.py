@@ -199,3 +199,13 @@ def test_ollama_s_routes_count_items_too(server):
     r = httpx.post(server.url + "/api/chat", json={"messages": [{"role": "user", "content": "x"}] * 20_000,
                                                    "stream": False}, timeout=60)
     assert r.status_code == 400 and set(r.json()) == {"error"} and "10000" in r.json()["error"], r.text
+
+
+def test_a_long_prediction_is_tokenized_off_the_engine_thread_and_bounded(server):
+    big = {**SMALL, "prediction": {"type": "content", "content": "hello world, " * 150_000}}
+    big_r, big_s, small_r, small_s, alone = _beside(server, "/v1/chat/completions", big)
+    assert big_r.status_code == 400 and error_of(big_r)["param"] == "prediction", big_r.text
+    assert "more than the context" in error_of(big_r)["message"]
+    assert small_r.status_code == 200 and small_s < alone + 2.0, (small_s, alone, big_s)
+    fits = {**SMALL, "prediction": {"type": "content", "content": "Hello! How can I help?"}}
+    assert httpx.post(server.url + "/v1/chat/completions", json=fits, timeout=60).status_code == 200

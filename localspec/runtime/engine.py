@@ -373,6 +373,21 @@ class Engine:
                               observers=observers, cancel=cancel,
                               recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
 
+    def prediction_tokens(self, prediction: str) -> tuple:
+        """Predicted Outputs' tokens for a generation's ``prediction_tokens`` (a server tokenizes
+        them off the engine thread); a prediction longer than the context is refused (an answer
+        never holds more tokens than that, and its index would be built on the engine thread)."""
+        options.check_text("the prediction", prediction)
+        try:
+            tokens = self.model.tokenize(prediction, add_special=False, parse_special=False, limit=self.n_ctx)
+            has = f"{len(tokens)}"
+        except TooManyTokens as exc:
+            tokens, has = None, f"at least {exc.count}"
+        if tokens is None or len(tokens) > self.n_ctx:
+            raise LocalspecError(f"the prediction has {has} tokens, more than the context of {self.n_ctx} "
+                                 "(n_ctx) holds")
+        return tuple(tokens)
+
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
         """Raise the GrammarError a generation with this grammar would raise at its start (a front
         end's early check: a server answers 400 before it streams): beyond the limits, not valid,

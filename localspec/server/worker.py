@@ -20,7 +20,7 @@ import queue
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..formats.chat_format import Message
@@ -152,9 +152,9 @@ class EngineWorker:
             raise bad_request(str(exc), param=job.grammar_param) from None
 
     async def prepare(self, job: Job) -> None:
-        """Render and tokenize ``job``'s prompt on a thread of its own, not the engine's (the slots
-        go on meanwhile: a long text full of special tokens costs no other client anything), and
-        refuse it now (400) when it is empty or longer than the context."""
+        """Render and tokenize ``job``'s prompt (and its prediction) on a thread of its own, not the
+        engine's (the slots go on meanwhile: a long text full of special tokens costs no other
+        client anything), and refuse it now (400) when it is empty or longer than the context."""
         if self._closing:
             return
         try:
@@ -164,6 +164,14 @@ class EngineWorker:
             raise context_overflow(str(exc), job.param) from None
         except LocalspecError as exc:
             raise bad_request(str(exc), param=job.param) from None
+        config = job.config
+        if config.prediction is not None and config.prediction_tokens is None:
+            try:
+                predicted = await asyncio.to_thread(self._reading, self.engine.prediction_tokens, config.prediction)
+            except LocalspecError as exc:
+                raise bad_request(str(exc), param="prediction") from None
+            if predicted is not None:
+                job.config = replace(config, prediction_tokens=predicted)
 
     def _reading(self, call, *args, **kwargs):
         """``call`` while the model stays open: stop() waits for every reader (many may read at once)."""
