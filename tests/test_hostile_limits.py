@@ -263,8 +263,8 @@ BAD_REQUESTS = [
     ({"messages": HI, "response_format": _schema_format({"type": "string", "pattern": "^[b-a]$"})},
      "response_format"),                                  # a pattern of no character: '"', then nothing
     ({"messages": HI, "response_format": _schema_format({"type": "string", "maxLength": DEEP})}, "response_format"),
-    ({"messages": HI, "response_format": _schema_format({"enum": [f"w{i}" for i in range(DEEP)]})},
-     "response_format"),
+    ({"messages": HI, "response_format": _schema_format({"enum": [f"w{i}" for i in range(5000)]})},
+     "response_format"),                                  # past the grammar's 1000 choices, under the body's 10,000 items
     ({"messages": HI, "tool_choice": "required",
       "tools": _tool({"type": "object", "properties": {"a": {"type": "array", "maxItems": DEEP}}})}, "tools"),
 ]

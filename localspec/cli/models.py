@@ -13,6 +13,7 @@ from rich.table import Table
 from ..formats import modelfile as mfmod
 from ..store import registry
 from ..core.errors import LocalspecError
+from ..core.names import check_model_name
 from ..core.paths import embedded_target, package_data
 from ..core.units import format_size
 from ..store.models import DEFAULT_DRAFTER_FILE, DEFAULT_MODEL
@@ -172,8 +173,8 @@ def pull(
 def registry_pull(name: str):
     from ..store import install
 
-    if registry.catalog_entry(name) is None and not registry.NAME_RE.match(name):
-        raise LocalspecError(f"invalid model name '{name}'")
+    if registry.catalog_entry(name) is None:
+        check_model_name(name)
     return install.pull(name)
 
 

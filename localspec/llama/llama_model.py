@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core import interrupts, options
 from ..core.errors import LocalspecError
+from .special_split import SplitTokenizer
 from .process import capture_log, init_backend, llama_failure, load_progress
 from .weights_memory import HugePageLoad, read_weights
 
@@ -89,6 +90,7 @@ class Model:
             raise llama_failure(f"llama.cpp could not load {self.path.name}")
         self.ptr = self._model
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._split = SplitTokenizer(self.vocab, self._llama_tokenize)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self._model))
         self.n_layer = int(llama_cpp.llama_model_n_layer(self._model))
@@ -107,8 +109,15 @@ class Model:
             if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
                 self._eog[tok] = True
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 limit: int | None = None) -> list[int]:
+        """llama.cpp's tokens for ``text``, its special tokens cut out in linear time
+        (:mod:`.special_split`); TooManyTokens once ``limit`` special tokens are found, or more
+        than ``limit`` tokens made. Safe on any thread: the vocabulary is only read."""
+        return self._split.tokens(text.encode("utf-8"), add_special=add_special, parse_special=parse_special, limit=limit)
+
+    def _llama_tokenize(self, data: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        """llama.cpp's own tokenization of ``data`` (quadratic in its special tokens: see :meth:`tokenize`)."""
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
         n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)

@@ -33,6 +33,9 @@ class GenerationConfig:
     logprobs: int | None = None
     # Predicted Outputs: text the answer is expected to repeat (the file being edited), a draft source
     prediction: str | None = None
+    # the prediction's tokens, when tokenized already (:meth:`Engine.prediction_tokens`: the server
+    # does it off the engine thread); None: tokenized when the generation starts
+    prediction_tokens: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # ranges: localspec.core.options; the policy and sampling values check themselves

@@ -50,6 +50,7 @@ from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
 from ..llama.llama_model import Context, Model
 from ..llama.process import set_verbose
+from ..llama.special_split import TooManyTokens
 from ..speculation import cost_cache, costmodel, tree
 from ..speculation.assistant import ASSISTANT, AssistantDrafter
 from ..speculation.dflash import DFLASH, DSPARK, BlockDrafter
@@ -73,8 +74,9 @@ class PromptTooLong(LocalspecError):
     """A prompt with as many tokens as the context holds, or more (the server answers
     ``context_length_exceeded``)."""
 
-    def __init__(self, n_prompt: int, n_ctx: int) -> None:
-        super().__init__(f"the prompt has {n_prompt} tokens, more than the context of {n_ctx} (n_ctx) allows; "
+    def __init__(self, n_prompt: int, n_ctx: int, *, special: bool = False, at_least: bool = False) -> None:
+        has = f"{'at least ' if at_least else ''}{n_prompt} {'special ' if special else ''}tokens"
+        super().__init__(f"the prompt has {has}, more than the context of {n_ctx} (n_ctx) allows; "
                          "shorten it or use a larger context")
         self.n_prompt, self.n_ctx = n_prompt, n_ctx
 
@@ -243,13 +245,16 @@ class Engine:
 
         In a raw prompt, special-token text such as ``<|im_start|>`` becomes the special token, as
         llama.cpp's tools parse it; ``parse_special=False`` keeps it plain text."""
-        if isinstance(prompt, str):
-            options.check_text("the prompt", prompt)
-            tokens = self.model.tokenize(prompt, add_special=True, parse_special=parse_special)
-        else:
-            options.check_messages(prompt)
-            text = self.formatter.render(prompt, add_generation_prompt=True)
-            tokens = self.model.tokenize(text, add_special=True, parse_special=True)
+        try:   # a text with as many special tokens as the context holds: refused before it is tokenized
+            if isinstance(prompt, str):
+                options.check_text("the prompt", prompt)
+                tokens = self.model.tokenize(prompt, add_special=True, parse_special=parse_special, limit=self.n_ctx)
+            else:
+                options.check_messages(prompt)
+                text = self.formatter.render(prompt, add_generation_prompt=True)
+                tokens = self.model.tokenize(text, add_special=True, parse_special=True, limit=self.n_ctx)
+        except TooManyTokens as exc:
+            raise PromptTooLong(exc.count, self.n_ctx, special=exc.special, at_least=True) from None
         if len(tokens) >= 2 and tokens[0] == tokens[1] == self.model.bos:
             tokens = tokens[1:]  # the template (or the raw prompt) wrote BOS itself
         return tokens
@@ -376,6 +381,21 @@ class Engine:
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
                               observers=observers, cancel=cancel,
                               recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
+
+    def prediction_tokens(self, prediction: str) -> tuple:
+        """Predicted Outputs' tokens for a generation's ``prediction_tokens`` (a server tokenizes
+        them off the engine thread); a prediction longer than the context is refused (an answer
+        never holds more tokens than that, and its index would be built on the engine thread)."""
+        options.check_text("the prediction", prediction)
+        try:
+            tokens = self.model.tokenize(prediction, add_special=False, parse_special=False, limit=self.n_ctx)
+            has = f"{len(tokens)}"
+        except TooManyTokens as exc:
+            tokens, has = None, f"at least {exc.count}"
+        if tokens is None or len(tokens) > self.n_ctx:
+            raise LocalspecError(f"the prediction has {has} tokens, more than the context of {self.n_ctx} "
+                                 "(n_ctx) holds")
+        return tuple(tokens)
 
     def check_grammar(self, grammar: str, triggers: Sequence[str] = ()) -> None:
         """Raise the GrammarError a generation with this grammar would raise at its start (a front

@@ -122,7 +122,8 @@ class GenerationLoop:
         self.output = TokenOutput(verifier.model, config.stop, config.max_tokens)
         self.logprobs = LogprobRecorder(verifier.model, config.logprobs) if config.logprobs is not None else None
         self._pending_logprobs: list | None = None   # those of the tokens the last cycle committed
-        self.predicted = (verifier.model.tokenize(config.prediction, add_special=False, parse_special=False)
+        self.predicted = ((list(config.prediction_tokens) if config.prediction_tokens is not None else
+                           verifier.model.tokenize(config.prediction, add_special=False, parse_special=False))
                           if config.prediction is not None else None)    # Predicted Outputs' tokens
         self.drafting: DraftStep | None = None
         self.finish: str | None = None

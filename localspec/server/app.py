@@ -19,6 +19,7 @@ from .answering import ndjson, sse
 from .bodies import Disconnected
 from .errors import APIError, ModelError, internal, shutting_down, too_large
 from .request_log import RequestLog
+from .model_holds import HoldModels
 from .state import ServerState
 from .worker import log
 
@@ -150,6 +151,7 @@ def create_app(state: ServerState, *, on_shutdown: Optional[Callable[[], None]] 
     app.add_middleware(BodyLimit, limit=state.max_body)
     app.add_middleware(QuietShutdown, worker=state.models)
     app.add_middleware(RequestLog, enabled=state.log_requests)
+    app.add_middleware(HoldModels)   # outermost: a request holds its model until its response has ended
     _error_handlers(app)
 
     @app.get("/health")

@@ -12,6 +12,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from .body_limits import check_items
 from .errors import APIError, bad_request, unauthorized
 
 
@@ -95,6 +96,7 @@ async def read_body(request: Request, schema: type[BaseModel], refused: Callable
                        code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object.")
+    check_items(data)
     bad_text = invalid_text(data)
     if bad_text is not None:
         raise bad_request(f"Invalid value for '{bad_text}': the text holds a lone surrogate, which is not "

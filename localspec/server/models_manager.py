@@ -28,17 +28,21 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core.errors import LocalspecError
+from ..core.names import is_model_name, shown as shown_name, without_latest
 from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store import registry
 from ..store.models import DEFAULT_MODEL, ModelSpec, resolve
+from . import model_holds
 from ..memory.pair import DoesNotFit
-from .errors import ModelBusy, ModelDoesNotFit, ModelLoadFailed, ModelNotFound, queue_full
+from .errors import ModelDoesNotFit, ModelError, ModelLoadFailed, ModelNotFound, queue_full, shutting_down
 from .metrics import ServerMetrics
 from .params import ServeDefaults
 from .worker import EngineWorker, Job, log
 
 DEFAULT_KEEP_ALIVE = 300.0   # seconds (Ollama's 5m)
+MAX_KEEP_ALIVE = (2**63 - 1) / 1e9   # seconds: Go's longest time.Duration, which Ollama's keep_alive is
+DRAIN_TICK = 0.05            # how often a model being drained is looked at (seconds)
 EXPIRY_TICK = 0.25           # how often expired models are looked for (seconds)
 
 
@@ -79,6 +83,10 @@ class Loaded:
     last_used: float = field(default_factory=time.monotonic)
     idle_since: float = field(default_factory=time.monotonic)
     jobs: list = field(default_factory=list)
+    stamp: object = None          # the store record's identity when loaded (:func:`record_stamp`)
+    shape: tuple = ()             # (context, threads) it was loaded with: a change needs a reload
+    holds: int = 0                # requests between their admission and their last event
+    draining: bool = False        # to be unloaded once idle: no new request takes it
 
     @property
     def names(self) -> list[str]:
@@ -90,9 +98,20 @@ class Loaded:
     def memory_bytes(self) -> int:
         return sum(self.device_bytes.values())
 
+    def hold(self) -> None:
+        """A request holds this model from its admission to its last event (:mod:`.model_holds`)."""
+        self.holds += 1
+        self.last_used = self.idle_since = time.monotonic()
+
+    def release(self) -> None:
+        self.holds = max(0, self.holds - 1)
+        self.idle_since = time.monotonic()
+
     async def admit(self, job: Job) -> None:
-        """Check ``job``'s grammar off the engine thread (a 400 naming its field), then queue it."""
+        """Check ``job``'s grammar and tokenize its prompt off the engine thread (a 400 naming its
+        field; other clients' tokens go on meanwhile), then queue it."""
         await self.worker.check(job)
+        await self.worker.prepare(job)
         self.submit(job)
 
     def submit(self, job: Job) -> None:
@@ -104,7 +123,7 @@ class Loaded:
     def busy(self) -> bool:
         """A request runs or waits (a job's response ends by setting its ``cancel``)."""
         self.jobs = [j for j in self.jobs if not j.cancel.is_set()]
-        if self.jobs or self.worker.running_count() or self.worker.waiting_count():
+        if self.holds or self.jobs or self.worker.running_count() or self.worker.waiting_count():
             self.idle_since = time.monotonic()
             return True
         return False
@@ -113,14 +132,17 @@ class Loaded:
         """Wall-clock time it unloads if nothing uses it (None: never)."""
         if self.keep_alive is None:
             return None
+        keep = min(self.keep_alive, MAX_KEEP_ALIVE)
         if self.busy():
-            return time.time() + self.keep_alive
-        return time.time() + max(0.0, self.keep_alive - (time.monotonic() - self.idle_since))
+            return time.time() + keep
+        return time.time() + max(0.0, keep - (time.monotonic() - self.idle_since))
 
 
 def parse_keep_alive(value) -> Optional[float]:
     """Ollama's ``keep_alive``: a Go duration ("5m", "1h30m", "10s"), seconds (number or digits),
-    0 (unload now) or negative (keep); None: keep. ValueError when it is none of those."""
+    0 (unload now) or negative (keep); None: keep. ValueError when it is none of those, or longer
+    than Go's ``time.Duration`` holds (MAX_KEEP_ALIVE, about 292 years): Ollama parses into one,
+    and its ``time.ParseDuration`` refuses such a string ("99999999999h") with a 400."""
     if isinstance(value, bool):
         raise ValueError(value)
     if isinstance(value, (int, float)):
@@ -133,7 +155,11 @@ def parse_keep_alive(value) -> Optional[float]:
             seconds = _go_duration(text)
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise ValueError(value)
-    return None if seconds < 0 else seconds
+    if abs(seconds) > MAX_KEEP_ALIVE and (seconds > 0 or isinstance(value, str)):
+        raise ValueError(value)   # Go's ParseDuration overflows either way; a negative number is "keep"
+    if seconds < 0:
+        return None   # negative: keep (Ollama saturates it to the longest duration)
+    return seconds
 
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -163,6 +189,7 @@ class ModelManager:
         self._loading: dict[str, asyncio.Future] = {}
         self._waiters: dict[str, int] = {}
         self._lock = threading.Lock()           # one load or unload at a time
+        self._load_order = asyncio.Lock()       # loads one at a time, in the order they were asked for
         self._closing = False
         self._costs: dict = {}                  # cost-model key -> the figures a loaded engine had
         self._expiry: Optional[asyncio.Task] = None
@@ -193,10 +220,10 @@ class ModelManager:
         for m in list(self.loaded.values()):
             if name in m.names:
                 return m.name
-        bare = name[: -len(":latest")] if name.endswith(":latest") else name
+        bare = without_latest(name)
         if bare == self.default.name or bare in self.loaded:
             return bare
-        if not registry.NAME_RE.match(bare):
+        if not is_model_name(bare):
             raise unknown(name)
         try:
             if registry.load(bare) is not None:
@@ -218,75 +245,146 @@ class ModelManager:
 
     # -- acquiring --
     async def acquire(self, name: Optional[str], keep_alive=...) -> Loaded:
-        """The loaded model ``name`` means, loading it first if need be. ``keep_alive`` (seconds,
-        None: keep; ``...``: leave as it is) applies from this request on."""
+        """The loaded model ``name`` means, loading it first if need be, held by the request in
+        progress until its response ends (:mod:`.model_holds`). ``keep_alive`` (seconds, None:
+        keep; ``...``: leave as it is) applies from this request on. A model whose store record
+        changed since it loaded is read again (its settings) or reloaded (its files, context or
+        template), as Ollama reads a model per request."""
         key = self.canonical(name)
         loaded = self.loaded.get(key)
-        if loaded is None:
+        if loaded is not None and not loaded.draining and self._current(loaded):
+            model_holds.hold(loaded)   # no await since the check: nothing unloads it in between
+        else:
             loaded = await self._wait_load(key)
         if keep_alive is not ...:
             loaded.keep_alive = keep_alive
         loaded.last_used = time.monotonic()
         return loaded
 
+    def _current(self, loaded: Loaded) -> bool:
+        """Whether ``loaded`` still is what the store says (its record read again when its file
+        changed: new settings are taken in place); False: it drains, and the next load reads it anew."""
+        stamp = record_stamp(loaded.name)
+        if stamp == loaded.stamp:
+            return True
+        try:
+            spec = self.spec(loaded.name)
+            ctx, threads, defaults = self.settings.settings(spec)
+        except (ModelError, LocalspecError):   # removed or damaged: served no more once its requests end
+            loaded.draining = True
+            raise unknown(loaded.name) from None
+        old = loaded.spec
+        if (spec.target, spec.drafter, spec.template) == (old.target, old.drafter, old.template) \
+                and (ctx, threads) == loaded.shape and defaults.policy == loaded.defaults.policy:
+            loaded.spec, loaded.defaults, loaded.stamp = spec, defaults, stamp
+            log(f"{loaded.name}: its record changed; its settings were read again")
+            return True
+        log(f"{loaded.name}: its record changed; it reloads once its requests end")
+        loaded.draining = True
+        return False
+
     async def _wait_load(self, key: str) -> Loaded:
         if self._closing:
-            from .errors import shutting_down
-
             raise shutting_down()
-        future = self._loading.get(key)
-        if future is None:
-            spec = self.spec(key)
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(None, self._load_blocking, key, spec)
-            self._loading[key] = future
-            future.add_done_callback(lambda _f: self._loading.pop(key, None))
         if self._waiters.get(key, 0) >= self.settings.queue_size:
             self.metrics.rejected.inc()
             raise queue_full(self.settings.queue_size)
+        future = self._loading.get(key)
+        if future is None or future.done():   # a finished load has served its waiters: ask again
+            stamp = record_stamp(key)   # before the record is read: a change after it is seen next time
+            spec = self.spec(key)
+            future = asyncio.ensure_future(self._load(key, spec, stamp))
+            self._loading[key] = future
+            future.add_done_callback(lambda f: self._loading.pop(key) if self._loading.get(key) is f else None)
         self._waiters[key] = self._waiters.get(key, 0) + 1
         try:
-            return await asyncio.shield(future)
+            loaded = await asyncio.shield(future)
+        except asyncio.CancelledError:   # the client left: the hold the load made for it goes
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().release()
+            raise
         except DoesNotFit as exc:   # the plan or the files: this request's error, the server goes on
             raise ModelDoesNotFit(key, f"The model '{key}' cannot be loaded: {exc}") from None
         except LocalspecError as exc:
             raise ModelLoadFailed(key, f"The model '{key}' cannot be loaded: {exc}") from None
         finally:
             self._waiters[key] -= 1
+        model_holds.adopt(loaded)   # the hold _load took for this waiter, before anything could drain it
+        return loaded
 
-    # -- loading (on a loader thread, one at a time) --
+    @staticmethod
+    def in_use(m: Loaded) -> bool:
+        """A request holds, runs or waits on ``m``."""
+        return m.busy()
+
+    # -- loading: one at a time, in arrival order; the room made by draining idle models --
+    async def _load(self, key: str, spec: ModelSpec, stamp: object) -> Loaded:
+        """``key`` loaded (or found loaded), with a hold for each request waiting for it, taken
+        before the next load may look for a model to drain."""
+        async with self._load_order:
+            loaded = await self._load_in_order(key, spec, stamp)
+            for _ in range(self._waiters.get(key, 0)):
+                loaded.hold()
+            return loaded
+
+    async def _load_in_order(self, key: str, spec: ModelSpec, stamp: object) -> Loaded:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closing:
+                raise shutting_down()
+            current = self.loaded.get(key)
+            if current is not None and not current.draining:
+                return current
+            if current is not None:   # its record changed: unloaded once its requests end
+                await self._drain(current, "its record changed")
+                continue
+            if self.settings.max_loaded is not None and len(self.loaded) >= self.settings.max_loaded:
+                await self._drain(self._victim(key), f"--max-loaded {self.settings.max_loaded}", key)
+                continue
+            try:
+                return await loop.run_in_executor(None, self._open_locked, key, spec, stamp)
+            except NoRoom as exc:
+                await self._drain(self._victim(key, str(exc)), str(exc), key)
+
+    def _victim(self, key: str, why: str = "") -> Loaded:
+        """The model to unload for ``key``: the least recently used, idle ones first."""
+        if not self.loaded:
+            raise DoesNotFit(why or f"the model '{key}' does not fit")
+        return min(self.loaded.values(), key=lambda m: (self.in_use(m), m.last_used))
+
+    async def _drain(self, victim: Loaded, why: str, key: Optional[str] = None) -> None:
+        """Unload ``victim`` (for ``key``'s room) once its requests have ended (none start on it
+        meanwhile): a request holds its model from admission to its last event, so none is cut short."""
+        victim.draining = True
+        room = f" to make room for {key}" if key is not None else ""
+        if self.in_use(victim):
+            log(f"{victim.name} unloads{room} once its requests end ({why})")
+        while self.in_use(victim):
+            if self._closing:
+                raise shutting_down()
+            await asyncio.sleep(DRAIN_TICK)
+        log(f"unloading {victim.name}{room} ({why})")
+        await asyncio.get_running_loop().run_in_executor(None, self._unload_if_loaded, victim)
+
+    def _unload_if_loaded(self, victim: Loaded) -> None:
+        with self._lock:
+            if self.loaded.get(victim.name) is victim:
+                self._unload_locked(victim)
+
     def load_now(self, spec: ModelSpec, keep_alive: Optional[float] = None) -> Loaded:
         """Load ``spec`` in this thread (``serve MODEL``'s preload): LocalspecError when it does not fit."""
-        loaded = self._load_blocking(spec.name, spec)
+        loaded = self._open_locked(spec.name, spec, record_stamp(spec.name))
         loaded.keep_alive = keep_alive
         return loaded
 
-    def _load_blocking(self, key: str, spec: ModelSpec) -> Loaded:
+    def _open_locked(self, key: str, spec: ModelSpec, stamp: object) -> Loaded:
         with self._lock:
             if key in self.loaded:
                 return self.loaded[key]
-            while True:
-                others = [m for m in self.loaded.values()]
-                if self.settings.max_loaded is not None and len(others) >= self.settings.max_loaded:
-                    self._evict_one(key, f"--max-loaded {self.settings.max_loaded}")
-                    continue
-                try:
-                    loaded = self._open(key, spec, strict=bool(others))
-                except NoRoom as exc:
-                    self._evict_one(key, str(exc))
-                    continue
-                self.loaded[key] = loaded
-                return loaded
-
-    def _evict_one(self, key: str, why: str) -> None:
-        idle = [m for m in self.loaded.values() if not m.busy()]
-        if not idle:
-            busy = ", ".join(self.loaded)
-            raise ModelBusy(key, f"The model '{key}' does not fit beside the loaded models ({busy}), which are "
-                                 f"all busy: {why}. Retry shortly.", retry_after=5)
-        victim = min(idle, key=lambda m: m.last_used)
-        log(f"unloading {victim.name} to make room for {key} ({why})")
-        self._unload_locked(victim)
+            loaded = self._open(key, spec, strict=bool(self.loaded))
+            loaded.stamp = stamp
+            self.loaded[key] = loaded
+            return loaded
 
     def _remaining(self) -> dict[str, int]:
         left = dict(self.budgets)
@@ -338,7 +436,7 @@ class ModelManager:
         gpu = sum(d.used_bytes for d in plan.devices if d.is_gpu)
         seconds = time.monotonic() - start
         log(f"loaded {key} in {seconds:.2f} s ({_mib(sum(used.values()))} planned)")
-        return Loaded(key, spec, engine, worker, defaults, used, gpu, seconds, s.keep_alive)
+        return Loaded(key, spec, engine, worker, defaults, used, gpu, seconds, s.keep_alive, shape=(ctx, threads))
 
     def _warm_up(self, engine: Engine, defaults: ServeDefaults, name: str) -> None:
         """The cost model the auto policy plans with, never in a request's time: from a model loaded
@@ -376,7 +474,7 @@ class ModelManager:
             log(f"{loaded.name}: its engine thread did not stop; its memory is kept until exit")
 
     def unload_blocking(self, name: str) -> bool:
-        """Unload ``name`` now (its running requests end with 503); False when it is not loaded."""
+        """Unload ``name`` now (requests still running on it end with 503); False when it is not loaded."""
         with self._lock:
             loaded = self.loaded.get(name)
             if loaded is None:
@@ -385,27 +483,45 @@ class ModelManager:
             self._unload_locked(loaded)
             return True
 
+    def retire(self, name: str) -> None:
+        """``name`` serves no new request and unloads once its running ones end (its record was
+        removed or replaced: the next request reads the store again)."""
+        loaded = self.loaded.get(name)
+        if loaded is not None:
+            loaded.draining = True
+
     async def unload(self, name: str) -> bool:
+        """Unload ``name`` once the other requests on it have ended (Ollama's ``keep_alive: 0``:
+        none is cut short); none starts on it meanwhile. False when it is not loaded."""
+        loaded = self.loaded.get(name)
+        if loaded is None:
+            return False
+        loaded.draining = True   # on the event loop: no request takes it from here on
+        own = model_holds.held_here(loaded)
+        while (loaded.holds > own or loaded.worker.running_count() or loaded.worker.waiting_count()) \
+                and not self._closing:
+            await asyncio.sleep(DRAIN_TICK)
         return await asyncio.get_running_loop().run_in_executor(None, self.unload_blocking, name)
 
-    @staticmethod
-    def _is_expired(m: Loaded) -> bool:
-        return m.keep_alive is not None and not m.busy() and time.monotonic() - m.idle_since >= m.keep_alive
-
-    def _expire_blocking(self, name: str) -> None:
-        with self._lock:   # checked again here: a request may have come since
-            loaded = self.loaded.get(name)
-            if loaded is not None and self._is_expired(loaded):
-                log(f"unloading {name} (keep_alive expired)")
-                self._unload_locked(loaded)
+    def _is_expired(self, m: Loaded) -> bool:
+        """Idle past its keep_alive, or drained (its record removed or changed) and idle."""
+        if self.in_use(m):
+            return False
+        return m.draining or (m.keep_alive is not None and time.monotonic() - m.idle_since >= m.keep_alive)
 
     async def _expire_forever(self) -> None:
+        """Unload the models idle past their keep_alive; decided on the event loop, where requests
+        take their holds, so that none takes a model being unloaded."""
         loop = asyncio.get_running_loop()
         while not self._closing:
             await asyncio.sleep(EXPIRY_TICK)
             for m in list(self.loaded.values()):
+                if m.stamp is not None and record_stamp(m.name) is None:
+                    m.draining = True   # its record was removed (``localspec rm``, another process)
                 if self._is_expired(m):
-                    await loop.run_in_executor(None, self._expire_blocking, m.name)
+                    log(f"unloading {m.name} ({'drained' if m.draining else 'keep_alive expired'})")
+                    m.draining = True
+                    await loop.run_in_executor(None, self._unload_if_loaded, m)
 
     # -- life --
     def start(self) -> None:
@@ -433,8 +549,20 @@ def _mib(n: int) -> str:
 
 
 def unknown(name: str) -> ModelNotFound:
-    return ModelNotFound(name, f"model '{name}' not found (see /api/tags or /v1/models for the models this "
-                               "server has)")
+    return ModelNotFound(name, f"model '{shown_name(name)}' not found (see /api/tags or /v1/models for the models "
+                               "this server has)")
+
+
+def record_stamp(name: str) -> object:
+    """The identity of the store record of ``name`` (None: it has none): what changes when
+    ``create``, ``cp`` or ``rm`` (this server's or another process's) rewrites or removes it."""
+    if not is_model_name(name):
+        return None
+    try:
+        st = (registry.models_dir() / f"{name}.json").stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def store_names() -> list[str]:

@@ -20,7 +20,7 @@ import queue
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..formats.chat_format import Message
@@ -117,7 +117,8 @@ class EngineWorker:
         self._running: list[Job] = []
         self._closing = False
         self._ending = False           # stop() queued its sentinel: end once the slots are empty
-        self._model_use = threading.Lock()   # held by a grammar check on a request's thread (see check)
+        self._readers = 0                    # grammar checks and tokenizations reading the model now
+        self._read_done = threading.Condition()
         self.metrics: ServerMetrics = metrics_factory(running=self.running_count, waiting=self.waiting_count)
         self._thread = threading.Thread(target=self._run, name="localspec-engine", daemon=True)
 
@@ -145,15 +146,45 @@ class EngineWorker:
         if config.grammar is None or self._closing:
             return
 
-        def compile_once() -> None:
-            with self._model_use:   # stop() waits for it: the model stays open while it is read
-                if not self._closing:
-                    self.engine.check_grammar(config.grammar, config.grammar_triggers)
-
         try:
-            await asyncio.to_thread(compile_once)
+            await asyncio.to_thread(self._reading, self.engine.check_grammar, config.grammar, config.grammar_triggers)
         except LocalspecError as exc:
             raise bad_request(str(exc), param=job.grammar_param) from None
+
+    async def prepare(self, job: Job) -> None:
+        """Render and tokenize ``job``'s prompt (and its prediction) on a thread of its own, not the
+        engine's (the slots go on meanwhile: a long text full of special tokens costs no other
+        client anything), and refuse it now (400) when it is empty or longer than the context."""
+        if self._closing:
+            return
+        try:
+            job.tokens = await asyncio.to_thread(self._reading, self.engine.prepare, job.prompt,
+                                                 parse_special=job.config.parse_special)
+        except PromptTooLong as exc:
+            raise context_overflow(str(exc), job.param) from None
+        except LocalspecError as exc:
+            raise bad_request(str(exc), param=job.param) from None
+        config = job.config
+        if config.prediction is not None and config.prediction_tokens is None:
+            try:
+                predicted = await asyncio.to_thread(self._reading, self.engine.prediction_tokens, config.prediction)
+            except LocalspecError as exc:
+                raise bad_request(str(exc), param="prediction") from None
+            if predicted is not None:
+                job.config = replace(config, prediction_tokens=predicted)
+
+    def _reading(self, call, *args, **kwargs):
+        """``call`` while the model stays open: stop() waits for every reader (many may read at once)."""
+        with self._read_done:
+            if self._closing:
+                return None
+            self._readers += 1
+        try:
+            return call(*args, **kwargs)
+        finally:
+            with self._read_done:
+                self._readers -= 1
+                self._read_done.notify_all()
 
     def submit(self, job: Job) -> None:
         if self._closing:
@@ -191,10 +222,10 @@ class EngineWorker:
         except queue.Full:
             return False
         self._thread.join(timeout)
-        if self._thread.is_alive() or not self._model_use.acquire(timeout=timeout):
+        if self._thread.is_alive():
             return False
-        self._model_use.release()   # no grammar check runs now, and none starts (closing)
-        return True
+        with self._read_done:   # no grammar check or tokenization reads the model now, and none starts (closing)
+            return self._read_done.wait_for(lambda: self._readers == 0, timeout)
 
     def _run(self) -> None:
         scheduler = self.scheduler
@@ -224,7 +255,8 @@ class EngineWorker:
             job.post(Failed(shutting_down()))
             return
         try:
-            tokens = self.engine.prepare(job.prompt, parse_special=job.config.parse_special)
+            tokens = job.tokens if job.tokens is not None else \
+                self.engine.prepare(job.prompt, parse_special=job.config.parse_special)
         except PromptTooLong as exc:
             job.post(Failed(context_overflow(str(exc), job.param)))
             return

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..core.errors import LocalspecError
+from ..core.names import check_model_name
 from ..core.paths import user_dir, writable_dir
 
 
@@ -24,6 +25,7 @@ class NameBusy(LocalspecError):
 
 
 def _lock_path(name: str) -> Path:
+    check_model_name(name)   # the one name rule: no path, no newline in a lock's file name
     return writable_dir(user_dir() / "locks") / f"{name}.lock"
 
 

@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from ..core.errors import LocalspecError
+from ..core.names import is_model_name
 from ..core.paths import default_target, package_data
 from ..formats.modelfile import PARAMETERS, SPEC_PARAMETERS
 from . import registry
@@ -69,7 +70,7 @@ def resolve(name: str | None = None, *, target: str | Path | None = None,
         model = default_model()
     elif (record := registry.load(name)) is not None:
         model = _from_record(record)
-    elif registry.NAME_RE.match(name) and (entry := registry.catalog_entry(name)) is not None:
+    elif is_model_name(name) and (entry := registry.catalog_entry(name)) is not None:
         model = _from_catalog(name, entry)
     elif name == DEFAULT_MODEL:
         model = default_model()

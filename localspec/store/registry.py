@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..core.atomic import atomic_write
 from ..core.errors import LocalspecError
 from ..formats.modelfile import Modelfile, check_parameter
+from ..core.names import check_model_name, is_model_name, shown
 from ..core.paths import user_dir, writable_dir
 from .locks import is_busy, name_lock
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 CATALOG_FILE = "models.toml"
@@ -42,12 +42,8 @@ RECORD_FORMAT = 1
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name) or name.lower().endswith(".gguf"):
-        raise LocalspecError(
-            f"invalid model name '{name}' (letters, digits, '.', '_' and '-', starting with a letter "
-            "or digit, at most 100 characters, not ending in .gguf)"
-        )
-    return name
+    """``name`` when it follows the one name rule (:mod:`localspec.core.names`), else one error."""
+    return check_model_name(name)
 
 
 def _check_parameters(params: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +86,7 @@ class HubFile(_Strict):
     @field_validator("repo")
     @classmethod
     def _repo(cls, v: str) -> str:
-        if not REPO_RE.match(v):
+        if not REPO_RE.fullmatch(v):
             raise ValueError(f"'{v}' is not a repository id (expected OWNER/NAME)")
         return v
 
@@ -208,8 +204,8 @@ class Catalog(_Strict):
     @classmethod
     def _names(cls, v: dict[str, CatalogEntry]) -> dict[str, CatalogEntry]:
         for name in v:
-            if not NAME_RE.match(name):
-                raise ValueError(f"invalid model name '{name}'")
+            if not is_model_name(name):
+                raise ValueError(f"invalid model name '{shown(name)}'")
         return v
 
 
@@ -282,6 +278,13 @@ class UserModel(BaseModel):
     owned: list[str] = Field(default_factory=list)          # files localspec made (removed by rm)
     created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not is_model_name(v):
+            raise ValueError(f"invalid model name '{shown(v)}'")
+        return v
+
     @field_validator("parameters")
     @classmethod
     def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +343,7 @@ def _read_record(path: Path) -> UserModel:
 
 def load(name: str) -> UserModel | None:
     """The user's model ``name``, or None if there is none."""
-    if not NAME_RE.match(name):
+    if not is_model_name(name):
         return None
     path = models_dir() / f"{name}.json"
     if not path.is_file():

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ... import __version__
 from ...core.errors import LocalspecError
+from ...core.names import RULE, is_model_name, shown, without_latest
 from ...formats import modelfile as mfmod
 from ...formats.gguf_info import read_gguf
 from ...formats.tool_calls import detect_format
@@ -88,8 +89,8 @@ def _quantization(info) -> str:
     return max(sizes, key=sizes.get).upper() if sizes else "unknown"
 
 
-def details(spec: ModelSpec) -> dict:
-    info = read_gguf(spec.target)
+def details(spec: ModelSpec, info=None) -> dict:
+    info = info or read_gguf(spec.target)   # a loaded model's: read when it loaded (its file may be gone)
     return {"parent_model": "", "format": "gguf", "family": info.arch, "families": [info.arch],
             "parameter_size": _parameter_size(info), "quantization_level": _quantization(info)}
 
@@ -112,8 +113,8 @@ def _json_value(value: Any, verbose: bool) -> Any:
     return value
 
 
-def model_info(spec: ModelSpec, verbose: bool) -> dict:
-    info = read_gguf(spec.target)
+def model_info(spec: ModelSpec, verbose: bool, info=None) -> dict:
+    info = info or read_gguf(spec.target)
     out = {k: _json_value(v, verbose) for k, v in sorted(info.metadata.items()) if k != "tokenizer.chat_template"}
     out["general.parameter_count"] = sum(_count(t.shape) for t in info.tensors.values())
     return out
@@ -126,10 +127,10 @@ def _count(shape) -> int:
     return n
 
 
-def _template(spec: ModelSpec) -> str:
+def _template(spec: ModelSpec, info=None) -> str:
     if spec.template is not None:
         return spec.template
-    return read_gguf(spec.target).chat_template or ""
+    return (info or read_gguf(spec.target)).chat_template or ""
 
 
 def draft_block(spec: ModelSpec, loaded) -> dict:
@@ -163,11 +164,13 @@ def show(manager: ModelManager, name: str, verbose: bool) -> dict:
     params = {**spec.parameters, **spec.draft_params}
     lines = [f"{k:<24}{json.dumps(v) if isinstance(v, str) else v}" for k, v in params.items() if k != "stop"]
     lines += [f"{'stop':<24}{json.dumps(s)}" for s in params.get("stop", [])]
-    template = _template(spec)
+    loaded = manager.loaded.get(key)
+    info = loaded.engine.target_info if loaded is not None and loaded.spec.target == spec.target else None
+    template = _template(spec, info)
     capabilities = ["completion"] + (["tools"] if template and detect_format(template).native else [])
     out = {"license": "\n".join(spec.license), "modelfile": mfmod.dumps(mf, header=f"Modelfile for {key}"),
-           "parameters": "\n".join(lines), "template": template, "details": details(spec),
-           "model_info": model_info(spec, verbose), "capabilities": capabilities,
+           "parameters": "\n".join(lines), "template": template, "details": details(spec, info),
+           "model_info": model_info(spec, verbose, info), "capabilities": capabilities,
            "modified_at": _modified(key, spec), "draft": draft_block(spec, manager.loaded.get(key))}
     if spec.system:
         out["system"] = spec.system
@@ -183,7 +186,8 @@ def ps(manager: ModelManager) -> dict:
         when = datetime.fromtimestamp(expires, timezone.utc) if expires is not None else \
             datetime(2318, 1, 1, tzinfo=timezone.utc)   # "never", as Ollama writes keep_alive -1
         models.append({"name": f"{m.name}:latest", "model": f"{m.name}:latest", "size": m.memory_bytes,
-                       "digest": digest(m.spec), "details": details(m.spec), "expires_at": when.isoformat(),
+                       "digest": digest(m.spec), "details": details(m.spec, m.engine.target_info),
+                       "expires_at": when.isoformat(),
                        "size_vram": m.gpu_bytes, "context_length": m.engine.n_ctx,
                        "memory": {"devices": dict(m.device_bytes), "load_seconds": round(m.load_seconds, 3)}})
     return {"models": models}
@@ -193,10 +197,10 @@ def ps(manager: ModelManager) -> dict:
 def bare(name: Optional[str], field: str = "model") -> str:
     if not name:
         raise bad_request(f"{field} is required.", param=field)
-    name = name[: -len(":latest")] if name.endswith(":latest") else name
-    if not registry.NAME_RE.match(name):
-        raise bad_request(f"invalid model name '{name}' (letters, digits, '.', '_' and '-'; the tag, if any, "
-                          "must be :latest).", param=field)
+    name = without_latest(name)
+    if not is_model_name(name):
+        raise bad_request(f"invalid model name '{shown(name)}' ({RULE}; the tag, if any, must be :latest).",
+                          param=field)
     return name
 
 
@@ -305,9 +309,7 @@ async def _create(manager: ModelManager, req: CreateRequest) -> Response:
     from ...store.install import create
 
     name = bare(req.model or req.name)
-    mf = create_modelfile(req)
-    if name in manager.loaded:
-        await manager.unload(name)
+    mf = create_modelfile(req)   # a loaded model of this name is read again by its next request
     steps = [{"status": "reading model metadata"}, {"status": "creating model layer"}]
     if not req.stream:
         try:
@@ -394,10 +396,9 @@ def add_routes(app: FastAPI, state) -> None:
         name = bare(req.target())
         if registry.load(name) is None:
             raise unknown(name)
-        if name in manager.loaded:
-            await manager.unload(name)
         try:
             await _blocking(registry.remove, name)
         except LocalspecError as exc:
             raise _store_error(exc) from None
+        manager.retire(name)   # loaded: it serves its running requests, then unloads
         return Response(status_code=200)
