@@ -33,6 +33,10 @@ class GenerationConfig:
     logprobs: int | None = None
     # Predicted Outputs: text the answer is expected to repeat (the file being edited), a draft source
     prediction: str | None = None
+    # exact mode (runtime.batch): every row of this generation's batches on one attention path, so
+    # greedy text is the same with and without drafts and whatever ran before or beside it; None:
+    # the engine's default (Engine(rows_match=...))
+    rows_match: bool | None = None
 
     def __post_init__(self) -> None:
         # ranges: localspec.core.options; the policy and sampling values check themselves
@@ -51,3 +55,5 @@ class GenerationConfig:
             self.logprobs = options.check("top_logprobs", self.logprobs)
         if self.prediction is not None:
             options.check_text("the prediction", self.prediction)
+        if self.rows_match is not None:
+            self.rows_match = options.check("rows_match", self.rows_match)
