@@ -25,10 +25,12 @@ from localspec.runtime.sampling import SamplingParams
 from serve_checks import KEY, running_server, shared_default_target
 
 ROOT = Path(__file__).resolve().parents[1]
-N = 96
+N = 64
+TIMEOUT = 900   # seconds a request may take: 2 llama.cpp threads spin badly on a loaded machine
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
-SERVE = ["--ctx", "2048", "--threads", "2", "--parallel", "2", "--rows-match", "--api-key", KEY,
-         "--queue-size", "8"]
+# a drafter chain of 4 every cycle (fixed): every cycle a 5-row verify against plain decoding's steps
+SERVE = ["--ctx", "2048", "--threads", "2", "--parallel", "2", "--rows-match", "--policy", "fixed", "--draft-max", "4",
+         "--api-key", KEY, "--queue-size", "8"]
 COLOURS = {"type": "object", "properties": {"colours": {"type": "array", "items": {"type": "string"}}},
            "required": ["colours"]}
 
@@ -45,38 +47,79 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(home):
-    with running_server(home, *SERVE) as srv:
-        yield srv
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALSPEC_CALIBRATION", "off")   # no background calibration taking a core meanwhile
+        with running_server(home, *SERVE) as srv:
+            yield srv
 
 
-def plain_exact(home: Path, prompt: str) -> list[int]:
-    """Plain decoding (no drafts) of ``prompt`` in this process, at 2 threads, in exact mode: what
-    the served speculative text must equal."""
-    with Engine(shared_default_target(home), n_ctx=2048, n_threads=2, rows_match=True) as engine:
-        config = GenerationConfig(max_tokens=N, sampling=SamplingParams(**GREEDY), spec=False)
-        done = [e for e in engine.generate([{"role": "user", "content": prompt}], config)
-                if isinstance(e, DoneEvent)][0]
-        return engine.model.detokenize(done.tokens) if hasattr(engine.model, "detokenize") else done.text
-
-
-def ask(server, content: str, **extra) -> tuple[str, dict]:
-    """A greedy chat request's text and its speculative statistics."""
-    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": content}], "max_tokens": N,
+def body(content: str, **extra) -> dict:
+    return {"model": "smollm2-135m", "messages": [{"role": "user", "content": content}], "max_tokens": N,
             **GREEDY, **extra}
-    response = server.http.post("/v1/chat/completions", json=body)
+
+
+def ask(server, content: str, **extra) -> dict:
+    """A greedy chat request's answer."""
+    response = server.http.post("/v1/chat/completions", json=body(content, **extra), timeout=TIMEOUT)
     assert response.status_code == 200, response.text
-    answer = response.json()
-    return answer["choices"][0]["message"]["content"], answer
+    return response.json()
+
+
+def text_of(answer: dict) -> str:
+    return answer["choices"][0]["message"]["content"]
 
 
 def test_greedy_drafts_equal_plain_decoding_through_serve_at_two_threads(server, home):
     prompt = summarization()
-    text, answer = ask(server, prompt)
-    stats = answer.get("speculative") or answer.get("usage", {})
-    assert "drafted" in json.dumps(stats), answer   # the statistics block is there
+    answer = ask(server, prompt)
+    assert answer["usage"]["speculative"]["drafted"] >= N // 2, answer["usage"]   # it drafted, and
     with Engine(shared_default_target(home), n_ctx=2048, n_threads=2, rows_match=True) as engine:
-        assert len(engine.prompt_tokens([{"role": "user", "content": prompt}])) > 256
+        messages = [{"role": "user", "content": prompt}]
+        assert len(engine.prompt_tokens(messages)) > 256   # past the split-KV path's 512-cell view
         config = GenerationConfig(max_tokens=N, sampling=SamplingParams(**GREEDY), spec=False)
-        plain = [e for e in engine.generate([{"role": "user", "content": prompt}], config)
-                 if isinstance(e, DoneEvent)][0]
-    assert text == plain.text
+        plain = [e for e in engine.generate(messages, config) if isinstance(e, DoneEvent)][0]
+    assert text_of(answer) == plain.text   # answered plain decoding's text
+
+
+def colours(server, **extra) -> str:
+    return text_of(ask(server, "Name three colours of the rainbow. Answer in JSON.",
+                       response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": COLOURS}},
+                       **extra))
+
+
+def cancelled_stream(server, i: int) -> None:
+    """A structured stream the client closes after its first chunks (the server cancels it)."""
+    request = body(f"List {i + 2} fruits in JSON.", stream=True,
+                   response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": COLOURS}})
+    with server.http.stream("POST", "/v1/chat/completions", json=request, timeout=TIMEOUT) as response:
+        assert response.status_code == 200
+        for n, _ in enumerate(response.iter_lines()):
+            if n >= 3:
+                break
+
+
+def test_the_same_greedy_request_answers_the_same_text_whatever_ran_before_or_beside_it(server):
+    first = colours(server)
+    assert '"colours"' in first
+    for i in range(6):
+        cancelled_stream(server, i)
+    assert colours(server) == first
+    started, finished = threading.Event(), threading.Event()
+
+    def busy() -> None:   # another client, not in exact mode, whose rows share the probe's batches
+        request = body(summarization(), stream=True, max_tokens=150, rows_match=False)
+        with server.http.stream("POST", "/v1/chat/completions", json=request, timeout=TIMEOUT) as response:
+            for _ in response.iter_lines():
+                started.set()
+        finished.set()
+
+    other = threading.Thread(target=busy)
+    other.start()
+    try:
+        assert started.wait(TIMEOUT)
+        beside = colours(server)
+        assert not finished.is_set(), "the other client's request ended before the probe ran beside it"
+    finally:
+        other.join(TIMEOUT)
+    assert beside == first
+    assert colours(server, rows_match=True) == first
