@@ -16,6 +16,7 @@ import json
 import threading
 from pathlib import Path
 
+import ollama
 import pytest
 
 from localspec import Engine
@@ -79,6 +80,11 @@ def test_greedy_drafts_equal_plain_decoding_through_serve_at_two_threads(server,
         config = GenerationConfig(max_tokens=N, sampling=SamplingParams(**GREEDY), spec=False)
         plain = [e for e in engine.generate(messages, config) if isinstance(e, DoneEvent)][0]
     assert text_of(answer) == plain.text   # answered plain decoding's text
+    # Ollama's API, with exact mode asked for in its options: the same text
+    client = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=TIMEOUT)
+    reply = client.chat(model="smollm2-135m", messages=messages,
+                        options={"rows_match": True, "temperature": 0, "repeat_penalty": 1.0, "num_predict": N})
+    assert reply.message.content == plain.text
 
 
 def colours(server, **extra) -> str:
