@@ -352,3 +352,42 @@ def test_min_p_one_works_everywhere(cli, isolated_home):
     assert check_parameter("min_p", "1.0") == 1.0
     code, exc = _run(cli, ["generate", *PROBES["generate"][0], "--min-p", "1.0"])
     assert "no such file" in str(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact mode: one declaration, every surface (issue 42)
+
+
+def test_exact_mode_reaches_every_surface(cli):
+    """``rows_match`` is declared once and reaches each surface the table feeds: the flag of
+    generate, chat and serve; the chat's settings (F2); a Modelfile PARAMETER; a request field of
+    /v1 (chat and completions) and an option of Ollama's /api, both refusing a value that is not a
+    boolean with a 400 naming it; and the GenerationConfig of a request, whose field overrides the
+    server's default both ways."""
+    from localspec.server.ollama_params import read_options
+    from localspec.server.params import ServeDefaults, generation_config
+
+    opt = OPTIONS["rows_match"]
+    assert (opt.flag, opt.parameter, opt.field) == ("--rows-match/--no-rows-match", "rows_match", "rows_match")
+    for command in ("generate", "chat", "serve"):
+        assert any(o.name == "rows_match" for o, _ in _declared_params(cli.commands[command])), command
+    assert ChatSettings(rows_match=True).config(True).rows_match is True
+    assert ChatSettings().config(True).rows_match is None   # off: the engine's default, which is off
+    assert check_parameter("rows_match", "true") is True and check_parameter("rows_match", "false") is False
+    with pytest.raises(ValueError, match="PARAMETER rows_match "):
+        check_parameter("rows_match", "2")
+    for schema in (ChatCompletionRequest, CompletionRequest):
+        assert _request("rows_match", True, schema).rows_match is True
+        with pytest.raises(pydantic.ValidationError):
+            _request("rows_match", "yes", schema)   # a strict boolean, as recall
+    assert read_options({"rows_match": True}, 2048) == ({"rows_match": True}, {})
+    with pytest.raises(APIError) as err:
+        read_options({"rows_match": "maybe"}, 2048)
+    assert err.value.status == 400 and err.value.param == "options.rows_match"
+    for server_default, asked, want in ((False, None, None), (False, True, True), (True, None, True),
+                                        (True, False, None)):
+        defaults = ServeDefaults(n_ctx=2048, rows_match=server_default)
+        config = generation_config(_request("rows_match", asked), defaults, None)
+        assert config.rows_match is want, (server_default, asked)
+    with pytest.raises(LocalspecError, match="rows_match"):
+        GenerationConfig(rows_match="yes")

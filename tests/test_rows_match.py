@@ -74,7 +74,7 @@ def check_rows(engine: Engine, ctx, tokens: list[int]) -> None:
     nxt = [int(np.argmax(ctx.logits(-1)))]
     rows = []
     for k in range(4):   # four plain steps, as plain decoding takes them
-        batch = Batch(ctx)
+        batch = Batch(ctx, exact=True)   # a batch of an exact generation (rows_match): one row padded
         batch.add(0, [nxt[-1]], len(tokens) + k, all_logits=False)
         batch.decode()
         assert ctx.pos_max(0) == len(tokens) + k   # the filler row is gone

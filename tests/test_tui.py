@@ -321,6 +321,7 @@ def test_settings_dialog_validates_and_applies(factory, store):
                                   ("#set-presence-penalty", "0.5"), ("#set-frequency-penalty", "-0.25")):
                 app.screen.query_one(widget, Input).value = value
             app.screen.query_one("#set-system").text = "Answer in French."
+            app.screen.query_one("#set-rows-match").value = True   # exact mode (rows_match) for the next reply
             await pilot.press("ctrl+s")
             await pilot.pause()
             assert not isinstance(app.screen, SettingsScreen)
@@ -329,6 +330,7 @@ def test_settings_dialog_validates_and_applies(factory, store):
                     app.settings.frequency_penalty) == (1.2, -1, 0.5, -0.25)
             sampling = app.settings.config(True).sampling      # what the next reply samples with
             assert (sampling.min_p, sampling.repeat_penalty, sampling.frequency_penalty) == (0.1, 1.2, -0.25)
+            assert app.settings.rows_match is True and app.settings.config(True).rows_match is True
             assert store.load(cid).system == "Answer in French."
     run(go())
 

@@ -485,6 +485,7 @@ class ChatApp(App):
         rows.append(("Policy", ""))
         rows.append(("speculation", "on" if self.spec_enabled else "off"))
         rows.append(("policy", f"{self.settings.policy}, draft max {self.settings.effective_draft_max}"))
+        rows.append(("exact mode", "on (rows_match)" if self.settings.rows_match else "off"))
         rows.append(("sampling", f"temperature {self.settings.temperature:g}, top-k {self.settings.top_k}, "
                                  f"top-p {self.settings.top_p:g}"))
         s = self.settings

@@ -27,6 +27,7 @@ class ChatSettings:
     repeat_last_n: int = _C("repeat_last_n")
     presence_penalty: float = _C("presence_penalty")
     frequency_penalty: float = _C("frequency_penalty")
+    rows_match: bool = _C("rows_match")      # exact mode: greedy text as plain decoding gives it, whatever ran before
     # not in the settings dialog; a Modelfile's PARAMETERs (or chat's flags) set them
     seed: int | None = _C("seed")
     stop: tuple[str, ...] = ()

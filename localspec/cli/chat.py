@@ -17,7 +17,7 @@ from .flags import check_flags, is_default, with_options
 
 # the declared options (localspec.core.options) `chat` takes, with the chat's defaults
 CHAT_OPTIONS = ("max_tokens", "temperature", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                "frequency_penalty", "n_ctx", "threads", "gpu_layers")
+                "frequency_penalty", "rows_match", "n_ctx", "threads", "gpu_layers")
 
 
 def _parse_resume(value: str, store) -> int:

@@ -99,7 +99,7 @@ def slots(engine) -> str:
 
 
 @app.command()
-@with_options("max_tokens", *SPEC_OPTIONS, "n_ctx", "threads", "gpu_layers", "parallel", "cache_ram",
+@with_options("max_tokens", *SPEC_OPTIONS, "rows_match", "n_ctx", "threads", "gpu_layers", "parallel", "cache_ram",
               max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
               parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: "
                                                "4 if they fit the memory budget, else fewer)."))
@@ -171,7 +171,7 @@ def _model_settings(flags: dict, given, *, max_tokens: Optional[int], no_spec: b
     """spec -> a model's context, threads and request defaults: the flags given, else its PARAMETERs."""
     def settings(spec):
         values = apply_model_defaults(spec, flags, given)   # PARAMETERs are checked when parsed
-        ctx, threads = values.pop("ctx"), values.pop("threads")
+        ctx, threads, rows_match = values.pop("ctx"), values.pop("threads"), values.pop("rows_match")
         from ..runtime.engine import GenerationConfig
         from ..runtime.generation_options import GenerationOptions
         from ..server.params import ServeDefaults
@@ -179,7 +179,8 @@ def _model_settings(flags: dict, given, *, max_tokens: Optional[int], no_spec: b
         policy_config = GenerationOptions.from_values(values).policy_config()
         GenerationConfig(policy=policy_config)   # the speculation flags are checked before the model loads
         return ctx, threads, ServeDefaults.for_model(spec, n_ctx=ctx, max_tokens=max_tokens,
-                                                     spec_enabled=not no_spec, policy=policy_config)
+                                                     spec_enabled=not no_spec, policy=policy_config,
+                                                     rows_match=rows_match)
     return settings
 
 

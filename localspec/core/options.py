@@ -297,9 +297,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("threads", 1, MAX_THREADS, special=(0,), flag="--threads", note="0: automatic", parameter="num_thread",
          automatic=(0,), help="CPU threads (default: all available cores, fewer while other processes keep "
                               "cores busy)."),
-    Option("rows_match", bool, flag="--rows-match/--no-rows-match", default=False,
-           help="Greedy text identical with and without drafts on a CPU at any thread count: plain steps "
-                "decoded as two rows and every verify under 64 rows (docs/speculation.md#exactness)."),
+    Option("rows_match", bool, flag="--rows-match/--no-rows-match", default=False, parameter="rows_match",
+           field="rows_match",
+           help="Exact mode: greedy text identical with and without drafts on a CPU at any thread count, and "
+                "whatever other requests ran before or beside it: every row on one attention path (plain steps "
+                "as two rows, batches under 64 rows). Costs speed on long prompts "
+                "(docs/speculation.md#exact-mode)."),
     _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all",
          help="Target layers to offload to the GPU (-1: all; default: from the memory plan)."),
     # serving (localspec serve)

@@ -6,17 +6,25 @@ sequences, :meth:`Batch.add_sets`) to a :class:`Batch` and remembers the offset 
 its own rows (:class:`~localspec.runtime.verifier.Decoded`). A batch of one sequence 0 segment is
 decoded exactly as a generation alone decodes it (the same rows, the same call).
 
-``rows_match`` (:class:`~localspec.runtime.engine.Engine`; the context's ``pad_single``: the
-positions where it applies): a batch of one row is decoded as two, the second a filler at the next
-position that is dropped at once. llama.cpp's CPU attention takes another path for a single query
-row once the KV view reaches 512 cells (ggml-cpu ``ops.cpp``, ``use_split_kv_path``: the cells
-split across threads, their partial sums reduced; the view is the used cells rounded up to 256,
-llama-kv-cache.cpp ``get_n_kv``), so plain steps
-round differently from the rows of a verify batch; two rows keep every step on the path verify
-rows take. Measured on SmolLM2 Q4_0, a ~970-token context, 2 threads: rows of 2-32-row verifies
-then equal plain steps bit for bit (max logit difference 0, against 0.7-0.9 and argmax flips
-without). The price: on long contexts the split path is the faster one, and a padded step there
-cost ~1.46 one-row steps (docs/speculation.md#exactness).
+``rows_match`` (exact mode: a generation's ``GenerationConfig.rows_match``, or the engine's
+default; a batch is exact when any of its generations is): every row of the batch takes ggml-cpu's
+one-row-at-a-time flash attention (``ops.cpp``, ``ggml_compute_forward_flash_attn_ext_f16_one_chunk``),
+whose result for a row depends only on that row's sequence's cells, not on the other rows of the
+batch nor on where the cache put other sequences' cells. Two other paths round otherwise:
+
+- a single query row over a KV view of 512 cells or more is split across the threads, its partial
+  sums reduced (``use_split_kv_path``; the view is the used cells of every sequence rounded up to 256,
+  llama-kv-cache.cpp ``get_n_kv``): an exact batch of one row is decoded as two, the second a filler
+  at the next position that is dropped at once (the context's ``pad_single``: the positions where
+  the view may reach 512 cells);
+- a batch of 64 query rows or more (every sequence's rows together: a prompt chunk, another slot's
+  verify) is tiled over 64-row query blocks and KV blocks at fixed cell boundaries: an exact batch
+  holds at most ``TILED_ROWS - 1`` rows (:meth:`Batch.rows_left`), so prompts go in in chunks of 63.
+
+Measured on SmolLM2 Q4_0, a ~970-token context, 2 threads: rows of 2-32-row verifies then equal
+plain steps bit for bit (max logit difference 0, against 0.7-0.9 and argmax flips without). The
+price: on long contexts the split path is the faster one, and a padded step there cost ~1.46
+one-row steps (docs/speculation.md#exactness).
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from ..llama.contexts import TILED_ROWS
 from .verifier import Decoded
 
 
 class Batch:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, *, exact: bool = False) -> None:
         self.ctx = ctx
+        self.exact = exact    # rows_match: every row on the one-row attention path (see above)
+        self.capacity = min(ctx.n_batch, TILED_ROWS - 1) if exact else ctx.n_batch
         self.tokens: list[int] = []
         self.positions: list[int] = []
         self.seqs: list[int | list[int]] = []   # a row's sequence, or its sequences (a tree's rows)
@@ -48,7 +59,7 @@ class Batch:
         return sum(self.outputs)
 
     def rows_left(self) -> int:
-        return self.ctx.n_batch - len(self.tokens) - self.promised
+        return self.capacity - len(self.tokens) - self.promised
 
     def outputs_left(self) -> int:
         return self.ctx.n_outputs_max - self.logit_rows - self.promised
@@ -86,7 +97,7 @@ class Batch:
         if self.sets:
             self.ctx.decode_sets(self.tokens, self.positions, [s if isinstance(s, list) else [s] for s in self.seqs],
                                  self.outputs)
-        elif len(self.tokens) == 1 and pad is not None and self.positions[0] in pad:
+        elif self.exact and len(self.tokens) == 1 and pad is not None and self.positions[0] in pad:
             self._decode_padded()
         elif len(self.segments) == 1 and self.segments[0][0] == 0:
             _, _, start, all_logits = self.segments[0]

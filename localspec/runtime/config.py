@@ -36,6 +36,10 @@ class GenerationConfig:
     # the prediction's tokens, when tokenized already (:meth:`Engine.prediction_tokens`: the server
     # does it off the engine thread); None: tokenized when the generation starts
     prediction_tokens: tuple | None = field(default=None, repr=False, compare=False)
+    # exact mode (runtime.batch): every row of this generation's batches on one attention path, so
+    # greedy text is the same with and without drafts and whatever ran before or beside it; None:
+    # the engine's default (Engine(rows_match=...))
+    rows_match: bool | None = None
 
     def __post_init__(self) -> None:
         # ranges: localspec.core.options; the policy and sampling values check themselves
@@ -54,3 +58,5 @@ class GenerationConfig:
             self.logprobs = options.check("top_logprobs", self.logprobs)
         if self.prediction is not None:
             options.check_text("the prediction", self.prediction)
+        if self.rows_match is not None:
+            self.rows_match = options.check("rows_match", self.rows_match)

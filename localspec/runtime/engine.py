@@ -148,11 +148,12 @@ class Engine:
         self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
 
     def _match_rows(self, n_ctx: int) -> None:
-        """``rows_match``: greedy text the same with and without drafts on a CPU, whatever the thread
-        count: plain steps decoded as two rows (runtime.batch) where the KV view may reach
-        SPLIT_KV_CELLS (past its first 256 cells, less a draft's or a tree's transient cells; with
-        several slots, anywhere), and every verify under TILED_ROWS rows (:meth:`open_slot`)."""
-        if self.rows_match and self.ctx.rollback != 0:   # the filler is rolled back (a recurrent state: 1 row)
+        """Where an exact batch (``rows_match``: greedy text the same with and without drafts on a
+        CPU, whatever the thread count or the other slots) decodes one row as two (runtime.batch):
+        where the KV view may reach SPLIT_KV_CELLS (past its first 256 cells, less a draft's or a
+        tree's transient cells; with several slots, anywhere). ``rows_match``: the default of the
+        generations whose config leaves it unset (None)."""
+        if self.ctx.rollback != 0:   # the filler is rolled back (a recurrent state: 1 row)
             first = 0 if self.n_slots > 1 else SPLIT_KV_CELLS // 2 - TILED_ROWS
             self.ctx.pad_single = range(first, n_ctx - 1)   # the filler needs the next position
 
@@ -369,7 +370,8 @@ class Engine:
                                      "the drafter: --draft, or DRAFT in a Modelfile)")
         if any(w in (MTP, ASSISTANT, DFLASH, DSPARK) for w in names):   # the policy's model drafter: its EAGLE source
             pcfg = replace(pcfg, source=",".join(EAGLE if w in (MTP, ASSISTANT, DFLASH, DSPARK) else w for w in names))
-        if self.rows_match:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
+        exact = self.rows_match if config.rows_match is None else config.rows_match
+        if exact:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
                            tree_nodes=min(pcfg.tree_nodes, TILED_ROWS - 2))
         use_lookup = config.spec and wants_text(pcfg.source)   # any text source (lookup, a registered one)
@@ -380,7 +382,8 @@ class Engine:
         policy.block = bool(getattr(drafter, "block", False))   # a block drafter: one decode per draft
         return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
                               observers=observers, cancel=cancel,
-                              recall=self.recall if pcfg.recall else None)   # off: neither drafts from it nor adds to it
+                              recall=self.recall if pcfg.recall else None,   # off: neither drafts from it nor adds to it
+                              exact=exact)
 
     def prediction_tokens(self, prediction: str) -> tuple:
         """Predicted Outputs' tokens for a generation's ``prediction_tokens`` (a server tokenizes

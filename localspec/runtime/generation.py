@@ -105,8 +105,9 @@ class GenerationLoop:
     def __init__(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig, policy: DraftPolicy,
                  drafter: EagleDrafter | None, calibration: tree.Calibration, *,
                  observers: Sequence[GenerationObserver] = (), cancel: threading.Event | None = None,
-                 recall: Recall | None = None) -> None:
+                 recall: Recall | None = None, exact: bool = False) -> None:
         self.verifier = verifier
+        self.exact = exact                        # rows_match: its batches keep every row on one path (runtime.batch)
         self.prompt = prompt
         self.config = config
         self.policy = policy
@@ -250,7 +251,7 @@ class GenerationLoop:
         """Start the prompt (reusing the cached prefix); its chunks follow in plan/settle."""
         self._started = True
         self._t_start = time.perf_counter()
-        self.verifier.begin(self.prompt, self.drafter)
+        self.verifier.begin(self.prompt, self.drafter, exact=self.exact)
         self.stats.prompt_cached = self.verifier.prefill_chunk(0)[1]
 
     def _prefilled(self, first: int, row: int) -> list[tuple[int, bool]]:

@@ -61,6 +61,7 @@ class GenerationOptions:
     tree_nodes: int = _D("tree_nodes")
     lookup_max: int = _D("lookup_max")
     recall: bool = _D("recall")
+    rows_match: bool = _D("rows_match")
     parse_special: bool = True
 
     @classmethod
@@ -91,4 +92,5 @@ class GenerationOptions:
 
     def to_config(self) -> GenerationConfig:
         return GenerationConfig(max_tokens=self.max_tokens, sampling=self.sampling(), stop=tuple(self.stop),
-                                spec=self.spec, policy=self.policy_config(), parse_special=self.parse_special)
+                                spec=self.spec, policy=self.policy_config(), parse_special=self.parse_special,
+                                rows_match=True if self.rows_match else None)   # off: the engine's default

@@ -40,6 +40,7 @@ def common_prefix(a, b) -> int:
 class Kept:
     tokens: list[int]
     target: object            # the target sequence's cells (Context.seq_state)
+    exact_upto: int = 0       # the leading rows that exact rows wrote (TargetVerifier.exact_upto)
 
     @property
     def nbytes(self) -> int:

@@ -203,7 +203,8 @@ class Scheduler:
     def _keep(self, slot: Slot) -> None:
         target = self.engine.ctx.seq_state(slot.verifier.seq)
         if target is not None:
-            self.prompt_cache.put(Kept(list(slot.verifier.kv_tokens), target))
+            tokens = list(slot.verifier.kv_tokens)
+            self.prompt_cache.put(Kept(tokens, target, min(slot.verifier.exact_upto, len(tokens))))
 
     def _load(self, slot: Slot, kept: Kept) -> None:
         """The kept cells into the slot's sequence. The drafter's sequence is emptied: it starts
@@ -215,7 +216,7 @@ class Scheduler:
             return
         if slot.drafter is not None:
             slot.drafter.reset(0)
-        verifier.loaded(kept.tokens, len(kept.tokens))
+        verifier.loaded(kept.tokens, len(kept.tokens), kept.exact_upto)
 
     def step(self) -> None:
         """One decode of every busy slot's rows; then each slot's events to its sink, and the
@@ -253,7 +254,7 @@ class Scheduler:
     def _step(self, active: list[Slot], failed: dict[int, BaseException]) -> None:
         engine = self.engine
         engine.threads.tick()   # the thread count that fits the free cores (rate-limited inside)
-        batch = Batch(engine.ctx)
+        batch = Batch(engine.ctx, exact=any(s.generation.exact for s in active))
         planned = self._plan(batch, [s for s in active if s.state is SlotState.GENERATING], failed)
         for slot in active:
             if slot.index not in failed and slot.state is SlotState.PREFILL and batch.rows_left() > 0 \

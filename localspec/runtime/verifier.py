@@ -25,6 +25,8 @@ from .prompt_cache import common_prefix
 from .recurrent import exact_start
 from .sampling import Sampler
 
+EVERY = 2**62   # TargetVerifier.exact_upto: every position (none written otherwise)
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -90,6 +92,9 @@ class TargetVerifier:
         self.n_ctx = n_ctx or ctx.n_ctx  # positions this sequence may fill
         self.kv_tokens: list[int] = []  # tokens whose target KV rows are valid, positions 0..len-1
         self.drafter_pairs = 0          # drafter pairs for positions 0..n-1 are written or recorded
+        # positions 0..exact_upto-1 were written by rows of an exact generation (``rows_match``: every
+        # row on one attention path), which an exact generation may reuse; beyond, it decodes again
+        self.exact_upto = EVERY
         # the generation under way
         self.n_past = 0                 # position of ``last``
         self.last = -1                  # the newest committed token, not yet in the KV cache
@@ -120,11 +125,14 @@ class TargetVerifier:
         """A prompt is under way (:meth:`begin`), its first token not chosen yet."""
         return self._prompt is not None
 
-    def begin(self, prompt: list[int], drafter=None) -> None:
+    def begin(self, prompt: list[int], drafter=None, *, exact: bool = False) -> None:
         """Start a generation from ``prompt``: keep the cached prefix, drop the rest of the
-        sequence; :meth:`prefill_chunk` and :meth:`prefill_done` then decode the rest."""
+        sequence; :meth:`prefill_chunk` and :meth:`prefill_done` then decode the rest. ``exact``
+        (``rows_match``): keep only a prefix that exact rows wrote."""
         n = len(prompt)
         common = common_prefix(self.kv_tokens, prompt)
+        if exact:
+            common = min(common, self.exact_upto)
         # Keep at least one prompt token to decode: its logits choose the first token.
         start = keep = min(common, n - 1)
         self.drafter_pairs = min(self.drafter_pairs, max(0, start - 1))
@@ -139,6 +147,7 @@ class TargetVerifier:
             drafter.begin(prompt, 0 if restart else start)
         self.ctx.seq_rm(start, seq=self.seq)
         self.kv_tokens = prompt[:start]
+        self.exact_upto = EVERY if exact else min(self.exact_upto, start)
         self._drafter = drafter
         self._prompt, self._fill = prompt, start
 
@@ -313,14 +322,17 @@ class TargetVerifier:
             self.drafter_pairs = self.n_past
 
     # -- cache -----------------------------------------------------------------------------------
-    def loaded(self, tokens: list[int], drafter_pairs: int) -> None:
+    def loaded(self, tokens: list[int], drafter_pairs: int, exact_upto: int = 0) -> None:
         """The sequence's cells were loaded with ``tokens``' rows (positions 0..); the drafter
-        counts its pairs below ``drafter_pairs`` as written or skipped (see runtime.prompt_cache)."""
+        counts its pairs below ``drafter_pairs`` as written or skipped (see runtime.prompt_cache);
+        ``exact_upto``: of them, the rows exact rows wrote."""
         self.kv_tokens = list(tokens)
         self.drafter_pairs = drafter_pairs
+        self.exact_upto = exact_upto
 
     def forget(self) -> None:
         """Empty the target KV cache (the drafter's pairs count as gone too)."""
         self.ctx.seq_rm(0, seq=self.seq)
         self.kv_tokens = []
         self.drafter_pairs = 0
+        self.exact_upto = EVERY

@@ -36,10 +36,11 @@ class ServeDefaults:
     max_tokens: Optional[int] = None       # None: until the context is full (OpenAI's default)
     spec: bool = True
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rows_match: bool = False               # exact mode unless a request says otherwise (--rows-match)
 
     @classmethod
     def for_model(cls, model: ModelSpec, *, n_ctx: int, max_tokens: Optional[int], spec_enabled: bool,
-                  policy: PolicyConfig) -> "ServeDefaults":
+                  policy: PolicyConfig, rows_match: bool = False) -> "ServeDefaults":
         sampling = asdict(CHAT_SAMPLING)
         names = {f.name for f in fields(SamplingParams)}
         stop: tuple[str, ...] = ()
@@ -55,7 +56,7 @@ class ServeDefaults:
         except LocalspecError as exc:
             raise LocalspecError(f"the model's sampling PARAMETERs are invalid: {exc}") from None
         return cls(n_ctx=n_ctx, sampling=sampling, stop=stop, max_tokens=max_tokens, spec=spec_enabled,
-                   policy=policy)
+                   policy=policy, rows_match=rows_match)
 
 
 def _refuse_unsupported(req: SamplingRequest) -> None:
@@ -103,7 +104,9 @@ def generation_config(req: SamplingRequest, defaults: ServeDefaults, max_tokens:
     try:
         return GenerationOptions.from_config(sampling_params(req, defaults), defaults.policy, max_tokens=limit,
                                              stop=_stop(req, defaults.stop), spec=defaults.spec,
-                                             recall=defaults.policy.recall and req.recall is not False).to_config()
+                                             recall=defaults.policy.recall and req.recall is not False,
+                                             rows_match=defaults.rows_match if req.rows_match is None
+                                             else req.rows_match).to_config()
     except LocalspecError as exc:
         raise bad_request(str(exc)) from None
 

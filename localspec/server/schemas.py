@@ -150,6 +150,9 @@ class SamplingRequest(_Harmless):
     # localspec's: false keeps this request's text out of the recall every client drafts from, and
     # drafts nothing recalled for it (true cannot turn on what `serve --no-recall` turned off)
     recall: Optional[StrictBool] = request_field("recall")
+    # localspec's: exact mode for this request (true or false; left out: the server's --rows-match or the
+    # model's PARAMETER rows_match)
+    rows_match: Optional[StrictBool] = request_field("rows_match")
 
 
 class ChatCompletionRequest(SamplingRequest):

@@ -65,6 +65,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                              compact=True)
                 yield Label("Draft max", classes="field-label")
                 yield Input(str(s.effective_draft_max), id="set-draft-max", compact=True)
+            with Horizontal(classes="field-row"):   # rows_match (docs/speculation.md#exact-mode)
+                yield Label("Exact mode", classes="field-label")
+                yield Select([("off", False), ("on: greedy text as plain decoding's", True)], value=s.rows_match,
+                             allow_blank=False, id="set-rows-match", compact=True)
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary", compact=True)
@@ -92,6 +96,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             **{name: number(f"#{_widget_id(name)}", kind, label) for name, _short, label, kind in _NUMBERS},
             policy=str(self.query_one("#set-policy", Select).value),
             draft_max=self._draft_max(number),
+            rows_match=bool(self.query_one("#set-rows-match", Select).value),
         )
         # the ranges of localspec.core.options, named as the dialog labels them
         for name, label in [(n, label) for n, _short, label, _kind in _NUMBERS] + [("draft_max", "draft max")]:

@@ -29,6 +29,7 @@ HONOURED = {
     "num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
     "min_p": "min_p", "seed": "seed", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "stop": "stop",
+    "rows_match": "rows_match",   # localspec's exact mode
 }
 # localspec's speculative PARAMETERs, per request -> the PolicyConfig field
 SPECULATIVE = {"draft_max": "draft_max", "draft_policy": "name", "draft_p_min": "p_min", "draft_tree": "tree"}
