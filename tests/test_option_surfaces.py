@@ -361,10 +361,12 @@ def test_min_p_one_works_everywhere(cli, isolated_home):
 def test_exact_mode_reaches_every_surface(cli):
     """``rows_match`` is declared once and reaches each surface the table feeds: the flag of
     generate, chat and serve; the chat's settings (F2); a Modelfile PARAMETER; a request field of
-    /v1 (chat and completions) and an option of Ollama's /api, both refusing a value that is not a
+    /v1 (chat, completions and responses) and an option of Ollama's /api, both refusing a value that is not a
     boolean with a 400 naming it; and the GenerationConfig of a request, whose field overrides the
     server's default both ways."""
-    from localspec.server.ollama_params import read_options
+    from localspec.server.ollama.params import read_options
+    from localspec.server.openai.responses import chat_body
+    from localspec.server.schemas import ResponsesRequest
     from localspec.server.params import ServeDefaults, generation_config
 
     opt = OPTIONS["rows_match"]
@@ -380,6 +382,10 @@ def test_exact_mode_reaches_every_surface(cli):
         assert _request("rows_match", True, schema).rows_match is True
         with pytest.raises(pydantic.ValidationError):
             _request("rows_match", "yes", schema)   # a strict boolean, as recall
+    responses = ResponsesRequest.model_validate({"input": "hi", "rows_match": True})
+    assert chat_body(responses).rows_match is True   # /v1/responses passes it to the chat it asks for
+    with pytest.raises(pydantic.ValidationError):
+        ResponsesRequest.model_validate({"input": "hi", "rows_match": "yes"})
     assert read_options({"rows_match": True}, 2048) == ({"rows_match": True}, {})
     with pytest.raises(APIError) as err:
         read_options({"rows_match": "maybe"}, 2048)

@@ -253,6 +253,7 @@ class ResponsesRequest(_Harmless):
     repeat_penalty: Optional[float] = request_field("repeat_penalty")
     repeat_last_n: Optional[int] = request_field("repeat_last_n")
     seed: Optional[int] = request_field("seed")
+    rows_match: Optional[StrictBool] = request_field("rows_match")   # localspec's exact mode, as on chat
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     truncation: Optional[Literal["disabled"]] = None

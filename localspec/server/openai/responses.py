@@ -131,7 +131,8 @@ def chat_body(req: ResponsesRequest) -> ChatCompletionRequest:
         not isinstance(choice, str) else choice,
         parallel_tool_calls=req.parallel_tool_calls, max_completion_tokens=req.max_output_tokens,
         **{name: getattr(req, name) for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                                                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed")})
+                                                 "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed",
+                                                 "rows_match")})
     return validated(ChatCompletionRequest, {k: v for k, v in fields.items() if v is not None}, refused, rename=_param)
 
 
