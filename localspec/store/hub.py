@@ -28,7 +28,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, TypeVar
 
-from ..core.errors import LocalspecError
+from ..core.errors import LocalspecError, NotFound
 from ..core.options import ENV_TRUE
 from . import repo_files
 
@@ -203,9 +203,9 @@ def _hub_errors(where: str, repo: str, revision: str | None, settings: dict,
         raise LocalspecError(f"{where}: the repository is gated; accept its terms on huggingface.co "
                              "and log in with `hf auth login`") from None
     except hf_errors.RepositoryNotFoundError:
-        raise LocalspecError(f"{where}: repository '{repo}' not found (or private)") from None
+        raise NotFound(f"{where}: repository '{repo}' not found (or private)") from None
     except hf_errors.RevisionNotFoundError:
-        raise LocalspecError(f"{where}: revision '{revision}' not found in {repo}") from None
+        raise NotFound(f"{where}: revision '{revision}' not found in {repo}") from None
     except hf_errors.RemoteEntryNotFoundError:
         raise FileMissing(f"{where}: no file '{filename}' in {repo}") from None
     except hf_errors.HfHubHTTPError as exc:

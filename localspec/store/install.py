@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.errors import LocalspecError
+from ..core.errors import LocalspecError, NotFound
 from ..formats.chat_format import check_template
 from ..formats.gguf_info import check_pair, check_target, mtp_heads, read_gguf
 from ..formats.modelfile import Modelfile
@@ -183,7 +183,7 @@ def pull(name: str) -> UserModel | None:
     entry = registry.catalog_entry(name)
     if entry is None:
         known = ", ".join(sorted(registry.load_catalog()))
-        raise LocalspecError(f"'{name}' is not in the catalog (known: {known})")
+        raise NotFound(f"'{name}' is not in the catalog (known: {known})")
     if entry.embedded:
         return None   # ships with localspec: nothing to download
     with name_lock(name, what="pull", wait=True):

@@ -29,7 +29,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..core.atomic import atomic_write
-from ..core.errors import LocalspecError
+from ..core.errors import LocalspecError, NotFound
 from ..formats.modelfile import Modelfile, check_parameter
 from ..core.names import check_model_name, is_model_name, shown
 from ..core.paths import user_dir, writable_dir
@@ -403,7 +403,7 @@ def _remove(name: str) -> UserModel | None:
     elif own_drafter.is_file():
         owned = [own_drafter]   # an orphan left by an interrupted create
     else:
-        raise LocalspecError(f"model '{name}' not found (see `localspec list`)")
+        raise NotFound(f"model '{name}' not found (see `localspec list`)")
     others, _, _ = scan()
     in_use = {str(Path(f).resolve()) for m in others if m.name != name for f in [*m.owned, m.drafter] if f}
     try:

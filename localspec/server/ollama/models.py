@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ... import __version__
-from ...core.errors import LocalspecError
+from ...core.errors import LocalspecError, NotFound
 from ...core.names import RULE, is_model_name, shown, without_latest
 from ...formats import modelfile as mfmod
 from ...formats.gguf_info import read_gguf
@@ -209,8 +209,7 @@ def _blocking(call, *args):
 
 
 def _store_error(exc: LocalspecError, status: int = 400) -> APIError:
-    text = str(exc)
-    return APIError(404 if "not found" in text or "not in the catalog" in text else status, text)
+    return APIError(404 if isinstance(exc, NotFound) else status, str(exc))
 
 
 def _message_role(i: int, role: str) -> str:
