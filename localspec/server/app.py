@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
-from .. import __version__
+from ..core import __version__
 from ..core.events import DoneEvent
 from ..formats.chat_format import ToolCall
 from ..formats.tool_calls import CallStream

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from .. import __version__
+from ..core import __version__
 from ..core.errors import LocalspecError
 from ..formats import modelfile as mfmod
 from ..formats.gguf_info import read_gguf

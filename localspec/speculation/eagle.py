@@ -25,18 +25,14 @@ from ..llama import llama_ext
 from ..core.errors import LocalspecError
 from ..formats.gguf_info import GGUFInfo, read_tensor
 from ..llama.process import llama_failure
+from ..llama.contexts import DRAFTER_CONTEXT, DRAFTER_TREE_SEQS
 from ..llama.llama_model import Context, Model
-from .tree import MAX_WIDTH
 
 
 # Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
 ALL_OUTPUT_ROWS = 16
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
-TREE_SEQS = MAX_WIDTH
-# The drafter context's settings (localspec.memory.probe reserves the same). One layer of attention: exact
-# arithmetic costs little and keeps the drafter within 1e-6 of its torch reference (flash attention
-# on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
-DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + TREE_SEQS, kv_unified=True)
+TREE_SEQS = DRAFTER_TREE_SEQS   # tree.MAX_WIDTH: the drafter context's settings (llama.contexts) hold them
 
 
 def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
