@@ -18,7 +18,7 @@ import time
 from localspec.formats.gguf_info import read_gguf
 from localspec.llama.process import set_verbose
 from localspec.llama.llama_model import Context, Model
-from localspec.core.paths import default_target
+from localspec.store.models import default_target
 from localspec.train.datagen import measure_throughput
 from localspec.train.pipeline import prompt_token_ids
 from localspec.train.prompts import load_prompts

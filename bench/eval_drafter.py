@@ -19,7 +19,7 @@ from pathlib import Path
 
 from localspec.runtime.bench import load_prompts, run_bench
 from localspec.runtime.engine import Engine, GenerationConfig
-from localspec.core.paths import default_target
+from localspec.store.models import default_target
 from localspec.speculation.policy import PolicyConfig
 from localspec.train.baseline import bigram_table, simulate_tokens_per_cycle
 from localspec.train.dataset import load_sequences

@@ -6,9 +6,10 @@ in one line. Formats:
 - ``*.safetensors`` (one or sharded), read with ``safetensors`` (torch framework: bf16 works);
 - ``*.bin`` / ``*.pt`` / ``*.pth`` PyTorch pickles, loaded with ``torch.load(weights_only=True)``:
   tensors only, no code from the file is ever executed;
-- a Hugging Face repo id (``org/name``): its config and weight files, fetched one by one through
-  :func:`localspec.store.hub.download` (the HF cache, ``HF_HUB_OFFLINE``, timeouts and progress bars
-  apply).
+- a Hugging Face repo id (``org/name``): its config and weight files, fetched by the ``download``
+  the caller passes (``localspec convert`` passes :func:`localspec.store.hub.download_repo`: the HF
+  cache, ``HF_HUB_OFFLINE``, timeouts and progress bars apply). The converters sit below the store
+  (docs/architecture.md): they download nothing themselves.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import numpy as np
 
 from localspec.core.errors import LocalspecError
 from localspec.core.userfile import CONFIG_LIMIT, read_bytes
-from localspec.store import hub
 
 from .provenance import provenance
 
@@ -188,10 +188,8 @@ def _weight_files(root: Path) -> list[Path]:
                   if not p.name.startswith(("optimizer", "scheduler", "training_args", "rng_state", "eagle3_meta")))
 
 
-def _download(repo_id: str) -> Path:
-    """The config and weight files of Hub repository ``repo_id`` (localspec's one download path:
-    bounded waits, the cache when the Hub cannot be reached); the directory holding them."""
-    return hub.download_repo(repo_id, WEIGHT_PATTERNS)
+# fetches a Hub repository's files matching the patterns; the directory holding them
+Download = Callable[[str, list[str]], Path]
 
 
 # where NeMo Automodel's checkpointer puts the HF-style drafter inside ``epoch_E_step_S/``
@@ -217,17 +215,21 @@ def _looks_like_path(text: str) -> bool:
     return os.sep in text and Path(text).expanduser().parent.is_dir()
 
 
-def open_checkpoint(src: str | Path) -> Checkpoint:
-    """Resolve ``src`` (directory, weight file, or HF repo id) and index its tensors."""
+def open_checkpoint(src: str | Path, download: Download | None = None) -> Checkpoint:
+    """Resolve ``src`` (directory, weight file, or HF repo id: fetched with ``download``) and index
+    its tensors."""
     text = str(src)
     path = Path(text).expanduser()
     from_hub = False
     if not path.exists():
         if _looks_like_path(text):
             raise LocalspecError(f"{text}: no such file or directory")
-        if _REPO_ID.match(text):
-            path = _download(text)
+        if _REPO_ID.match(text) and download is not None:
+            path = download(text, WEIGHT_PATTERNS)
             from_hub = True
+        elif _REPO_ID.match(text):
+            raise LocalspecError(f"{text}: no such file or directory (a Hugging Face repo id is fetched by "
+                                 "`localspec convert`, or pass download=localspec.store.hub.download_repo)")
         else:
             raise LocalspecError(f"{text}: no such file or directory (nor a Hugging Face repo id)")
     given = path

@@ -19,7 +19,7 @@ from localspec.core.errors import LocalspecError
 from localspec.formats.gguf_info import check_pair, check_target, read_gguf
 
 from .block import is_block_checkpoint, write_block_gguf
-from .checkpoint import open_checkpoint
+from .checkpoint import Download, open_checkpoint
 from .gguf_writer import OUTTYPES, write_gguf_file
 from .layouts import TargetShape, detect
 
@@ -68,7 +68,10 @@ def resolve_target(target: str | Path) -> tuple[Path, TargetShape]:
 
 
 def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = False,
-                       progress: bool = False) -> ConversionSummary:
+                       progress: bool = False, download: Download | None = None) -> ConversionSummary:
+    """``src`` (a checkpoint directory or weight file; a Hub repo id with ``download``, which
+    fetches its files: see :func:`~.checkpoint.open_checkpoint`) converted for ``target`` into
+    ``out``, atomically."""
     if outtype not in OUTTYPES:
         raise LocalspecError(f"unknown output type '{outtype}' (one of {', '.join(OUTTYPES)})")
     out = Path(out).expanduser()
@@ -82,7 +85,7 @@ def convert_checkpoint(src, target, out, *, outtype: str = "f16", force: bool = 
     if out.exists() and out.resolve() == target_gguf.resolve():
         raise LocalspecError(f"{out} is the target model; refusing to overwrite it")
 
-    ckpt = open_checkpoint(src)
+    ckpt = open_checkpoint(src, download)
     if is_block_checkpoint(ckpt.config):   # DFlash / DSpark: the dflash GGUF (converters.block)
         return _convert_block(ckpt, target_gguf, out, outtype)
     layout = detect(ckpt)

@@ -12,6 +12,8 @@ The Python API is the one the CLI and the TUI use::
 import importlib
 from typing import TYPE_CHECKING
 
+from .core import __version__  # spelled once, in the layer every other imports
+
 # Imported on first use, so that `localspec` (the command) starts its Ctrl-C handling before the
 # heavy imports (llama.cpp, numpy): a Ctrl-C during them is then "Interrupted.", not a traceback.
 _EXPORTS = {
@@ -34,7 +36,6 @@ __all__ = [
     "CycleEvent", "DoneEvent", "Engine", "GenerationConfig", "GenerationStats", "LocalspecError",
     "Message", "PolicyConfig", "SamplingParams", "TokenEvent", "TokenLogprob",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

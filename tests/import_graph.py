@@ -106,3 +106,69 @@ def reaches(graph: dict[str, set[str]], start: str, goal_prefix: str) -> list[st
                 seen.add(nxt)
                 stack.append(path + [nxt])
     return None
+
+
+# -- the layer table (docs/architecture.md) ------------------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ROOT_PACKAGE = "localspec"          # the table's row for localspec/__init__.py and __main__.py
+EVERYTHING_ABOVE = "everything above it"
+NOTHING = "nothing of localspec"
+
+
+def layer_table(text: str | None = None) -> list[tuple[str, set[str] | None]]:
+    """The rows of docs/architecture.md's package table in order: (package, the packages its
+    ``imports`` column names; None for "everything above it"). A package is named by its folder:
+    ``localspec/core/`` -> ``core``, ``converters/`` -> ``converters``, ``localspec`` -> itself."""
+    text = ARCHITECTURE.read_text(encoding="utf-8") if text is None else text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.replace(" ", "") == "|package|owns|imports|")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        first = cells[0].split("`")[1]
+        name = first.strip("/").removeprefix("localspec/") if first != ROOT_PACKAGE else ROOT_PACKAGE
+        column = cells[-1]
+        if column == EVERYTHING_ABOVE:
+            allowed = None
+        elif column == NOTHING:
+            allowed = set()
+        else:
+            allowed = {w.strip() for w in column.split(",")}
+        rows.append((name, allowed))
+    return rows
+
+
+def package_of(module: str) -> str:
+    """The table's package of a module: ``localspec.runtime.engine`` -> ``runtime``,
+    ``localspec.converters.layouts.base`` -> ``converters``, ``localspec`` and
+    ``localspec.__main__`` -> ``localspec``."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return ROOT_PACKAGE
+    if parts[1] in ("converters", "tui") or (ROOT / "localspec" / parts[1]).is_dir():
+        return parts[1]
+    return ROOT_PACKAGE
+
+
+def layer_breaches(graph: dict[str, set[str]], table: list[tuple[str, set[str] | None]]) -> list[str]:
+    """Every import of ``graph`` (module -> modules) that the table's ``imports`` column does not
+    allow; every column naming a package that is not a row above its own; every package without a row."""
+    out, allowed, above = [], {}, []
+    for name, names in table:
+        if names is not None:
+            out += [f"the table's {name} row names {n}, which is not a row above it" for n in sorted(names - set(above))]
+        allowed[name] = set(above) if names is None else names
+        above.append(name)
+    for module, deps in sorted(graph.items()):
+        mine = package_of(module)
+        if mine not in allowed:
+            out.append(f"{module}: its package {mine} has no row in the table")
+            continue
+        for dep in sorted(deps):
+            theirs = package_of(dep)
+            if theirs != mine and theirs not in allowed[mine]:
+                out.append(f"{module} imports {dep}: {mine} may import "
+                           f"{', '.join(sorted(allowed[mine])) or 'nothing of localspec'}")
+    return out

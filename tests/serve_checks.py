@@ -67,9 +67,9 @@ _DERIVED: list[Path] = []   # this process's default target, derived once (see s
 
 def shared_default_target(home: Path) -> Path:
     """The embedded target as ``home`` uses it (``models/SmolLM2-135M-Instruct.Q4_0.gguf``, which
-    core.paths.default_target derives from the shipped F16 on a home's first use: ~1.3 s of CPU on an
+    store.models.default_target derives from the shipped F16 on a home's first use: ~1.3 s of CPU on an
     idle core), linked to one copy derived once per test process: every server's home is fresh."""
-    from localspec.core.paths import default_target
+    from localspec.store.models import default_target
 
     if not _DERIVED:
         cache = Path(tempfile.mkdtemp(prefix="localspec_target_"))

@@ -170,10 +170,15 @@ def test_hf_repo_id_from_offline_cache(target, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-    summary = convert_checkpoint("someone/tiny-eagle3", target, tmp_path / "d.gguf", outtype="f32")
+    from localspec.store.hub import download_repo   # what `localspec convert` passes
+
+    with pytest.raises(LocalspecError, match="someone/tiny-eagle3: no such file.*repo id"):
+        convert_checkpoint("someone/tiny-eagle3", target, tmp_path / "d.gguf", outtype="f32")  # no download given
+    summary = convert_checkpoint("someone/tiny-eagle3", target, tmp_path / "d.gguf", outtype="f32",
+                                 download=download_repo)
     assert summary.layout == "vllm" and summary.source == "someone/tiny-eagle3"
     with pytest.raises(LocalspecError, match="someone/not-cached.*Hugging Face"):
-        convert_checkpoint("someone/not-cached", target, tmp_path / "e.gguf")
+        convert_checkpoint("someone/not-cached", target, tmp_path / "e.gguf", download=download_repo)
     assert not (tmp_path / "e.gguf").exists()
 
 

@@ -89,8 +89,8 @@ def test_auto_policy_is_lossless_and_stops_drafting_when_it_does_not_pay(models)
 
 
 def test_plain_steps_take_a_lean_path_with_the_same_outcome(models, monkeypatch):
-    """A cycle that drafts nothing runs TargetVerifier.step, not verify([]) (an observer, such as
-    bench's logit margins, takes the general path): same tokens, statistics and cache state."""
+    """A cycle that drafts nothing runs TargetVerifier.step, not verify([]), with an observer too
+    (bench's logit margins read the step's row): same tokens, statistics and cache state."""
     from localspec.runtime.verifier import TargetVerifier
 
     calls = {"step": 0, "verify": 0}
@@ -108,7 +108,9 @@ def test_plain_steps_take_a_lean_path_with_the_same_outcome(models, monkeypatch)
             outcomes.append((done.tokens, done.text, done.finish_reason, s.cycles, s.drafted,
                              {b: n for b, (n, _) in s.verify_by_batch.items()}, engine.verifier.kv_tokens[:],
                              engine.verifier.n_past, engine.verifier.last))
-            assert calls == ({"step": 39, "verify": 0} if not margins else {"step": 39, "verify": 39})
+            assert calls == {"step": 39 * (1 + margins), "verify": 0}
+            if margins:   # one per token: the prompt's last row, then each plain step's
+                assert done.margins is not None and len(done.margins) == len(done.tokens) == 40
         assert outcomes[0] == outcomes[1]
         assert outcomes[0][3] == 39 and outcomes[0][5] == {1: 39}
         # auto on the same engine: plain cycles between drafts take the lean path too, losslessly

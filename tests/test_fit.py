@@ -44,7 +44,7 @@ def tiny_pair(tmp_path_factory):
 def real_pair(tmp_path_factory):
     """The default target (Q4_0, derived once) and a small drafter made for it (own embeddings and head)."""
     from localspec.converters.gguf_writer import write_drafter_gguf
-    from localspec.core.paths import default_target
+    from localspec.store.models import default_target
 
     d = tmp_path_factory.mktemp("fit_real")
     os.environ.setdefault("LOCALSPEC_HOME", str(d))

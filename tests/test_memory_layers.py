@@ -47,11 +47,32 @@ def test_no_import_circle_through_the_memory_package():
                 assert back is None or back[-1] != name, f"{name} -> {' -> '.join(back)}"
 
 
+def test_one_way_from_a_model_to_an_engine():
+    """The CLI, the chat and the server open their engines through runtime/loading.load_engine: no
+    other shipped module builds an Engine or a memory plan for one itself."""
+    from import_graph import modules as all_modules
+
+    builders = []
+    for name, path in all_modules().items():
+        if name in ("localspec.runtime.loading", "localspec.memory.pair", "localspec.memory"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if called in ("Engine", "plan_engine"):
+                    builders.append(f"{name}:{node.lineno}: {called}(...)")
+    assert builders == []
+    graph = import_graph()
+    for user in ("localspec.cli.common", "localspec.cli.chat", "localspec.server.models_manager"):
+        assert "localspec.runtime.loading" in graph[user], user
+
+
 def test_the_shared_context_shapes_are_what_the_runtime_uses():
     from localspec.speculation import tree
 
     assert contexts.target_context(True)["n_seq_max"] == 1 + tree.MAX_NODES
     assert contexts.target_context(False) == {}
+    assert contexts.DRAFTER_TREE_SEQS == tree.MAX_WIDTH   # the drafter context's sequences: a tree's branches
     # auto's deepest lookup draft 128 + 1 (issue 17; was 33: draft-max 32 + 1, a 32-node tree + its root)
     assert contexts.VERIFY_OUTPUTS_MAX == 129
     assert _imports(PACKAGE / "llama" / "contexts.py") <= {"localspec.core", "localspec.core.options"}

@@ -31,7 +31,7 @@ def version_line() -> str:
     """``localspec X (llama-cpp-python Y)``: localspec's version and the llama.cpp binding it runs on."""
     from importlib import metadata
 
-    from .. import __version__
+    from ..core import __version__
 
     try:
         binding = metadata.version("llama-cpp-python")

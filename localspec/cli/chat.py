@@ -73,14 +73,13 @@ def engine_factory(model_spec, *, ctx: int = DEFAULT_CTX, threads: Optional[int]
                    verbose: bool = False):
     """What the app calls in its loading worker to build the engine for ``model_spec`` (a ModelSpec)."""
     from ..runtime.engine import Engine
-    from ..memory.pair import plan_engine
+    from ..runtime.loading import load_engine
 
     def build() -> Engine:
-        # the memory plan; runs in the app's worker thread, so it prints nothing: a smaller context
+        # runs in the app's worker thread, so it prints nothing: a smaller context than asked for
         # comes back as engine.memory_plan.context_note and the app shows it
-        options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram, ram=ram)
-        return Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
-                      **options)
+        return load_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram, ram=ram,
+                           verbose=verbose)
 
     return build
 

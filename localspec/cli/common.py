@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store.models import ModelSpec, resolve
 from .flags import option
@@ -41,9 +40,10 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
                 vram: Optional[str] = None, model_spec: Optional[ModelSpec] = None,
                 parallel: Optional[int] = 1, ram: Optional[str] = None,
                 source=None, rows_match: bool = False) -> tuple[ModelSpec, Engine]:
-    """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan;
-    ``source`` mtp: the target's MTP heads must be there (they draft whenever no drafter file is given);
-    assistant: the drafter file must be a Gemma 4 assistant."""
+    """Build the engine for MODEL (or an already resolved ``model_spec``) from the memory plan
+    (:func:`localspec.runtime.loading.load_engine`: ``source`` mtp, the target's MTP heads must be
+    there; assistant, the drafter file must be a Gemma 4 assistant); a smaller context than asked
+    for is noted on stderr."""
     import sys
 
     from ..core.options import check_cli, threads_warning
@@ -53,41 +53,14 @@ def open_engine(model: Optional[str], target: Optional[Path], draft: Optional[Pa
     if warning:
         print(warning, file=sys.stderr)
     model_spec = model_spec or resolve(model, target=target, draft=draft)
-    # the memory plan (localspec.memory) chooses offload, KV type and verify-sized buffers by default
-    from ..memory.pair import plan_engine
+    from ..runtime.loading import load_engine
 
-    options = plan_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
-                          parallel=parallel, ram=ram)
-    words = listed_words(getattr(source, "value", source)) if source is not None else ()
-    if "assistant" in words:   # after the plan: the files are read and checked
-        _check_assistant(model_spec)
-    for word in {"dflash", "dspark"} & set(words):
-        _check_block_drafter(model_spec, word)
-    note = options["memory_plan"].context_note
-    if note:
-        print(f"note: {note}", file=sys.stderr)
-    mtp = True if "mtp" in words else None
-    engine = Engine(model_spec.target, model_spec.drafter, n_threads=threads, verbose=verbose, chat_template=model_spec.template,
-                    mtp=mtp, rows_match=rows_match, **options)
+    def show(plan) -> None:   # the memory plan chose a smaller context than asked for
+        if plan.context_note:
+            print(f"note: {plan.context_note}", file=sys.stderr)
+
+    engine = load_engine(model_spec, n_ctx=ctx, n_threads=threads, gpu_layers=gpu_layers, vram=vram,
+                         parallel=parallel, ram=ram, source=source, verbose=verbose, rows_match=rows_match,
+                         on_plan=show)
     return model_spec, engine
 
-
-def _check_assistant(model_spec: ModelSpec) -> None:
-    """``--source assistant``: the model's drafter file is a Gemma 4 assistant (said before loading)."""
-    from ..core.errors import LocalspecError
-    from ..formats.gguf_info import read_gguf
-
-    if model_spec.drafter is None or not read_gguf(model_spec.drafter).is_assistant:
-        raise LocalspecError("source assistant: this model has no Gemma 4 assistant (give its GGUF as the "
-                             "drafter: --draft, or DRAFT in a Modelfile)")
-
-
-def _check_block_drafter(model_spec: ModelSpec, word: str) -> None:
-    """``--source dflash`` / ``dspark``: the model's drafter file is a block drafter of that kind
-    (said before loading)."""
-    from ..core.errors import LocalspecError
-    from ..formats.gguf_info import read_gguf
-
-    if model_spec.drafter is None or read_gguf(model_spec.drafter).block_kind != word:
-        raise LocalspecError(f"source {word}: this engine has no {word} block drafter (give its GGUF as the "
-                             "drafter: --draft, or DRAFT in a Modelfile)")

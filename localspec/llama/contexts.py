@@ -5,7 +5,8 @@ only ``localspec.core``, so both sides can use it without importing each other.
 - KV cache types by name: the ggml type id llama.cpp takes and the bytes per element.
 - The target context: its prompt batch (n_batch = n_ubatch), its sequences (one per draft-tree
   leaf when a drafter is loaded) and the most logit rows one verify batch asks for.
-- The drafter context's batch (its graph computes logits for every row of a batch).
+- The drafter context's batch (its graph computes logits for every row of a batch), and the
+  settings of the drafter's and the MTP heads' contexts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ VERIFY_OUTPUTS_MAX = 1 + max(options.DRAFT_MAX, options.LOOKUP_MAX, options.TREE
 # The drafter context's n_batch: llama.cpp sizes its output buffer (full-vocabulary logits) by it,
 # and prompt chunks are written to the drafter without outputs in pieces of this size.
 DRAFTER_BATCH = 64
+# Sequences of a drafter context besides the committed one (0), for the branches of a draft tree
+# (speculation.tree).
+DRAFTER_TREE_SEQS = options.TREE_MAX_WIDTH
+# An EAGLE drafter's context (speculation.eagle; memory.probe reserves the same). One layer of
+# attention: exact arithmetic costs little and keeps the drafter within 1e-6 of its torch reference
+# (flash attention on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
+DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + DRAFTER_TREE_SEQS, kv_unified=True)
+
+
+def mtp_context_settings(slots: int = 1) -> dict:
+    """The MTP heads' context beside the target (speculation.mtp opens it, memory.probe reserves
+    it), as draft-mtp's (common_speculative_init_result): the default cache type (F16) and
+    attention, a sequence per slot plus the tree branches; the target is its ctx_other."""
+    return dict(mtp=True, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
 
 
 # A recurrent target (Qwen3.5's gated delta nets ...): llama.cpp keeps this many snapshots of each

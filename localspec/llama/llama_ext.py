@@ -149,6 +149,11 @@ def layer_inp_address(ctx: Any, layer: int) -> int:
     return _address_fn("llama_get_embeddings_layer_inp")(ctx, layer) or 0
 
 
+def nextn_address(ctx: Any) -> int:
+    """:func:`get_embeddings_nextn` as an int address (0: none)."""
+    return _address_fn("llama_get_embeddings_nextn")(ctx) or 0
+
+
 def nextn_ith_address(ctx: Any, i: int) -> int:
     """:func:`get_embeddings_nextn_ith` as an int address (0: none)."""
     return _address_fn("llama_get_embeddings_nextn_ith")(ctx, i) or 0

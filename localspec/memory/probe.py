@@ -49,8 +49,7 @@ class LlamaCompute:
 
     def _reserve(self, n_ctx: int, kv: str, ngl: int, dngl: int) -> tuple[int, int]:
         from ..llama.llama_model import Context, Model
-        from ..llama.contexts import DRAFTER_BATCH
-        from ..speculation.eagle import DRAFTER_CONTEXT
+        from ..llama.contexts import DRAFTER_BATCH, DRAFTER_CONTEXT, mtp_context_settings
 
         n_ctx = options.check_n_ctx(n_ctx)   # never a llama.cpp context from an unchecked value
         tm = Model(self.target, n_gpu_layers=ngl, no_alloc=True, load_mtp=self.mtp)
@@ -62,8 +61,8 @@ class LlamaCompute:
             t_bufs = parse_buffers(tc.load_log)
             d_bufs: list = []
             if self.mtp:
-                from ..speculation.mtp import mtp_context
-                dc = mtp_context(tc, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads)
+                dc = Context(tm, n_ctx=n_ctx, n_batch=DRAFTER_BATCH, n_threads=self.n_threads, ctx_other=tc,
+                             **mtp_context_settings())   # as speculation.mtp.mtp_context opens it
                 d_bufs = parse_buffers(dc.load_log)
             elif self.drafter:
                 dm = Model(self.drafter, n_gpu_layers=dngl, no_alloc=True)

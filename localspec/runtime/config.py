@@ -13,6 +13,9 @@ from ..core.errors import LocalspecError
 from ..speculation.policy import PolicyConfig
 from .sampling import SamplingParams
 
+# the policy a GenerationConfig carries: the layers above the runtime (server, chat) name it from here
+__all__ = ["GenerationConfig", "PolicyConfig", "SamplingParams"]
+
 
 @dataclass
 class GenerationConfig:

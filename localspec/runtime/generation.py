@@ -191,7 +191,7 @@ class GenerationLoop:
         if draft.tree is not None:
             layout = verifier.tree_rows(draft.tree)
             self._work = TreeRows(batch.add_sets(layout.tokens, layout.positions, layout.seqs), draft, layout)
-        elif draft.source is None and not self.observers and not verifier.uncached:
+        elif draft.source is None and not verifier.uncached:
             self._work = StepRow(batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
         else:
             rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and self._alone else 0
@@ -318,6 +318,8 @@ class GenerationLoop:
         verifier = self.verifier
         pos = verifier.n_past
         tok, seconds = verifier.step(self.sampler, decoded)
+        if self.observers:   # what they read of a verification: this step's one row, before the commit
+            t_cycle += self._observe(Verified(pos, [tok], [decoded.offset], 0, 1, seconds))
         self._record_logprobs([tok], [decoded.offset])
         self.stats.record_verify(1, seconds)
         self.drafting.commit([tok], pos, [decoded.offset])

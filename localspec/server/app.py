@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from .. import __version__
+from ..core import __version__
 from . import ollama, openai
 from .answering import ndjson, sse
 from .bodies import Disconnected

@@ -29,7 +29,6 @@ from typing import Callable, Optional
 
 from ..core.errors import LocalspecError
 from ..core.names import is_model_name, shown as shown_name, without_latest
-from ..core.options import listed_words
 from ..runtime.engine import Engine
 from ..store import registry
 from ..store.models import DEFAULT_MODEL, ModelSpec, resolve
@@ -395,8 +394,8 @@ class ModelManager:
         return left
 
     def _open(self, key: str, spec: ModelSpec, *, strict: bool) -> Loaded:
-        from ..memory.pair import plan_engine
         from ..memory.planner import KV_PREFERENCE
+        from ..runtime.loading import load_engine
 
         s = self.settings
         for label, path in (("target", spec.target), ("drafter", spec.drafter)):
@@ -409,21 +408,22 @@ class ModelManager:
         start = time.monotonic()
         # beside other models: the full context at the best KV type, or the LRU idle model goes first
         kv = KV_PREFERENCE[0] if strict else None
+
+        def planned(plan) -> None:   # before anything is loaded
+            if strict and plan.context_note:
+                raise NoRoom(plan.context_note)
+            if plan.context_note:
+                log(f"{key}: {plan.context_note}")
+
         try:
-            options = plan_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
-                                  parallel=s.parallel, ram=ram, kv_type=kv)
-        except DoesNotFit as exc:
+            engine = load_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
+                                 parallel=s.parallel, ram=ram, kv_type=kv, source=defaults.policy.source,
+                                 verbose=s.verbose, on_plan=planned)
+        except DoesNotFit as exc:   # the plan's own refusal
             if strict:
                 raise NoRoom(str(exc)) from None
             raise
-        plan = options["memory_plan"]
-        if strict and plan.context_note:
-            raise NoRoom(plan.context_note)
-        if plan.context_note:
-            log(f"{key}: {plan.context_note}")
-        mtp = True if "mtp" in listed_words(defaults.policy.source) else None   # --source mtp: the heads must be there
-        engine = Engine(spec.target, spec.drafter, n_threads=threads, verbose=s.verbose,
-                        chat_template=spec.template, mtp=mtp, **options)
+        plan = engine.memory_plan
         try:
             self._warm_up(engine, defaults, key)
             worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,

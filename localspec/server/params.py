@@ -14,7 +14,7 @@ from ..core.errors import LocalspecError
 from ..core.options import OPTIONS
 from ..store.models import ModelSpec
 from ..runtime.sampling import CHAT_SAMPLING, SamplingParams
-from ..speculation.policy import PolicyConfig
+from ..runtime.config import PolicyConfig   # GenerationConfig's policy: the server knows it through the runtime
 from .errors import bad_request
 from .features import (chat_logprobs, check_tool_answers, chat_tools, completion_logprobs, content_text, message_calls,
                        prediction_text, refuse_unhonoured, response_grammar, tool_grammar, with_features)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from .. import __version__
+from ..core import __version__
 from .models_manager import ModelManager
 
 

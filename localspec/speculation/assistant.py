@@ -139,10 +139,10 @@ class AssistantDrafter(_SharedKV, MtpDrafter):
         else:
             self._anchors[seq] = pos0
 
-    def _add_row(self, seq: int, tok: int, g_row: np.ndarray, pos: int, output: bool) -> int:
+    def _position(self, seq: int, pos: int) -> int:
         """Every row of a sequence at its ``pos0`` (draft-mtp's shared-KV mode)."""
         anchor = self._anchors.get(seq)
-        return super()._add_row(seq, tok, g_row, pos if anchor is None else anchor - self.shift, output)
+        return pos + self.shift if anchor is None else anchor
 
     # -- draft trees: branches are rows of the drafting sequence (nothing is cached) ----------------
     def fork(self, src: int, dst: int) -> None:

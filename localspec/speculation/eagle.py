@@ -14,7 +14,7 @@ EAGLE-3.1 drafters, run exactly without patching llama.cpp:
 
 from __future__ import annotations
 
-import ctypes
+import math
 import time
 
 import llama_cpp
@@ -25,18 +25,15 @@ from ..llama import llama_ext
 from ..core.errors import LocalspecError
 from ..formats.gguf_info import GGUFInfo, read_tensor
 from ..llama.process import llama_failure
+from ..llama.contexts import DRAFTER_CONTEXT, DRAFTER_TREE_SEQS
+from ..llama.ext_rows import ExtRows
 from ..llama.llama_model import Context, Model
-from .tree import MAX_WIDTH
 
 
 # Up to this many rows, a drafter batch asks for every row's output (see EagleDrafter.decode).
 ALL_OUTPUT_ROWS = 16
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
-TREE_SEQS = MAX_WIDTH
-# The drafter context's settings (localspec.memory.probe reserves the same). One layer of attention: exact
-# arithmetic costs little and keeps the drafter within 1e-6 of its torch reference (flash attention
-# on CPU rounds Q to F16: 1e-4 off); tree branches are sequences of one unified cache.
-DRAFTER_CONTEXT = dict(precise_attention=True, n_seq_max=1 + TREE_SEQS, kv_unified=True)
+TREE_SEQS = DRAFTER_TREE_SEQS   # tree.MAX_WIDTH: the drafter context's settings (llama.contexts) hold them
 
 
 def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
@@ -200,7 +197,6 @@ class EagleDrafter(DrafterSequence):
         self.out_norm_eps = rms_eps
         self.out_norm = read_tensor(info, K.T_OUTPUT_NORM).astype(np.float32) if info.norm_output else None
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
-        self._pos = ctypes.c_int32(0)
         self._views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
 
     def for_sequence(self, seq: int) -> DrafterSequence:
@@ -252,25 +248,17 @@ class EagleDrafter(DrafterSequence):
         n = features.shape[0]
         out = np.empty((n, self.n_embd), dtype=np.float32)
         step = self.ctx.n_batch
+        rows = self._rows()
         for start in range(0, n, step):
-            chunk = np.ascontiguousarray(features[start:start + step])
+            chunk = np.ascontiguousarray(features[start:start + step], dtype=np.float32)
             m = chunk.shape[0]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            base = self.ctx.pos_max(who.seq) + 1
-            for j in range(m):
-                row = chunk[j]
-                embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
-                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, who.seq, embd)
-                if idx < 0:
-                    raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
-                self._pos.value = base + j
-                llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-                llama_cpp.llama_batch_ext_set_output_embd(self._batch, idx, True)
+            rows.embeddings(who.seq, chunk, self.ctx.pos_max(who.seq) + 1)
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, who)
-            ptr = llama_ext.get_embeddings_nextn(self.ctx.ptr)
-            if not ptr:
+            address = llama_ext.nextn_address(self.ctx.ptr)
+            if not address:
                 raise LocalspecError("the drafter encoder produced no output")
-            out[start:start + m] = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
+            out[start:start + m] = llama_ext.float_view(address, (m, self.n_embd), self._views)
         return out
 
     def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
@@ -279,36 +267,41 @@ class EagleDrafter(DrafterSequence):
         drafter's own), or (``seqs``) each in its own sequence, all at ``start_pos``."""
         who = who or self
         llama_cpp.llama_batch_ext_clear(self._batch)
-        idx = -1
-        for i, tok in enumerate(tokens):
-            idx = self._add_row(who.seq if seqs is None else seqs[i], tok, g[i], start_pos + (i if seqs is None else 0),
-                                output)
+        n = len(tokens)
+        if seqs is None:
+            seqs, positions = [who.seq] * n, [self._position(who.seq, start_pos + i) for i in range(n)]
+        else:
+            positions = [self._position(s, start_pos) for s in seqs]
+        idx = self._rows().tokens(seqs, tokens, g, positions, output)
         self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
         return idx
 
-    def _add_row(self, seq: int, tok: int, g_row: np.ndarray, pos: int, output: bool) -> int:
-        idx = llama_cpp.llama_batch_ext_add_token(self._batch, seq, tok)
-        if idx < 0:
-            raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
-        embd = llama_cpp.llama_embd(g_row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
-        llama_cpp.llama_batch_ext_set_embd_token(self._batch, idx, embd)
-        self._pos.value = pos + self.shift
-        llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-        llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, output)
-        return idx
+    def _position(self, seq: int, pos: int) -> int:
+        """Where the pair of position ``pos`` of sequence ``seq`` goes in the drafter's context."""
+        return pos + self.shift
+
+    def _rows(self) -> ExtRows:
+        """The row filler of this drafter's batch (made at first use: each drafter kind opens its
+        own batch)."""
+        rows = self.__dict__.get("_ext_rows")
+        if rows is None or rows.batch is not self._batch:
+            rows = self._ext_rows = ExtRows(self._batch)
+        return rows
 
     def decode_steps(self, rows: list[tuple[DrafterSequence, int, np.ndarray, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The next chain step of several sequences (slots) in one drafter decode per
-        ``ALL_OUTPUT_ROWS`` rows: (sequence, token, fed-back state, position) each; per row a copy
-        of its logits and its next state. Each decode's seconds are shared among its sequences."""
+        ``ALL_OUTPUT_ROWS`` rows: (sequence, token, fed-back state, position) each; per row its
+        logits (a view: read them before the next drafter decode) and its next state. Each decode's seconds are shared among its sequences."""
         out = []
         for start in range(0, len(rows), ALL_OUTPUT_ROWS):
             part = rows[start:start + ALL_OUTPUT_ROWS]
             llama_cpp.llama_batch_ext_clear(self._batch)
-            for who, tok, state, pos in part:
-                self._add_row(who.seq, tok, np.ascontiguousarray(state, dtype=np.float32), pos, True)
+            states = np.stack([row[2] for row in part]).astype(np.float32, copy=False)
+            self._rows().tokens([row[0].seq for row in part], [row[1] for row in part], states,
+                                [self._position(row[0].seq, row[3]) for row in part], True)
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, [row[0] for row in part])
-            out.extend((np.array(self.ctx.logits(j)), self._state(j)) for j in range(len(part)))
+            # views: each chain reads its row before the next drafter decode (scheduler.drive_chains)
+            out.extend((self.ctx.logits(j), self._state(j)) for j in range(len(part)))
         return out
 
     def decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int,
@@ -341,7 +334,7 @@ class EagleDrafter(DrafterSequence):
             return src.copy()
         x = float(np.dot(src, src))
         state = np.multiply(src, self.out_norm)
-        state *= np.float32(1.0 / np.sqrt(x / self.n_embd + self.out_norm_eps))
+        state *= 1.0 / math.sqrt(x / self.n_embd + self.out_norm_eps)   # a Python float: no numpy scalars
         return state
 
     # -- draft trees (speculation.tree) --------------------------------------------------------

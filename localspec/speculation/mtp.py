@@ -42,7 +42,8 @@ from ..core.errors import LocalspecError
 from ..formats.gguf_info import mtp_heads  # noqa: F401 (re-exported: the source's recognition)
 from ..llama import llama_ext
 from ..llama.llama_model import Context
-from .eagle import DRAFTER_CONTEXT, TREE_SEQS, DrafterSequence, EagleDrafter
+from ..llama.contexts import mtp_context_settings
+from .eagle import TREE_SEQS, DrafterSequence, EagleDrafter
 
 MTP = "mtp"
 
@@ -52,8 +53,8 @@ def mtp_context(target: Context, *, n_ctx: int, n_batch: int, n_threads: int | N
     draft-mtp's (common_speculative_init_result): the default cache type (F16) and attention, the
     target as ctx_other; a sequence per slot, plus the tree branches. The memory probe opens the
     same (localspec.memory.probe)."""
-    return Context(target.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target, mtp=True,
-                   n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
+    return Context(target.model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, ctx_other=target,
+                   **mtp_context_settings(slots))
 
 
 class _Heads:

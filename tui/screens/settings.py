@@ -15,9 +15,10 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 from localspec.core import options
 from localspec.core.errors import LocalspecError
 from localspec.core.options import check_text
-from localspec.speculation.policy import POLICIES
 
 from ..settings import ChatSettings
+
+POLICIES = options.OPTIONS["policy"].choices   # the options table's words, as the engine's policy reads them
 
 
 # the numeric settings in the dialog's order, two to a row: the setting, its label in the dialog, the

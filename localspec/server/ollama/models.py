@@ -16,7 +16,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ... import __version__
+from ...core import __version__
 from ...core.errors import LocalspecError, NotFound
 from ...core.names import RULE, is_model_name, shown, without_latest
 from ...formats import modelfile as mfmod

@@ -1,0 +1,84 @@
+"""Rows into a ``llama_batch_ext`` (the drafters' batches) with the least Python per row.
+
+The extended batch is an opaque C++ object: a row takes its C calls (add, embedding, position,
+output), and nothing can be written through a numpy view as the target's ``llama_batch`` can.
+What a row need not cost is the Python around those calls: a ``llama_embd`` struct and a ctypes
+pointer built per row (``ndarray.ctypes.data_as``: tens of µs on a loaded 2-core machine). Here one
+struct per row width is kept and its data pointer rewritten in place (the row's address: the
+array's base plus the row's offset), the position goes through one ``c_int32`` passed by a kept
+reference, and each batch's rows are added in one loop with the C functions bound to locals.
+llama.cpp copies a row's embedding into the batch when it is set, so the source array may change
+or go after :meth:`ExtRows.tokens` / :meth:`ExtRows.embeddings` return.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from ..core.errors import LocalspecError
+
+
+class ExtRows:
+    """Fills ``batch`` (a ``llama_batch_ext *``) from 2-D arrays of embedding rows."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+        self._pos = ctypes.c_int32(0)
+        self._pos_ref = ctypes.byref(self._pos)
+        self._embd: dict[int, tuple] = {}   # row width -> struct, its pointer cell, staging rows, address, stride
+
+    def _staged(self, embd: np.ndarray) -> tuple[llama_cpp.llama_embd, ctypes.c_size_t, int, int]:
+        """``embd``'s rows copied into the kept staging array of their width (its address is known
+        once: no address lookup per batch), with that width's ``llama_embd`` and the cell aliasing
+        its data pointer; (struct, pointer cell, first row's address, row stride)."""
+        n, width = embd.shape
+        kept = self._embd.get(width)
+        if kept is None or kept[2].shape[0] < n:
+            struct = kept[0] if kept is not None else llama_cpp.llama_embd(None, 1, width)
+            stage = np.empty((max(n, 64), width), dtype=np.float32)
+            kept = self._embd[width] = (struct, ctypes.c_size_t.from_address(ctypes.addressof(struct)), stage,
+                                        stage.ctypes.data, stage.strides[0])
+        kept[2][:n] = embd
+        return kept[0], kept[1], kept[3], kept[4]
+
+    def tokens(self, seqs: Sequence[int], tokens: Sequence[int], embd: np.ndarray, positions: Sequence[int],
+               output: bool) -> int:
+        """Row ``i``: token ``tokens[i]`` with embedding row ``embd[i]``, in sequence ``seqs[i]`` at
+        ``positions[i]``, with its logits and state when ``output``. The last row's index."""
+        batch, pos, pos_ref = self.batch, self._pos, self._pos_ref
+        struct, address, base, stride = self._staged(embd)
+        add, set_embd = llama_cpp.llama_batch_ext_add_token, llama_cpp.llama_batch_ext_set_embd_token
+        set_pos, set_out = llama_cpp.llama_batch_ext_set_pos, llama_cpp.llama_batch_ext_set_output_logits
+        idx = -1
+        for i, tok in enumerate(tokens):
+            idx = add(batch, seqs[i], tok)
+            if idx < 0:
+                raise LocalspecError(f"internal: drafter batch rejected a token ({idx})")
+            address.value = base + i * stride
+            if not set_embd(batch, idx, struct):
+                raise LocalspecError("internal: drafter batch rejected an embedding row")
+            pos.value = positions[i]
+            set_pos(batch, idx, pos_ref)
+            if output:
+                set_out(batch, idx, True)
+        return idx
+
+    def embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
+        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
+        ``start_pos + i``, with its output."""
+        batch, pos, pos_ref = self.batch, self._pos, self._pos_ref
+        struct, address, base, stride = self._staged(embd)
+        add, set_pos = llama_cpp.llama_batch_ext_add_embd, llama_cpp.llama_batch_ext_set_pos
+        set_out = llama_cpp.llama_batch_ext_set_output_embd
+        for i in range(embd.shape[0]):
+            address.value = base + i * stride
+            idx = add(batch, seq, struct)
+            if idx < 0:
+                raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
+            pos.value = start_pos + i
+            set_pos(batch, idx, pos_ref)
+            set_out(batch, idx, True)
