@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chat_checks import assert_chat_drafts_with
 from cli_run import assert_one_error, cli_batch, run_cli
-from dflash_models import BLOCK_SIZE, MASK_TOKEN, build_dflash, dflash_set
+from dflash_models import BLOCK_SIZE, MASK_TOKEN, dflash_set
 from engine_checks import assert_lossless
 from localspec import Engine
 from localspec.core.errors import LocalspecError
@@ -272,26 +273,33 @@ def _reference_block(drafter_path, target_path, feats: np.ndarray, block: list[i
     h = rms(x, w["output_norm.weight"])
     return (h @ embd.T, h, w) if hidden else h @ embd.T
 
+def _prompt_observed(engine):
+    """(drafter, prompt tokens, the target's layer inputs 1 and 3 for them, whether the drafter's
+    rope is NeoX) after the target decoded the prompt and the drafter observed it."""
+    import llama_cpp
+
+    from localspec.llama import llama_ext
+
+    d = engine.drafter
+    tokens = engine.model.tokenize(PROMPT)
+    engine.ctx.seq_rm(0)
+    engine.ctx.decode(tokens, 0, all_logits=False)
+    feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
+                                                           shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
+    neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
+    d.begin(tokens, 0)
+    d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+    return d, tokens, feats, neox
+
+
 
 def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
     """The random drafter's block logits, read by localspec after its injection of the target's
     layer inputs, equal a numpy computation of llama.cpp's dflash graph from the target features
     at their positions (so the right layers, in order, at the right positions); with the
     features of the wrong positions (rolled by one) they do not."""
-    import llama_cpp
-
-    from localspec.llama import llama_ext
-
     with Engine(df["noisy"], df["dflash_random"], n_ctx=256) as engine:
-        d = engine.drafter
-        tokens = engine.model.tokenize(PROMPT)
-        engine.ctx.seq_rm(0)
-        engine.ctx.decode(tokens, 0, all_logits=False)
-        feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
-                                                               shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
-        neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
-        d.begin(tokens, 0)
-        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        d, tokens, feats, neox = _prompt_observed(engine)
         d.catch_up()
         block = [tokens[-1]] + [MASK_TOKEN] * 4
         d.block(tokens[-1], len(tokens), 4, d)
@@ -368,21 +376,9 @@ def test_dspark_blocks_chain_the_markov_head_and_read_the_confidence_head(df):
     graph's logits plus the Markov bias of the previous draft (the anchor first), and each
     confidence is the sigmoid of conf_proj over [the row's final state, the previous token's
     Markov embedding]: localspec reads the drafts and the confidences at llama.cpp's rows."""
-    import llama_cpp
-
-    from localspec.llama import llama_ext
-
     n = 6
     with Engine(df["noisy"], df["dspark_random"], n_ctx=256) as engine:
-        d = engine.drafter
-        tokens = engine.model.tokenize(PROMPT)
-        engine.ctx.seq_rm(0)
-        engine.ctx.decode(tokens, 0, all_logits=False)
-        feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
-                                                               shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
-        neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
-        d.begin(tokens, 0)
-        d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
+        d, tokens, feats, neox = _prompt_observed(engine)
         drafts, confidence = d.draft_block(n)
     base, h, w = _reference_block(df["dspark_random"], df["noisy"], feats, [tokens[-1]] + [MASK_TOKEN] * (n - 1),
                                   len(tokens), neox, hidden=True)
@@ -397,20 +393,17 @@ def test_dspark_blocks_chain_the_markov_head_and_read_the_confidence_head(df):
 
 
 def _sdist_gguf_py(tmp_path):
-    """gguf-py of the pinned llama-cpp-python sdist (its DFLASH tensor map), unpacked from a cached
-    sdist (the test cache, or /tmp/sdist); None where none is cached."""
+    """gguf-py of the pinned llama-cpp-python sdist (its DFLASH tensor map), unpacked from the
+    test cache's sdist (fetched on first use)."""
     import tarfile
     from importlib.metadata import version
 
-    from sdist_templates import CACHE
+    from sdist_templates import sdist_archive
 
     pinned = version("llama-cpp-python")
-    archives = [p for p in (CACHE / f"llama_cpp_python-{pinned}.tar.gz", Path(f"/tmp/sdist/llama_cpp_python-{pinned}.tar.gz"))
-                if p.is_file()]
-    if not archives:
-        return None
+    archive = sdist_archive()
     prefix = f"llama_cpp_python-{pinned}/vendor/llama.cpp/gguf-py/"
-    with tarfile.open(archives[0]) as tar:
+    with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
         for m in members:
             m.name = m.name[len(prefix):]
@@ -515,33 +508,6 @@ def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp
 
 def test_the_chat_drafts_with_a_dspark_drafter_and_names_it(df, isolated_home):
     """The terminal chat on the pair: F3's rows name the block drafter, and a reply drafts with it."""
-    import asyncio
-    import time
-
-    from localspec.store.conversations import ConversationStore
-    from localspec.tui.app import ChatApp, ChatSettings
-    from localspec.tui.widgets import StatsPanel
-
-    async def until(pilot, condition) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline, "timed out waiting for the app"
-            await pilot.pause(0.02)
-
-    async def go(store):
-        app = ChatApp(lambda: Engine(df["noisy"], df["dspark"], n_ctx=256, n_threads=1), model_name="noisy.gguf",
-                      store=store, settings=ChatSettings(max_tokens=16, policy="fixed", draft_max=4))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: app.engine is not None or app.load_error is not None)
-            rows = dict(app.info_rows())
-            assert rows["drafter"] == "dspark.gguf: dspark block drafter, source dspark", rows
-            assert app.send("The quick brown fox")
-            await until(pilot, lambda: app.replies_done == 1)
-            stats = app.query_one(StatsPanel).stats
-            assert stats.spec and stats.sources.get("dspark", [0, 0, 0])[1] > 0, stats.sources
-
-    store = ConversationStore()
-    try:
-        asyncio.run(go(store))
-    finally:
-        store.close()
+    assert_chat_drafts_with(lambda: Engine(df["noisy"], df["dspark"], n_ctx=256, n_threads=1), "noisy.gguf",
+                            draft_max=4, drafter_row="dspark.gguf: dspark block drafter, source dspark",
+                            source="dspark")

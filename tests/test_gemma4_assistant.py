@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from chat_checks import assert_chat_drafts_with
 from cli_run import assert_one_error, cli_batch, one_error_cli, run_cli
 from engine_checks import assert_lossless
 from gemma4_models import build_gemma4_assistant, build_gemma4_target
@@ -234,33 +235,6 @@ def test_a_server_with_an_assistant_drafts_with_it_and_names_it(g4, tmp_path):
 
 def test_the_chat_drafts_with_the_assistant_and_names_it(g4, isolated_home):
     """The terminal chat on the pair: F3's rows name the assistant, and a reply drafts with it."""
-    import asyncio
-    import time
-
-    from localspec.store.conversations import ConversationStore
-    from localspec.tui.app import ChatApp, ChatSettings
-    from localspec.tui.widgets import StatsPanel
-
-    async def until(pilot, condition) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline, "timed out waiting for the app"
-            await pilot.pause(0.02)
-
-    async def go(store):
-        app = ChatApp(lambda: Engine(g4["target"], g4["assistant"], n_ctx=256, n_threads=1), model_name="tiny-g4",
-                      store=store, settings=ChatSettings(max_tokens=16, policy="fixed", draft_max=3))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: app.engine is not None or app.load_error is not None)
-            rows = dict(app.info_rows())
-            assert rows["drafter"] == "assistant.gguf: Gemma 4's assistant, source assistant", rows
-            assert app.send("The quick brown fox")
-            await until(pilot, lambda: app.replies_done == 1)
-            stats = app.query_one(StatsPanel).stats
-            assert stats.spec and stats.sources.get("assistant", [0, 0, 0])[1] > 0, stats.sources
-
-    store = ConversationStore()
-    try:
-        asyncio.run(go(store))
-    finally:
-        store.close()
+    assert_chat_drafts_with(lambda: Engine(g4["target"], g4["assistant"], n_ctx=256, n_threads=1), "tiny-g4",
+                            draft_max=3, drafter_row="assistant.gguf: Gemma 4's assistant, source assistant",
+                            source="assistant")
