@@ -147,8 +147,7 @@ def chat(
                 print(warning, file=sys.stderr)
         else:
             # the UI renders the reply on a core of its own: with llama.cpp on every core, its spinning
-            # workers and the UI preempt each other (measured on 2 cores: plain 59-61 tok/s with 2 threads,
-            # 70-95 with 1)
+            # workers and the UI preempt each other (docs/speculation.md, "Threads under load")
             threads = default_threads(reserve=1)
         factory = engine_factory(model_spec, ctx=ctx, threads=threads, gpu_layers=gpu_layers, vram=vram, verbose=verbose)
         chat_app = ChatApp(factory, model_name=model_spec.name, store=store, settings=settings, resume=resume_id)

@@ -165,10 +165,9 @@ def generate(
 
 
 def _warm_up(engine, config: GenerationConfig) -> float:
-    """Seconds of a one-token generation of a one-token prompt, its cache then forgotten. llama.cpp's
-    first decode pays one-time costs (threads started, weights paged in, buffers allocated), which
-    counted as prompt time made a 31-token prompt read at 10-15 tok/s; llama.cpp's own tools warm up
-    the same way before they time anything."""
+    """Seconds of a one-token generation of a one-token prompt, its cache then forgotten: llama.cpp's
+    first decode pays one-time costs that would otherwise count as prompt time, so it is paid here,
+    as llama.cpp's own tools do (docs/cli.md, "generate")."""
     start = time.perf_counter()
     warm = replace(config, max_tokens=1, stop=(), grammar=None, grammar_triggers=(), logprobs=None, prediction=None)
     tokens = engine.prompt_tokens("\n", parse_special=False)[:2] or [0]   # any token will do

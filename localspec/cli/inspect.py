@@ -14,9 +14,8 @@ from ..formats.gguf_info import GGUFInfo, mtp_heads, read_gguf
 from .app import app
 
 
-# Measured with llama.cpp's own llama-speculative-simple (--spec-type draft-eagle3, same target and
-# prompts; how to build and run it: docs/speculation.md): the shipped EAGLE-3.1 drafter has 2-8% of
-# its drafts accepted there, 40-75% in localspec. Stock llama.cpp has no fc_norm scaling and feeds back the pre-norm state.
+# Stock llama.cpp has no fc_norm scaling and feeds back the pre-norm state, so it accepts few of the
+# shipped EAGLE-3.1 drafter's drafts (measured: docs/models.md).
 EAGLE31_RUNTIME_NOTE = (
     "EAGLE-3.1 drafter: needs localspec's runtime. Stock llama.cpp loads it but runs it without "
     "fc_norm / post-norm feedback and accepts few of its drafts (measured: 2-8% there, 40-75% in localspec)."

@@ -38,18 +38,12 @@ from .process import capture_log
 
 ROOT = b"root"
 
-# What llama.cpp's grammar code takes without crashing or stalling, measured with
-# bench/grammar_limits.py on the pinned llama.cpp (docs/server.md, "Limits"). Its parser recurses once per
-# nested group: 16,000 nested groups parse, 32,000 overflow an 8 MiB thread stack (a segfault: the
-# whole server gone; the converter writes maxLength 100000 as 100,000 nested optional groups). Its
-# rule checks recurse along rules reached through first elements and take time quadratic in them:
-# a chain of 1,000 rules compiles in 0.09 s, 8,000 in 4 s, 32,000 in 100 s, 100,000 segfault.
-# Every choice open at a position (an alternative, an optional or repeated item) is one stack each
-# candidate token is matched against: one full-vocabulary mask costs 0.03 s with one, 0.9 s with
-# 1,000 alternatives, 8 s with 16,000 (SmolLM2's 49,152 tokens, 2 loaded cores), and 100 optional
-# items of {0,2000} in a row cost 5.6 s: an enum of 100,000 strings stalled every slot for minutes.
-# Checked on the text before llama.cpp sees it (check_grammar_shape), for the CLI's --grammar and
-# --json-schema and the server's response_format and tools alike.
+# What llama.cpp's grammar code takes without crashing or stalling (bench/grammar_limits.py on the
+# pinned llama.cpp; the figures: docs/server.md, "Limits"): its parser recurses once per nested
+# group (too deep: a segfault), its rule checks take time quadratic in a chain of rules, and every
+# choice open at a position multiplies the cost of each token's mask. Checked on the text before
+# llama.cpp sees it (check_grammar_shape), for the CLI's --grammar and --json-schema and the
+# server's response_format and tools alike.
 GRAMMAR_MAX_BYTES = 1 << 20           # 1 MiB of GBNF
 GRAMMAR_MAX_DEPTH = 1000              # groups nested in groups
 GRAMMAR_MAX_RULES = 1000              # rules (a chain of rules is as deep as their count)

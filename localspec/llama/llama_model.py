@@ -42,8 +42,7 @@ def default_threads(*, reserve: int = 0) -> int:
     """``$LOCALSPEC_THREADS``, else every core this process may use but ``reserve`` (at least one).
 
     llama.cpp's workers spin while they wait, so more threads than free cores is far slower than
-    fewer (a tiny model ran 200x slower with 2 threads beside a 2-thread job on 2 cores,
-    docs/design-notes.md).
+    fewer (docs/design-notes.md, note 5).
     """
     env = os.environ.get("LOCALSPEC_THREADS")
     if env:

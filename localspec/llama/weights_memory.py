@@ -1,12 +1,8 @@
 """Where a model's weights live on the CPU: read into memory backed by transparent huge pages.
 
 llama.cpp maps the GGUF file by default (``mmap``): every weight is read through 4 KiB pages of the
-page cache. On a 2-core AMD EPYC (Linux 6.18, measured 2026-11-25 on the embedded
-SmolLM2 Q4_0, a bare loop of one-token decodes) reading the weights into the process's own memory
-instead made a decode 8% faster at one thread (6.40 -> 5.90 ms) and 4% at two (4.73 -> 4.54 ms);
-with that memory in 2 MiB huge pages 5.61-5.73 ms and 4.42-4.53 ms (mapped, the same runs:
-6.47 and 4.66-4.83). A token's decode streams every weight once, so fewer TLB misses and page
-walks count at every step.
+page cache. A token's decode streams every weight once, so the fewer TLB misses and page walks of
+2 MiB huge pages count at every step (measured: docs/speculation.md, "Weights in huge pages").
 
 :class:`HugePageLoad` does it around ``llama_model_load_from_file`` with the load mode "none" (read,
 no mapping): the anonymous memory regions that appear while the model loads are the weight

@@ -14,7 +14,7 @@ Where the numbers come from:
   (Q4_0, Q4_K, IQ4_NL, MXFP4 with AVX2; Q2_K with AVX512; the ARM rules for NEON) into a
   CPU_REPACK buffer beside the mapped file: counted as such. Where the engine reads the weights
   instead of mapping them (a model left on a Linux CPU, ``Layout.weights_read``), a repacked tensor
-  is held only in CPU_REPACK: no second copy (measured: SmolLM2 Q4_0 90 MB read vs 150 MB mapped).
+  is held only in CPU_REPACK: no second copy (docs/cli.md, "fit").
 - KV: n_ctx x sum over layers of (n_embd_k_gqa + n_embd_v_gqa) x bytes of the KV type, from the head
   counts and key/value lengths in the metadata. The drafter's KV is F32 (it runs exact attention).
   Supported exactly: dense-attention archs (llama, qwen, mistral-like) and MoE (experts are just

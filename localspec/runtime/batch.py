@@ -21,10 +21,9 @@ batch nor on where the cache put other sequences' cells. Two other paths round o
   verify) is tiled over 64-row query blocks and KV blocks at fixed cell boundaries: an exact batch
   holds at most ``TILED_ROWS - 1`` rows (:meth:`Batch.rows_left`), so prompts go in in chunks of 63.
 
-Measured on SmolLM2 Q4_0, a ~970-token context, 2 threads: rows of 2-32-row verifies then equal
-plain steps bit for bit (max logit difference 0, against 0.7-0.9 and argmax flips without). The
-price: on long contexts the split path is the faster one, and a padded step there cost ~1.46
-one-row steps (docs/speculation.md#exactness).
+Rows of an exact batch then equal plain steps bit for bit. The price: on long contexts the split
+path is the faster one, so a padded step costs more than a one-row step (measured:
+docs/speculation.md, "Exactness").
 """
 
 from __future__ import annotations

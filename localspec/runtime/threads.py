@@ -1,8 +1,7 @@
 """The llama.cpp thread count, fitted to the cores other processes leave free.
 
 llama.cpp's worker threads spin while they wait for each other, so more threads than free cores
-is far slower than fewer: on this 2-core machine, with one core busy with another process, plain
-decoding on 2 threads ran at 5-60 tok/s against about 30-150 on 1 thread. When the user gave no
+is far slower than fewer (docs/speculation.md, "Threads under load"). When the user gave no
 thread count (no ``--threads``, no ``$LOCALSPEC_THREADS``), :class:`ThreadController` checks, at
 most every ``CHECK_SECONDS`` between cycles, how much CPU the other processes used (/proc/stat's
 busy time minus this process's own CPU time) and lowers the count while they take a core, raising

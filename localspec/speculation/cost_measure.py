@@ -51,8 +51,8 @@ def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
     whose runs disagree, after one unmeasured warm-up; powers of two first. The repeats run in
     rounds over all sizes, so a slow spell of the machine inflates no size's every run.
     ``settle()`` (a one-token step) runs twice before each timed run: untimed (a step right after
-    a large batch runs up to 2x slow on a CPU: cold caches; generation meets every verify after a
-    plain step), then timed. A run's reference is the faster of the timed one-token steps just
+    a large batch runs slow on a CPU: cold caches; generation meets every verify after a plain
+    step), then timed. A run's reference is the faster of the timed one-token steps just
     before and after it (None without ``settle``): what a one-token step cost then, through a slow
     spell of the machine, but not through one stalled step. ``stop()`` true ends it early (the
     sizes measured so far)."""

@@ -12,10 +12,9 @@ verifies contradict it: a wrong cached curve). A change of thread count re-keys
 the model (:meth:`CostModel.rekey`).
 When the live figures drift away from the cached ones, :meth:`CostModel.save` writes them back.
 
-Verify cost is not linear in batch size on CPUs (SmolLM2 Q4_0 on 2 CPU cores, flash attention as
-llama.cpp defaults: 4 tokens for ~2.3x one token, 8 for 3.8x, 63 for 29x and 64 for 14x, see
-EXTRA_SIZES and docs/design-notes.md), and on GPUs it is almost flat: the policy only
-ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy fits both.
+Verify cost is not linear in batch size on CPUs (not even monotone: flash attention tiles 64 rows
+or more, docs/speculation.md, "CPU costs are not smooth"), and on GPUs it is almost flat: the
+policy only ever asks :meth:`CostModel.verify` and :meth:`CostModel.rows_for`, so one policy fits both.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ FRESH_CYCLES = 32      # a size measured within this many cycles follows a faste
 DRIFT_SAVE = 0.15      # save when live figures moved this much from the cached ones
 PAD_GAIN = 0.9         # a verify batch is padded to a larger measured size that costs at most this much
 # Before a calibration exists (a fresh machine, or one still being calibrated in the background: see
-# runtime.calibrator), the policy plans with a guess: a CPU's curve (SmolLM2-135M Q4_0 on 2 cores,
-# measured: per-row cost falls slowly, the costliest shape measured; a GPU's is flat, so the guess
+# runtime.calibrator), the policy plans with a guess: a CPU's curve (SmolLM2-135M Q4_0 on 2 cores:
+# per-row cost falls slowly, the costliest shape; a GPU's is flat, so the guess
 # drafts less than a calibration would, never more), one-token steps of PRIOR_STEP (the level
 # takes the measured one from the first cycle on) and a drafter step as dear as a target step.
 PRIOR_SHAPE = {1: 1.0, 2: 1.75, 3: 2.1, 4: 2.3, 6: 3.0, 8: 3.4, 12: 4.2, 16: 4.8, 24: 6.8, 32: 8.5,

@@ -36,25 +36,17 @@ MATCH_CAP = 64   # proposals report how far back their match really goes, up to 
 # and loops apart (see match_bucket)
 LOOKUP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64)
 # (first draft, later drafts) acceptance priors by bucket. A match of 16+ tokens is a copy or a
-# loop, and greedy decoding goes on with it: measured on the plain greedy output of the four bench
-# sets (SmolLM2, 192 tokens each, every position with such a match), the conditional acceptance
-# of the first draft / drafts 2-16 / drafts 17-128 was 0.965 / 0.97-0.99 / 0.999 for 16-31-token
-# matches, 0.997 / 0.999 / 0.999 for 32-63 and 0.999 throughout for 64. Priors a little below
-# that (weight 2: a generation's own outcomes take over within a few cycles, and one failed deep
-# draft lowers its positions at once); at 0.98 a 64-deep draft never looked worth it until dozens
-# of cycles had confirmed each deep position, so loops were drafted 16 at a time.
+# loop, and greedy decoding goes on with it: its priors sit a little below the acceptance measured
+# on the bench sets' greedy output (weight 2: a generation's own outcomes take over within a few
+# cycles; docs/speculation.md, "Policy `auto`").
 LOOKUP_PRIORS = ((0.15, 0.2), (0.3, 0.35), (0.45, 0.5), (0.6, 0.65), (0.7, 0.75), (0.9, 0.97),
                  (0.97, 0.995), (0.98, 0.998))
 # Loops: a match at least as long as the distance back to the occurrence it continues (the text
 # repeats its last ``period`` tokens verbatim, lookup.NgramLookup.find) of 4-7, 8-15, 16-31
-# tokens. Greedy decoding that has gone once round a loop mostly goes round again: on the plain
-# greedy output of the four sets (128 tokens each), 16 drafts were all accepted after 72% of
-# 4-7-token loop matches against 17% of other matches that long, after 80% of 8-15-token loop
-# matches against 14%, and 98% at 16-31. Longer matches share the length buckets (nearly every
-# match of 32+ tokens is a loop). In the policy replay (bench/replay_policy.py, 128 tokens, one
-# thread) loop classes took auto from 1.052x to 1.056x ngram-mod's rate on chat, 1.051x to 1.064x
-# on copy, 1.166x to 1.202x on repetitive text; letting loops of 8-15 tokens draft deep as well
-# lost on coding (1.041x to 1.027x), so only LONG_MATCH decides that, as for other matches.
+# tokens. Greedy decoding that has gone once round a loop mostly goes round again (measured:
+# docs/speculation.md, "Loops"). Longer matches share the length buckets (nearly every match of
+# 32+ tokens is a loop). Only LONG_MATCH decides how deep a loop drafts, as for other matches
+# (deep drafts of shorter loops lost on coding).
 LOOP_BUCKETS = (4, 8, 16)
 LOOP_PRIORS = ((0.75, 0.95), (0.9, 0.97), (0.95, 0.99))
 LONG_MATCH = 16        # auto: a lookup match this long (a copy, a loop) may draft up to lookup_max

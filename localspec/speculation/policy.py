@@ -46,8 +46,8 @@ DECAY = 0.97           # weight of past observations, per observation of a posit
 MARGIN = 1.03          # speculation must beat plain decoding by this factor ...
 # ... and by this one for short drafts (a drafter's, a lookup of a match under LONG_MATCH): each
 # gains little, and on a CPU the cost model misses what a change of batch size costs beyond the
-# verify itself (cold caches after a larger batch: a few % of the next steps), so a predicted 5%
-# gain was measured as a 5-10% loss on prose that only repeats a few words here and there
+# verify itself (cold caches after a larger batch), so small predicted gains were measured as
+# losses (docs/speculation.md, "Policy `auto`")
 SHORT_MARGIN = 1.15
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
@@ -332,11 +332,10 @@ class DraftPolicy:
 
     def _rows_nearly_free(self) -> bool:
         """Whether a batch of several slots may carry drafts at all: only where the one-sequence
-        curve says extra rows are nearly free (V(8) <= SHARED_ROWS_FREE x V(1): measured on an H200,
-        1.4-1.9 for an 8B target). On a compute-bound CPU (V(8) = 2.5-3.1 x V(1) for SmolLM2 on
-        2 cores) the rows of several sequences cost more than that curve says (each row's attention
-        spans every slot's cells), and auto with drafts served 0.83-0.96x its own plain decoding at
-        2-8 concurrent requests (bench/serve_load.py, localspec vs localspec-plain)."""
+        curve says extra rows are nearly free (V(8) <= SHARED_ROWS_FREE x V(1), a GPU's curve). On
+        a compute-bound CPU the rows of several sequences cost more than that curve says (each row's
+        attention spans every slot's cells), so drafts there lost to plain decoding (docs/speculation.md,
+        "Where rows are not nearly free")."""
         cost = self.cost
         return cost.verify(8) <= SHARED_ROWS_FREE * cost.verify(1)
 

@@ -18,7 +18,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_DRAFTER_FILE = "smollm2-135m-eagle3.1.gguf"
 # The default target runs as Q4_0, made once from the shipped Q4_1: llama.cpp's CPU kernels batch
 # Q4_0 (repacked GEMM) so verifying several drafted tokens costs less than k single steps, and
-# plain decoding is faster too (~180 vs ~140 tok/s on 2 CPU cores, docs/design-notes.md).
+# plain decoding is faster too (docs/design-notes.md, note 8).
 DEFAULT_TARGET_QUANT = "q4_0"
 
 
