@@ -169,3 +169,23 @@ def float_view(address: int, shape: tuple[int, ...], cache: dict) -> Any:
             cache.clear()
         view = cache[key] = np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), shape=shape)
     return view
+
+
+def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | None, cache: dict) -> np.ndarray:
+    """The inputs of target ``layers`` (each ``width`` wide) for the first ``n_rows`` rows of the
+    context's last batch (or its batch rows ``rows``, in that order), side by side per row: what
+    an EAGLE or block drafter reads after each target decode."""
+    n_out = n_rows if rows is None else len(rows)
+    n_batch = n_rows if rows is None else max(rows) + 1
+    out = np.empty((n_out, len(layers) * width), dtype=np.float32)
+    for k, lid in enumerate(layers):
+        address = layer_inp_address(ctx, lid)
+        if not address:
+            raise LocalspecError(f"llama.cpp extracted no inputs of target layer {lid}")
+        src = float_view(address, (n_batch, width), cache)
+        block = out[:, k * width:(k + 1) * width]
+        if rows is None:
+            block[:] = src[:n_rows]
+        else:
+            np.take(src, rows, axis=0, out=block)
+    return out

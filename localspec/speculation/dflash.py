@@ -161,21 +161,7 @@ class BlockDrafter(BlockSequence):
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The target layers' inputs of the first ``n_rows`` rows of its last batch (or of its
         rows ``rows``), side by side in ``target_layers`` order: one injection row each."""
-        n_out = n_rows if rows is None else len(rows)
-        n_batch = n_rows if rows is None else max(rows) + 1
-        width = self.n_embd_tgt
-        out = np.empty((n_out, len(self.layers) * width), dtype=np.float32)
-        for k, lid in enumerate(self.layers):
-            address = llama_ext.layer_inp_address(self.target.ptr, lid)
-            if not address:
-                raise LocalspecError(f"llama.cpp extracted no inputs of target layer {lid}")
-            src = llama_ext.float_view(address, (n_batch, width), self._views)
-            block = out[:, k * width:(k + 1) * width]
-            if rows is None:
-                block[:] = src[:n_rows]
-            else:
-                np.take(src, rows, axis=0, out=block)
-        return out
+        return llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, n_rows, rows, self._views)
 
     # -- drafter graphs ------------------------------------------------------------------------
     def _process(self, who: DrafterSequence) -> None:

@@ -208,22 +208,9 @@ class EagleDrafter(DrafterSequence):
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The three target layer inputs of the first ``n_rows`` rows of the target's last batch
         (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
-        n_out = n_rows if rows is None else len(rows)
-        n_batch = n_rows if rows is None else max(rows) + 1
-        width = self.n_embd_tgt
-        out = np.empty((n_out, 3 * width), dtype=np.float32)
-        for k, lid in enumerate(self.layers):
-            address = llama_ext.layer_inp_address(self.target.ptr, lid)
-            if not address:
-                raise LocalspecError(f"llama.cpp extracted no features for target layer {lid}")
-            src = llama_ext.float_view(address, (n_batch, width), self._views)
-            block = out[:, k * width:(k + 1) * width]
-            if rows is None:
-                block[:] = src
-            else:
-                np.take(src, rows, axis=0, out=block)
+        out = llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, n_rows, rows, self._views)
         if self.info.fc_norm:   # each of the three blocks of every row, in place
-            _rms_normalize_rows(out.reshape(n_out * 3, width), self.fc_norm_eps)
+            _rms_normalize_rows(out.reshape(len(out) * 3, self.n_embd_tgt), self.fc_norm_eps)
         return out
 
     # -- drafter graphs ------------------------------------------------------------------------
