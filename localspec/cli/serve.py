@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from ..core import options
 from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
 from .app import app
@@ -127,6 +128,10 @@ def serve(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No request log (one line per request on stderr)."),
     expose_paths: bool = typer.Option(False, "--expose-paths",
                                       help="Show the model files' paths in /v1/models (default: their names)."),
+    kv_layout: str = typer.Option("auto", "--kv-layout",
+                                  help="The target's KV cache with several slots: streams (one per slot), unified "
+                                       "(one pool), or auto (streams, unless --rows-match or a Gemma 4 assistant "
+                                       "needs the pool)."),
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
@@ -140,6 +145,8 @@ def serve(
     api_key = _given_api_key(api_key)
     keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
     check_flags(flags)
+    if kv_layout not in options.KV_LAYOUTS:
+        raise LocalspecError(f"--kv-layout must be one of {', '.join(options.KV_LAYOUTS)} (got '{kv_layout}')")
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
@@ -150,7 +157,7 @@ def serve(
     sock = bind(host, port)
     state = _serve_state(resolved, settings, queue_size=queue_size, cache_ram=cache_ram, gpu_layers=gpu_layers,
                          parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram, vram=vram,
-                         keep_alive=keep_seconds, api_key=api_key, max_body=body_limit,
+                         keep_alive=keep_seconds, kv_layout=kv_layout, api_key=api_key, max_body=body_limit,
                          expose_paths=expose_paths, log_requests=not quiet)
     from ..server.app import create_app
     from ..server.run import run
@@ -218,7 +225,7 @@ def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_al
 
 
 def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, parallel, verbose, max_loaded, ram, vram,
-                 keep_alive, api_key, max_body, expose_paths, log_requests):
+                 keep_alive, kv_layout, api_key, max_body, expose_paths, log_requests):
     """The server's state with MODEL loaded (kept loaded until a request says otherwise or it is
     evicted); the other models in the store load on demand."""
     from ..core.options import check_cli, threads_warning
@@ -236,7 +243,7 @@ def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, paral
     vram_b = parse_size(vram) if vram is not None else None
     config = Settings(settings, queue_size=queue_size, cache_bytes=cache_ram << 20, gpu_layers=gpu_layers,
                       parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram_b, vram=vram_b,
-                      keep_alive=keep_alive)
+                      keep_alive=keep_alive, kv_layout=kv_layout)
     manager = ModelManager(config, device_budgets(vram_b, ram_b), default=resolved)
     manager.load_now(resolved)   # a plan that does not fit: one Error line
     return ServerState(manager, api_key=api_key, max_body=max_body, expose_paths=expose_paths,

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core import interrupts, options
 from ..core.errors import LocalspecError
+from . import stream_rows
 from .special_split import SplitTokenizer
 from .process import capture_log, init_backend, llama_failure, load_progress
 from .weights_memory import HugePageLoad, read_weights
@@ -242,6 +243,11 @@ class Context:
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
+        # one KV stream per sequence (llama-server's layout): rows go in sorted by sequence, and the
+        # per-token outputs come back in llama.cpp's micro-batch order (llama.stream_rows)
+        self.streams = not kv_unified and n_seq_max > 1
+        self._sent_at: list[int] | None = None      # each row of the last batch: where it went in, if moved
+        self._token_rows: list[int] | None = None   # each row's place in the per-token outputs, if moved
         # llama.cpp may lower n_batch to the requested n_ctx (while it grows the context): every
         # batch, hence every batch of logit rows (a padded verify, a tree), must fit in it
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
@@ -276,6 +282,7 @@ class Context:
         n = len(tokens)
         if n == 0:
             return
+        self._sent_at = self._token_rows = None
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
@@ -309,6 +316,14 @@ class Context:
         out = np.asarray(outputs, dtype=np.int8)
         if int(out.sum()) > self.n_outputs_max:  # llama.cpp would abort the process
             raise LocalspecError(f"internal: {int(out.sum())} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        sent = stream_rows.arrange(seqs) if self.streams else None
+        self._sent_at = self._token_rows = None
+        if sent is not None:   # sorted by sequence: one micro-batch per run of consecutive slots
+            self._token_rows = stream_rows.inverse(sent)
+            last = max((i for i in range(n) if out[i]), default=n - 1)
+            self._sent_at = self._token_rows + [self._token_rows[last]]   # [-1]: the last row with logits
+            tokens, positions, out = [tokens[i] for i in sent], [positions[i] for i in sent], out[sent]
+            seqs = [seqs[i] for i in sent]
         self._tok[:n] = tokens
         self._pos[:n] = positions
         self._out[:n] = out
@@ -355,6 +370,7 @@ class Context:
     def _decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
                      outputs: Sequence[bool]) -> None:
         n = len(tokens)
+        self._sent_at = self._token_rows = None
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         n_seq = self._batch.n_seq_id
@@ -384,6 +400,8 @@ class Context:
 
     def logits(self, i: int) -> np.ndarray:
         """Logits of output row ``i`` of the last batch (-1: the last), a view valid until the next decode."""
+        if self._sent_at is not None:   # the batch went in re-ordered (streams)
+            i = self._sent_at[i]
         # rows live in one output buffer that llama.cpp reuses: cache a view per address
         address = _logits_address(self._ctx, i)
         view = self._views.get(address)
@@ -395,6 +413,15 @@ class Context:
             ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
         return view
+
+    def token_rows(self, n_rows: int, rows: list[int] | None) -> tuple[int, list[int] | None]:
+        """Where rows ``rows`` (None: the first ``n_rows``) of the last batch are in the per-token
+        outputs (target layer inputs, MTP hidden states): themselves, unless the batch went in
+        re-ordered (:mod:`.stream_rows`)."""
+        at = self._token_rows
+        if at is None:
+            return n_rows, rows
+        return n_rows, [at[r] for r in (range(n_rows) if rows is None else rows)]
 
     @property
     def rollback(self) -> int | None:

@@ -45,6 +45,7 @@ from ..core.errors import GrammarError, LocalspecError
 from ..core.events import DoneEvent, Event
 from ..llama.grammar import Grammar
 from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, SPLIT_KV_CELLS, TILED_ROWS, target_context
+from ..llama.contexts import kv_layout as kv_layout_for
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
@@ -107,6 +108,7 @@ class Engine:
         parallel: int = 1,
         mtp: bool | None = None,
         rows_match: bool = False,
+        kv_layout: str = "auto",
     ) -> None:
         set_verbose(verbose)
         self.target_info: GGUFInfo = read_gguf(target)
@@ -127,6 +129,9 @@ class Engine:
         # from a memory plan (localspec.memory): KV type, verify-sized logit rows, the plan itself (kept
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
+        # the target's KV: one stream per slot, or one pool of every slot's cells (llama.contexts.kv_layout)
+        self.kv_layout = kv_layout_for(kv_layout, self.n_slots, rows_match=rows_match,
+                                       shared_kv=self.drafter_info is not None and self.drafter_info.is_assistant)
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
         self.rows_match = rows_match
         self._match_rows(n_ctx)
@@ -175,11 +180,13 @@ class Engine:
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers, load_mtp=self.mtp_heads > 0)
-        # several slots share one unified KV pool of n_ctx cells per slot
+        if self.model.recurrent:   # a state per sequence (llama.contexts.target_context)
+            self.kv_layout = "unified"
+        # n_ctx cells per slot: in a stream of its own, or in one pool shared by every slot
         self.ctx = Context(self.model, n_ctx=n_ctx * self.n_slots, n_batch=PROMPT_BATCH, n_threads=n_threads,
                            kv_type=KV_TYPES[kv_type][0] if kv_type else None, n_outputs_max=n_outputs_max,
                            **target_context(self.drafter_info is not None or self.mtp_heads > 0, self.n_slots,
-                                            recurrent=self.model.recurrent))
+                                            recurrent=self.model.recurrent, streams=self.kv_layout == "streams"))
         self.drafter: EagleDrafter | None = None
         self.drafters: list[EagleDrafter] = []   # one per slot: the drafter's sequence of that number
         try:

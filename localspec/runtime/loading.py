@@ -18,14 +18,14 @@ from .engine import Engine
 def load_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: int | None = None,
                 vram: str | int | None = None, ram: str | int | None = None, parallel: int | None = 1,
                 kv_type: str | None = None, source=None, verbose: bool = False, rows_match: bool = False,
-                on_plan: Callable[[object], None] | None = None) -> Engine:
+                kv_layout: str = "auto", on_plan: Callable[[object], None] | None = None) -> Engine:
     """The engine for ``spec`` (a :class:`~localspec.store.models.ModelSpec`: its target, drafter and
     chat template), sized by its memory plan (see ``plan_engine`` for ``n_ctx``, ``gpu_layers``,
     ``vram``, ``ram``, ``parallel`` and ``kv_type``). ``on_plan(plan)`` runs before anything is
     loaded (it may refuse by raising). ``source`` (the ``--source`` words): ``mtp`` asks for the
     target's MTP heads (else they draft whenever no drafter file is given); ``assistant`` needs the
     drafter file to be a Gemma 4 assistant, ``dflash``/``dspark`` a block drafter of that kind, said
-    before loading."""
+    before loading. ``kv_layout``: the target's KV with several slots (:func:`~localspec.llama.contexts.kv_layout`)."""
     options = plan_engine(spec, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers, vram=vram,
                           parallel=parallel, ram=ram, kv_type=kv_type)
     words = listed_words(getattr(source, "value", source)) if source is not None else ()
@@ -36,7 +36,7 @@ def load_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
     if on_plan is not None:
         on_plan(options["memory_plan"])
     return Engine(spec.target, spec.drafter, n_threads=n_threads, verbose=verbose, chat_template=spec.template,
-                  mtp=True if "mtp" in words else None, rows_match=rows_match, **options)
+                  mtp=True if "mtp" in words else None, rows_match=rows_match, kv_layout=kv_layout, **options)
 
 
 def _check_assistant(spec) -> None:

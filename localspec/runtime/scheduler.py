@@ -149,7 +149,10 @@ class Scheduler:
         free = [s for s in self.slots if not s.busy]
         if not free:
             raise LocalspecError("internal: no free slot")
-        slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt), -s.admitted))
+        # ties: the least recently used slot; with a KV stream per slot, the lowest (slots of consecutive
+        # numbers decode as one micro-batch: llama.stream_rows)
+        slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt),
+                                        -s.index if self.engine.ctx.streams else -s.admitted))
         took = self._take()
         try:
             generation = self.engine.open_slot(slot.verifier, prompt, config, cancel, drafter=slot.drafter,

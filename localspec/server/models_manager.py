@@ -63,6 +63,7 @@ class Settings:
     ram: Optional[int] = None
     vram: Optional[int] = None
     keep_alive: Optional[float] = DEFAULT_KEEP_ALIVE
+    kv_layout: str = "auto"      # the target's KV with several slots (llama.contexts.kv_layout)
 
 
 @dataclass
@@ -418,7 +419,8 @@ class ModelManager:
         try:
             engine = load_engine(spec, n_ctx=ctx, n_threads=threads, gpu_layers=s.gpu_layers, vram=vram,
                                  parallel=s.parallel, ram=ram, kv_type=kv, source=defaults.policy.source,
-                                 verbose=s.verbose, on_plan=planned)
+                                 verbose=s.verbose, on_plan=planned, rows_match=defaults.rows_match,
+                                 kv_layout=s.kv_layout)
         except DoesNotFit as exc:   # the plan's own refusal
             if strict:
                 raise NoRoom(str(exc)) from None

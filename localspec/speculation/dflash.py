@@ -161,7 +161,8 @@ class BlockDrafter(BlockSequence):
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The target layers' inputs of the first ``n_rows`` rows of its last batch (or of its
         rows ``rows``), side by side in ``target_layers`` order: one injection row each."""
-        return llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, n_rows, rows, self._views)
+        return llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
+                                      self._views)
 
     # -- drafter graphs ------------------------------------------------------------------------
     def _process(self, who: DrafterSequence) -> None:

@@ -208,7 +208,8 @@ class EagleDrafter(DrafterSequence):
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The three target layer inputs of the first ``n_rows`` rows of the target's last batch
         (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
-        out = llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, n_rows, rows, self._views)
+        out = llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
+                                     self._views)
         if self.info.fc_norm:   # each of the three blocks of every row, in place
             _rms_normalize_rows(out.reshape(len(out) * 3, self.n_embd_tgt), self.fc_norm_eps)
         return out

@@ -164,6 +164,7 @@ class MtpDrafter(_Heads, EagleDrafter):
 
     def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
         """The target's ``h`` of the first ``n_rows`` rows of its last batch (or of rows ``rows``)."""
+        n_rows, rows = self.target.token_rows(n_rows, rows)
         n_batch = n_rows if rows is None else max(rows) + 1
         ptr = llama_ext.get_embeddings_nextn(self.target.ptr)
         if not ptr:
