@@ -12,6 +12,7 @@ them); without them these tests are skipped."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -104,3 +105,51 @@ def test_convert_writes_llama_cpp_s_dflash_gguf_of_a_dflash_or_dspark_checkpoint
     mine = tmp_path / "localspec.gguf"
     convert_checkpoint(str(ckpt), upstream["target"], mine, outtype=CASES[layout])
     assert_same_gguf(mine, theirs)
+
+
+def _edit(ckpt: Path, config=None, tensors=None) -> Path:
+    """``ckpt`` with its config updated by ``config`` and tensors added or replaced by ``tensors``."""
+    from safetensors.torch import load_file, save_file
+
+    if config:
+        cfg = json.loads((ckpt / "config.json").read_text())
+        for key, value in config.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    if tensors:
+        t = load_file(str(ckpt / "model.safetensors"))
+        t.update(tensors)
+        save_file(t, str(ckpt / "model.safetensors"))
+    return ckpt
+
+
+def test_convert_refuses_a_dflash_or_dspark_checkpoint_it_would_not_write_as_llama_cpp_does(tmp_path):
+    """What llama.cpp's converter writes differently (DFlash2, sliding windows, RoPE scaling, a
+    non-vanilla Markov head, a tensor outside the Qwen3 set) or refuses (a d2t out of range or
+    repeated) is one error line, and no file: never a GGUF that differs from llama.cpp's."""
+    pytest.importorskip("torch")
+    import torch
+
+    from localspec.core.errors import LocalspecError
+    from localspec.converters.convert import convert_checkpoint
+    from tiny_models import build_target
+
+    target = build_target(tmp_path / "target.gguf", "noisy", noise=0.006)
+    cases = {
+        "dflash2": ("zlab", {"dflash_config": {"conv_kernel_size": 3}}, None, "DFlash2"),
+        "swa": ("zlab", {"dflash_config": {"use_swa": True, "swa_window_size": 8}}, None, "sliding window"),
+        "yarn": ("deepseek", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, None, "RoPE scaling 'yarn'"),
+        "markov": ("deepseek", {"markov_head_type": "gated"}, None, "markov_head_type 'gated'"),
+        "sinks": ("zlab", None, {"layers.0.self_attn.sinks": torch.zeros(4)}, "tensor model.layers.0.self_attn.sinks"),
+        "d2t_range": ("speculators", None, {"d2t": torch.full((512,), 49152)}, "d2t target ids out of range"),
+        "d2t_twice": ("speculators", None, {"d2t": -torch.arange(512)}, "duplicate target ids"),
+    }
+    for name, (layout, config, tensors, message) in cases.items():
+        ckpt = _edit(tiny_checkpoint(tmp_path / name, layout), config, tensors)
+        out = tmp_path / f"{name}.gguf"
+        with pytest.raises(LocalspecError, match=re.escape(message)):
+            convert_checkpoint(str(ckpt), target, out, outtype="f16")
+        assert not out.exists() and not list(tmp_path.glob(f".{name}.gguf*")), name
