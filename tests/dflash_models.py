@@ -21,6 +21,7 @@ Kinds:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,115 @@ def dflash_set(d: Path) -> dict[str, Path]:
     paths["dspark_random"] = build_dflash(d / "dspark_random.gguf", kind="random", dspark=True)
     paths["dspark_noconf"] = build_dflash(d / "dspark_noconf.gguf", dspark=True, confidence=False)
     return paths
+
+
+
+def tiny_checkpoint(d: Path, layout: str) -> Path:
+    """A tiny random checkpoint for the tiny llama target in a published layout: ``zlab`` (z-lab's
+    DFlash: no ``model.`` prefix, ``dflash_config``, ``model_type: qwen3`` as z-lab's configs have,
+    which llama.cpp's converter reads through transformers' ``AutoConfig``: the context length and
+    RoPE base left to ``Qwen3Config``'s defaults here), ``deepseek`` (a DSpark: ``model.`` names, a
+    Markov and a confidence head, a full vocabulary, keys at the top level) or ``speculators`` (a
+    DSparkSpeculator: ``transformer_layer_config``, ``aux_hidden_state_layer_ids``, a reduced
+    vocabulary with ``d2t`` and ``t2d``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    pre = "" if layout == "zlab" else "model."
+    t = {f"{pre}fc.weight": rnd(N_EMBD, 2 * N_EMBD), f"{pre}hidden_norm.weight": torch.ones(N_EMBD),
+         f"{pre}norm.weight": torch.ones(N_EMBD)}
+    for i in range(N_DRAFT_LAYER):
+        p = f"{pre}layers.{i}."
+        t.update({p + "input_layernorm.weight": torch.ones(N_EMBD), p + "post_attention_layernorm.weight": torch.ones(N_EMBD),
+                  p + "self_attn.q_proj.weight": rnd(N_EMBD, N_EMBD), p + "self_attn.k_proj.weight": rnd(N_EMBD, N_EMBD),
+                  p + "self_attn.v_proj.weight": rnd(N_EMBD, N_EMBD), p + "self_attn.o_proj.weight": rnd(N_EMBD, N_EMBD),
+                  p + "self_attn.q_norm.weight": torch.ones(HEAD_DIM), p + "self_attn.k_norm.weight": torch.ones(HEAD_DIM),
+                  p + "mlp.gate_proj.weight": rnd(N_FF, N_EMBD), p + "mlp.up_proj.weight": rnd(N_FF, N_EMBD),
+                  p + "mlp.down_proj.weight": rnd(N_EMBD, N_FF)})
+    shape = {"hidden_size": N_EMBD, "intermediate_size": N_FF, "num_hidden_layers": N_DRAFT_LAYER,
+             "num_attention_heads": N_HEAD, "num_key_value_heads": N_HEAD, "head_dim": HEAD_DIM, "rms_norm_eps": 1e-6,
+             "rope_theta": 10000.0, "max_position_embeddings": 4096, "vocab_size": 49152}
+    if layout == "zlab":
+        config = dict(shape, architectures=["DFlashDraftModel"], model_type="qwen3", block_size=BLOCK_SIZE,
+                      dflash_config={"target_layer_ids": [i - 1 for i in TARGET_LAYERS], "mask_token_id": MASK_TOKEN})
+        del config["max_position_embeddings"], config["rope_theta"]
+    else:
+        vocab = 49152 if layout == "deepseek" else 512
+        t.update({"model.markov_head.markov_w1.weight": rnd(49152, MARKOV_RANK),
+                  "model.markov_head.markov_w2.weight": rnd(vocab, MARKOV_RANK),
+                  "model.confidence_head.proj.weight": rnd(1, N_EMBD + MARKOV_RANK),
+                  "model.confidence_head.proj.bias": torch.zeros(1), "lm_head.weight": rnd(vocab, N_EMBD)})
+        if layout == "deepseek":
+            config = dict(shape, architectures=["DSparkDraftModel"], target_layer_ids=[i - 1 for i in TARGET_LAYERS],
+                          mask_token_id=MASK_TOKEN, block_size=7)
+        else:
+            ids = torch.sort(torch.randperm(49152, generator=g)[:vocab]).values
+            t.update({"d2t": ids - torch.arange(vocab), "t2d": torch.zeros(49152, dtype=torch.bool)})
+            config = {"architectures": ["DSparkSpeculator"], "transformer_layer_config": shape, "block_size": 7,
+                      "aux_hidden_state_layer_ids": list(TARGET_LAYERS), "mask_token_id": MASK_TOKEN,
+                      "draft_vocab_size": vocab}
+    d.mkdir(parents=True)
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def hf_target(d: Path) -> Path:
+    """A tiny random Hugging Face llama target (tests/tiny_models.py's shape) with SmolLM2's
+    tokenizer rebuilt as a ``tokenizer.json`` from the embedded GGUF's vocabulary and merges (a
+    byte-level BPE behind SmolLM's digit splitting, so llama.cpp's converter recognises its
+    pre-tokenizer, ``smollm``): the ``--target-model-dir`` of llama.cpp's DFlash converter."""
+    import torch
+    from safetensors.torch import save_file
+
+    from localspec.llama.gguf_native import GGUFHeader
+    from tiny_models import N_HEAD_KV
+
+    kv = GGUFHeader(embedded_target()).kv
+    tokens, types = list(kv["tokenizer.ggml.tokens"]), list(kv["tokenizer.ggml.token_type"])
+    special = [i for i, kind in enumerate(types) if kind == 3]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+                 "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True} for i in special],
+                 "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                                          byte_level]},
+                 "post_processor": byte_level, "decoder": byte_level,
+                 "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                           "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                           "vocab": {tok: i for i, tok in enumerate(tokens)},
+                           "merges": [m.split(" ") for m in kv["tokenizer.ggml.merges"]]}}
+    d.mkdir(parents=True)
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": tokens[1], "eos_token": tokens[2], "unk_token": tokens[0],
+        "pad_token": tokens[2], "add_prefix_space": False, "chat_template": kv["tokenizer.chat_template"]}))
+    g = torch.Generator().manual_seed(1)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    t = {"model.embed_tokens.weight": rnd(len(tokens), N_EMBD), "model.norm.weight": torch.ones(N_EMBD)}
+    kv_width = N_HEAD_KV * (N_EMBD // N_HEAD)
+    for i in range(N_LAYER):
+        p = f"model.layers.{i}."
+        t.update({p + "input_layernorm.weight": torch.ones(N_EMBD), p + "post_attention_layernorm.weight": torch.ones(N_EMBD),
+                  p + "self_attn.q_proj.weight": rnd(N_EMBD, N_EMBD), p + "self_attn.k_proj.weight": rnd(kv_width, N_EMBD),
+                  p + "self_attn.v_proj.weight": rnd(kv_width, N_EMBD), p + "self_attn.o_proj.weight": rnd(N_EMBD, N_EMBD),
+                  p + "mlp.gate_proj.weight": rnd(N_FF, N_EMBD), p + "mlp.up_proj.weight": rnd(N_FF, N_EMBD),
+                  p + "mlp.down_proj.weight": rnd(N_EMBD, N_FF)})
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": N_EMBD, "intermediate_size": N_FF,
+        "num_hidden_layers": N_LAYER, "num_attention_heads": N_HEAD, "num_key_value_heads": N_HEAD_KV,
+        "head_dim": N_EMBD // N_HEAD, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+        "vocab_size": len(tokens), "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}))
+    return d
 
 
 assert N_LAYER > max(TARGET_LAYERS)

@@ -16,7 +16,7 @@ import pytest
 
 from chat_checks import assert_chat_drafts_with
 from cli_run import assert_one_error, cli_batch, run_cli
-from dflash_models import BLOCK_SIZE, MASK_TOKEN, dflash_set
+from dflash_models import BLOCK_SIZE, MASK_TOKEN, dflash_set, tiny_checkpoint
 from engine_checks import assert_lossless
 from localspec import Engine
 from localspec.core.errors import LocalspecError
@@ -411,62 +411,13 @@ def _sdist_gguf_py(tmp_path):
     return tmp_path / "gguf-py"
 
 
-def _tiny_checkpoint(d, layout: str) -> Path:
-    """A tiny random checkpoint for the tiny llama target in a published layout: ``zlab`` (z-lab's
-    DFlash: no ``model.`` prefix, ``dflash_config``), ``deepseek`` (a DSpark: ``model.`` names, a
-    Markov and a confidence head, a full vocabulary) or ``speculators`` (a DSparkSpeculator:
-    ``transformer_layer_config``, ``aux_hidden_state_layer_ids``, a reduced vocabulary with ``d2t``
-    and ``t2d``)."""
-    import torch
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(3)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g) * 0.1
-
-    pre = "" if layout == "zlab" else "model."
-    t = {f"{pre}fc.weight": rnd(64, 128), f"{pre}hidden_norm.weight": torch.ones(64), f"{pre}norm.weight": torch.ones(64)}
-    for i in range(2):
-        p = f"{pre}layers.{i}."
-        t.update({p + "input_layernorm.weight": torch.ones(64), p + "post_attention_layernorm.weight": torch.ones(64),
-                  p + "self_attn.q_proj.weight": rnd(64, 64), p + "self_attn.k_proj.weight": rnd(64, 64),
-                  p + "self_attn.v_proj.weight": rnd(64, 64), p + "self_attn.o_proj.weight": rnd(64, 64),
-                  p + "self_attn.q_norm.weight": torch.ones(16), p + "self_attn.k_norm.weight": torch.ones(16),
-                  p + "mlp.gate_proj.weight": rnd(128, 64), p + "mlp.up_proj.weight": rnd(128, 64),
-                  p + "mlp.down_proj.weight": rnd(64, 128)})
-    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-             "max_position_embeddings": 4096, "vocab_size": 49152}
-    if layout == "zlab":
-        config = dict(shape, architectures=["DFlashDraftModel"], block_size=8,
-                      dflash_config={"target_layer_ids": [0, 2], "mask_token_id": MASK_TOKEN})
-    else:
-        vocab = 49152 if layout == "deepseek" else 512
-        t.update({"model.markov_head.markov_w1.weight": rnd(49152, 8), "model.markov_head.markov_w2.weight": rnd(vocab, 8),
-                  "model.confidence_head.proj.weight": rnd(1, 72), "model.confidence_head.proj.bias": torch.zeros(1),
-                  "lm_head.weight": rnd(vocab, 64)})
-        if layout == "deepseek":
-            config = dict(shape, architectures=["DSparkDraftModel"], target_layer_ids=[0, 2],
-                          mask_token_id=MASK_TOKEN, block_size=7)
-        else:
-            ids = torch.sort(torch.randperm(49152, generator=g)[:vocab]).values
-            t.update({"d2t": ids - torch.arange(vocab), "t2d": torch.zeros(49152, dtype=torch.bool)})
-            config = {"architectures": ["DSparkSpeculator"], "transformer_layer_config": shape, "block_size": 7,
-                      "aux_hidden_state_layer_ids": [1, 3], "mask_token_id": MASK_TOKEN, "draft_vocab_size": vocab}
-    d.mkdir()
-    save_file(t, str(d / "model.safetensors"))
-    (d / "config.json").write_text(json.dumps(config))
-    return d
-
-
 @pytest.mark.parametrize("layout,kind", [("zlab", "dflash"), ("deepseek", "dspark"), ("speculators", "dspark")])
 def test_convert_writes_the_dflash_gguf_of_a_dflash_or_dspark_checkpoint(df, tmp_path, layout, kind):
     """``localspec convert`` of a tiny z-lab DFlash / DeepSeek DSpark checkpoint: every tensor under
     the name the pinned llama.cpp's gguf-py maps it to for MODEL_ARCH.DFLASH (where its sdist is
     cached), the converter's keys (target layers + 1, the block, DSpark's flags, the target's
     tokenizer and the mask token), a pair that drafts and decodes as plain decoding does."""
-    ckpt = _tiny_checkpoint(tmp_path / "ckpt", layout)
+    ckpt = tiny_checkpoint(tmp_path / "ckpt", layout)
     out = tmp_path / f"{kind}.gguf"
     proc = run_cli("convert", str(ckpt), "--target", str(df["noisy"]), "-o", str(out), "--outtype", "f32")
     assert proc.returncode == 0, proc.stderr

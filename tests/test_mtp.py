@@ -18,6 +18,7 @@ from localspec.formats.gguf_info import mtp_heads, read_gguf
 from localspec.runtime.config import GenerationConfig
 from localspec.speculation.policy import PolicyConfig
 from mtp_models import build_mtp_target
+from peer_tool import native_tool
 from sampling_checks import assert_drafts_keep_the_distribution
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
@@ -149,20 +150,6 @@ def test_a_server_of_an_mtp_target_drafts_with_its_heads_and_names_them(mtp_file
     assert drafted and drafted[0] > 0, sorted(k for k in metrics if "source" in str(k))
 
 
-def _native_tool():
-    """llama.cpp's own llama-speculative-simple built from the pinned sdist (bench/peer_llamacpp.py
-    builds it into ~/.cache/localspec/peer; LOCALSPEC_PEER_TOOL names another), or None."""
-    import importlib.metadata
-    import os
-    from pathlib import Path
-
-    named = os.environ.get("LOCALSPEC_PEER_TOOL")
-    version = importlib.metadata.version("llama-cpp-python")
-    tool = Path(named) if named else (Path.home() / ".cache" / "localspec" / "peer" / f"llama.cpp-{version}"
-                                      / "build" / "bin" / "llama-speculative-simple")
-    return tool if tool.is_file() else None
-
-
 @pytest.mark.parametrize("heads", [1, 3], ids=["one-head", "chained-heads"])
 def test_mtp_drafts_are_llama_cpp_s_own_draft_mtp_drafts(tmp_path, heads):
     """bench/peer_mtp_drafts.py on one prompt: every draft llama.cpp's ``draft-mtp`` made, drafted
@@ -172,7 +159,7 @@ def test_mtp_drafts_are_llama_cpp_s_own_draft_mtp_drafts(tmp_path, heads):
     import importlib.util
     from pathlib import Path
 
-    tool = _native_tool()
+    tool = native_tool()
     if tool is None:
         pytest.skip("llama-speculative-simple of the pinned llama.cpp not built (bench/peer_llamacpp.py)")
     spec = importlib.util.spec_from_file_location(

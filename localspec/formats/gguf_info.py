@@ -410,7 +410,9 @@ def check_tensor_types(info: GGUFInfo) -> None:
     for t in info.tensors.values():
         if t.name == K.T_D2T:
             continue
-        if len(t.shape) == 1 and t.type_name != "F32":
+        # conf_proj.weight is a [n, 1] matrix (ggml_mul_mat, any float type: llama.cpp's converter
+        # writes it F16 under --outtype f16) that reads as one-dimensional once its 1 is dropped
+        if len(t.shape) == 1 and t.type_name != "F32" and t.name != K.T_CONF_PROJ:
             raise LocalspecError(f"{info.path.name}: tensor {t.name} is {t.type_name}; llama.cpp needs "
                                  "one-dimensional tensors (norms, biases) in F32")
         if t.type_name in K.NON_WEIGHT_TYPES:

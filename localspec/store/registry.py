@@ -114,7 +114,7 @@ class DraftSource(_Strict):
     alternatives: list[str] = Field(default_factory=list)   # other names of file / the weights file
     revision: Optional[str] = None
     sha256: Optional[str | dict[str, str]] = None     # one digest for ``file``, a table for ``files``
-    variant: Literal["eagle3", "eagle3.1"] = "eagle3"
+    variant: Literal["eagle3", "eagle3.1", "dflash", "dspark"] = "eagle3"   # dflash / dspark: a block drafter
 
     @field_validator("repo")
     @classmethod
