@@ -1,6 +1,6 @@
 """The rows of one target decode, gathered from every slot of a scheduler step.
 
-Each generation (:class:`~localspec.runtime.generation.GenerationLoop`) adds its rows (a prompt
+Each generation (:class:`~localspec.runtime.generation.Generation`) adds its rows (a prompt
 chunk, a plain step's one row, a chain to verify, or a draft tree whose rows each belong to several
 sequences, :meth:`Batch.add_sets`) to a :class:`Batch` and remembers the offset it got; the batch is decoded once (one ``llama_decode``); then each generation reads its logits at
 its own rows (:class:`~localspec.runtime.verifier.Decoded`). A batch of one sequence 0 segment is
