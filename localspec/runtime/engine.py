@@ -68,7 +68,7 @@ from .generation import Generation
 from .scheduler import Scheduler, SlotHost, drive
 from .margins import MarginRecorder
 from .recurrent import bounded_policy, cannot_draft_note
-from .threads import for_engine as adaptive_threads
+from .threads import adaptive as adaptive_threads
 from .verifier import TargetVerifier
 
 
@@ -147,7 +147,17 @@ class Engine:
         # calibrates while no generation holds the engine (runtime.calibrator); generations take the
         # engine through it
         self.calibrator = Calibrator(self._lock, self._measure_costs, self._install_cost, self._measured_cost)
-        self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
+        # fewer threads while other processes take cores
+        self.threads = adaptive_threads(self.ctx.n_threads, n_threads, self._set_threads)
+
+    def _set_threads(self, n: int) -> None:
+        """The thread count of the target's and the drafter's contexts; the cost model follows
+        (figures for ``n`` threads)."""
+        self.ctx.set_threads(n)
+        if self.drafter is not None:
+            self.drafter.ctx.set_threads(n)
+        if self.cost is not None:
+            self.cost.rekey(cost_cache.with_threads(self.cost.key, n))
 
     def _match_rows(self, n_ctx: int) -> None:
         """Where an exact batch (``rows_match``: greedy text the same with and without drafts on a
