@@ -63,20 +63,20 @@ _PLAIN = _Cycle(0, 0, None)
 
 
 # -- the row plan: what a generation's rows in this step's batch are (plan -> settle) ----------------
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrefillRows:
     """A chunk of the prompt: ``n`` rows from batch row ``offset``, logits for the last only."""
     offset: int
     n: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepRow:
     """A plain step: ``last`` alone at batch row ``offset``."""
     offset: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class VerifyRows:
     """A chain to verify (``uncached + [last] + drafts``, then any filler rows: ``rows`` in all) from ``offset``."""
     offset: int
@@ -84,7 +84,7 @@ class VerifyRows:
     rows: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TreeRows:
     """A draft tree's rows from ``offset``, each in the sequences of the leaves below it
     (:meth:`~localspec.runtime.verifier.TargetVerifier.tree_rows`)."""
@@ -132,6 +132,7 @@ class Generation:
         self.events: list[Event] = []             # queued for the driver (take)
         self.done = False                         # the DoneEvent is queued
         self._work: RowPlan | None = None        # what this step's rows are (plan -> settle)
+        self._plain = not config.spec             # nothing drafts: every step is a plain one
         self._shared = False                      # this step's batch holds other slots' rows
         self._alone = True                        # this step's rows are the batch's first
         self._promised = 0                        # rows promised in the batch for a chain being drafted
@@ -168,6 +169,10 @@ class Generation:
         if verifier.prefilling:
             tokens, pos = verifier.prefill_chunk(batch.rows_left())
             self._work = PrefillRows(batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
+            return None
+        if self._plain:   # nothing may draft (spec off): the plain step's one row, no draft asked for
+            self._t_cycle = time.perf_counter()
+            self._work = StepRow(batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
             return None
         self.policy.batch_rows = batch_rows
         self._t_cycle = time.perf_counter()
@@ -206,13 +211,13 @@ class Generation:
         about the whole batch once)."""
         work, self._work = self._work, None
         self._shared = shared
-        if isinstance(work, PrefillRows):
+        if type(work) is StepRow:   # the most frequent first
+            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
+        elif isinstance(work, PrefillRows):
             first = self.verifier.prefill_done(work.n, self.sampler, work.offset)
             if first >= 0:
                 self._advance(self._prefilled(first, work.offset + work.n - 1), None)
             return
-        if isinstance(work, StepRow):
-            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
         elif isinstance(work, TreeRows):
             v = self.verifier.settle_tree(work.draft.tree, work.layout, self.sampler, batch.at(work.offset))
             pending, cycle = self._verified(work.draft, v)

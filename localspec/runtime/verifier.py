@@ -28,7 +28,7 @@ from .sampling import Sampler
 EVERY = 2**62   # TargetVerifier.exact_upto: every position (none written otherwise)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decoded:
     """Where one sequence's rows sat in a batch decoded for several: the first row's index, and
     the decode's seconds."""
