@@ -415,9 +415,9 @@ class Engine:
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         policy.block = bool(getattr(drafter, "block", False))   # a block drafter: one decode per draft
         return Generation(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, cancel=cancel,
-                              recall=self.recall if pcfg.recall else None,   # off: neither drafts from it nor adds to it
-                              exact=exact)
+                          observers=observers, cancel=cancel,
+                          recall=self.recall if pcfg.recall else None,   # off: neither drafts from it nor adds to it
+                          exact=exact)
 
     def prediction_tokens(self, prediction: str) -> tuple:
         """Predicted Outputs' tokens for a generation's ``prediction_tokens`` (a server tokenizes
