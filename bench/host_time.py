@@ -126,7 +126,7 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
         profile.enable()
     if hasattr(Scheduler, "step_rows"):   # the one driver: a scheduler of one slot, as Engine.generate
         done = _one_slot(engine, tokens, config, probe)
-    else:                                   # a localspec from before it (a baseline run)
+    else:                                   # a localspec from before it (a baseline run: open_slot, run)
         done = _alone(engine, tokens, config, probe)
     native = clock.seconds - probe.native0
     cpu, native_cpu = time.thread_time() - probe.cpu0, clock.cpu - probe.native_cpu0
@@ -140,7 +140,7 @@ def one(engine: Engine, clock: NativeClock, messages, config: GenerationConfig, 
 
 def _one_slot(engine: Engine, tokens: list[int], config: GenerationConfig, probe) -> DoneEvent:
     events: list = []
-    sched = Scheduler(engine, slots=1, hold=True)
+    sched = _scheduler(engine, slots=1, hold=True)
     try:
         sched.admit(tokens, config, None, events.append, observers=[probe])
         while sched.active:
@@ -148,6 +148,11 @@ def _one_slot(engine: Engine, tokens: list[int], config: GenerationConfig, probe
     finally:
         sched.close()
     return next(e for e in events if isinstance(e, DoneEvent))
+
+
+def _scheduler(engine: Engine, **kw):
+    """The engine's scheduler (``Engine.scheduler``; a localspec from before it: the engine itself)."""
+    return engine.scheduler(**kw) if hasattr(engine, "scheduler") else Scheduler(engine, **kw)
 
 
 def _alone(engine: Engine, tokens: list[int], config: GenerationConfig, probe) -> DoneEvent:
@@ -164,7 +169,7 @@ def _alone(engine: Engine, tokens: list[int], config: GenerationConfig, probe) -
 def slots(engine: Engine, clock: NativeClock, prompts: list[list[Message]], config: GenerationConfig,
           profile=None) -> dict:
     """Len(prompts) requests at once through the scheduler: host seconds per step after every prompt is in."""
-    sched = Scheduler(engine)
+    sched = _scheduler(engine)
     dones: list[DoneEvent] = []
     for messages in prompts:
         sched.admit(engine.prepare(messages), config, None,

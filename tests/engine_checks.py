@@ -77,13 +77,14 @@ def solo(path, prompts, n_ctx=512, **kw) -> dict:
         return out
 
 
-def drain(scheduler: Scheduler, queue=(), admit=None) -> int:
-    """Step until every slot is free and ``queue`` (prompt, config, sink) is admitted; steps taken."""
+def drain(scheduler: Scheduler, queue=(), admit=None, prepare=None) -> int:
+    """Step until every slot is free and ``queue`` (prompt, config, sink) is admitted, each prompt
+    made token ids with ``prepare`` (``Engine.prepare``); steps taken."""
     queue, steps = list(queue), 0
     while queue or scheduler.active:
         while queue and scheduler.free:
             prompt, config, sink = queue.pop(0)
-            scheduler.admit(scheduler.engine.prepare(prompt), config, None, sink)
+            scheduler.admit(prepare(prompt), config, None, sink)
         scheduler.step()
         steps += 1
     return steps
@@ -117,7 +118,7 @@ def assert_slots_lossless(target, drafter, prompts, config: GenerationConfig, so
             on_engine(engine)
         for _ in range(rounds):
             sinks = {p: Collect() for p in prompts}
-            drain(Scheduler(engine), [(p, config, sinks[p]) for p in prompts])
+            drain(engine.scheduler(), [(p, config, sinks[p]) for p in prompts], prepare=engine.prepare)
             for p in prompts:
                 assert_lossless(alone[p], sinks[p].done)
     assert sum(sinks[p].done.stats.sources.get(source, [0, 0, 0])[1] for p in prompts) > 0, \

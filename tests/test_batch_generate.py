@@ -13,7 +13,7 @@ from engine_checks import PROMPTS, assert_lossless, solo
 from localspec import DoneEvent, Engine, GenerationConfig
 from localspec.core.errors import LocalspecError
 from localspec.core.events import TokenEvent
-from localspec.runtime.scheduler import Scheduler, SlotState
+from localspec.runtime.scheduler import SlotState
 from localspec.speculation.policy import PolicyConfig
 from tiny_models import noisy_and_repeat
 
@@ -82,7 +82,7 @@ def test_a_slot_passes_through_its_states(models):
     """Admitted: prefill; its first token chosen: generating; its DoneEvent delivered while
     finished; then idle again, the engine released."""
     with Engine(models["noisy"], n_ctx=512) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         slot = scheduler.slots[0]
         seen: list[tuple[str, SlotState]] = []
         assert slot.state is SlotState.IDLE

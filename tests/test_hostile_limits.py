@@ -368,7 +368,6 @@ def test_the_prompt_cache_holding_one_text_serves_a_b_a(tiny):
     second A reads its prompt back from the cache."""
     from localspec import DoneEvent, Engine, GenerationConfig
     from localspec.runtime.prompt_cache import PromptCache
-    from localspec.runtime.scheduler import Scheduler
 
     _, target, _ = tiny
     a = [100 + i % 97 for i in range(330)]
@@ -376,13 +375,13 @@ def test_the_prompt_cache_holding_one_text_serves_a_b_a(tiny):
     config = GenerationConfig(max_tokens=4, spec=False)
     with Engine(target, n_ctx=1024) as engine:
         one = len(engine.ctx.seq_state(0) or b"") or 1   # an empty sequence's state: the floor
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         events, sink = _collect()
         scheduler.admit(a, config, None, sink)
         _drain(scheduler)
         size = len(engine.ctx.seq_state(0))
         assert size > one
-        scheduler = Scheduler(engine, prompt_cache=PromptCache(size + size // 2))   # room for one text
+        scheduler = engine.scheduler(prompt_cache=PromptCache(size + size // 2))   # room for one text
         engine.verifier.forget()
         done = []
         for prompt in (a, b, a):
@@ -400,11 +399,10 @@ def test_a_request_that_fails_to_start_leaves_its_slot_free(tiny):
     slot and no locked engine: the next request runs."""
     from localspec import DoneEvent, Engine, GenerationConfig
     from localspec.core.errors import GrammarError
-    from localspec.runtime.scheduler import Scheduler
 
     _, target, _ = tiny
     with Engine(target, n_ctx=256, parallel=2) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         with pytest.raises(GrammarError):
             scheduler.admit([1, 2, 3], GenerationConfig(max_tokens=2, grammar="root ::= ("), None, print)
         assert scheduler.active == 0 and not engine._lock.locked()
@@ -419,14 +417,14 @@ def test_one_slots_failure_is_that_slots_only(tiny):
     (the grammar's error), the other's output is the one it gets alone."""
     from localspec import DoneEvent, Engine, GenerationConfig
     from localspec.core.errors import GrammarError
-    from localspec.runtime.scheduler import Scheduler, SlotFailed
+    from localspec.runtime.scheduler import SlotFailed
 
     _, target, _ = tiny
     prompt = [100 + i for i in range(20)]
     plain = GenerationConfig(max_tokens=40, spec=False)
     dying = GenerationConfig(max_tokens=40, spec=False, grammar='root ::= "a" [b-a]')
     with Engine(target, n_ctx=256, parallel=2) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         alone, sink = _collect()
         scheduler.admit(prompt, plain, None, sink)
         _drain(scheduler)

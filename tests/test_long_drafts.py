@@ -167,6 +167,32 @@ def test_a_draft_between_two_measured_steps_is_padded_to_the_cheaper_size():
     assert DraftPolicy(PolicyConfig("fixed"), cm, lookup=True).verify_rows(41) == 41   # fixed: as asked
 
 
+def _prefill(engine, ids, sampler) -> int:
+    """The prompt into sequence 0 as a generation's steps put it there (the verifier's chunks in a
+    step's batch, one decode each); the first token chosen."""
+    from localspec.runtime.batch import Batch
+    v, first = engine.verifier, -1
+    v.begin(ids)
+    while first < 0:
+        batch = Batch(engine.ctx)
+        tokens, pos = v.prefill_chunk(batch.rows_left())
+        offset = batch.add(v.seq, tokens, pos, all_logits=False)
+        batch.decode()
+        first = v.prefill_done(len(tokens), sampler, offset)
+    return first
+
+
+def _verify(engine, drafts, sampler, rows):
+    """``drafts`` verified as a generation's step verifies them: the verifier's chain rows (padded
+    to ``rows``) in one batch, decoded once, read back."""
+    from localspec.runtime.batch import Batch
+    v, batch = engine.verifier, Batch(engine.ctx)
+    tokens, start = v.chain_rows(drafts, rows)
+    offset = batch.add(v.seq, tokens, start, all_logits=bool(drafts))
+    batch.decode()
+    return v.verify(drafts, sampler, batch.at(offset), len(tokens))
+
+
 def test_a_padded_verify_commits_and_caches_what_an_unpadded_one_does(smollm2):
     """Ten right drafts and a wrong one, verified in 12 rows and padded to 40: the same tokens
     accepted, the same target token after them, the filler rows' cells dropped (the next step's
@@ -181,10 +207,10 @@ def test_a_padded_verify_commits_and_caches_what_an_unpadded_one_does(smollm2):
         for rows in (0, 40):
             engine.clear_cache()
             v, sampler = engine.verifier, Sampler(SamplingParams(temperature=0.0), ids)
-            assert v.prefill(ids, sampler) == text[0]
-            checked = v.verify(text[1:11] + [(text[11] + 1) % engine.model.n_vocab], sampler, rows=rows)
+            assert _prefill(engine, ids, sampler) == text[0]
+            checked = _verify(engine, text[1:11] + [(text[11] + 1) % engine.model.n_vocab], sampler, rows)
             n_past = v.n_past
-            step = v.verify([], sampler)
+            step = _verify(engine, [], sampler, 0)
             results.append((checked.tokens, checked.batch, n_past, step.tokens, engine.ctx.logits(-1).copy()))
     (tokens, batch, n_past, after, logits), padded = results
     assert tokens == text[1:12] and padded[0] == tokens and padded[2] == n_past and padded[3] == after == [text[12]]

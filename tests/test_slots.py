@@ -15,7 +15,6 @@ from localspec import DoneEvent, Engine, GenerationConfig
 from localspec.core.errors import LocalspecError
 from localspec.runtime.sampling import SamplingParams
 from localspec.runtime.prompt_cache import PromptCache
-from localspec.runtime.scheduler import Scheduler
 from localspec.speculation.cost_measure import fit_curve
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
@@ -35,9 +34,10 @@ def test_four_slots_equal_each_request_alone(models, kind):
     (or differs first at a near-tie), and the steps carried several slots."""
     alone = solo(models[kind], PROMPTS, max_tokens=48)
     with Engine(models[kind], n_ctx=512, parallel=4) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         sinks = {p: Collect() for p in PROMPTS}
-        steps = drain(scheduler, [(p, GenerationConfig(max_tokens=48, policy=LOOKUP4), sinks[p]) for p in PROMPTS])
+        steps = drain(scheduler, [(p, GenerationConfig(max_tokens=48, policy=LOOKUP4), sinks[p]) for p in PROMPTS],
+                      prepare=engine.prepare)
     for p in PROMPTS:
         assert_lossless(alone[p], sinks[p].done)
     drafted = sum(sinks[p].done.stats.drafted for p in PROMPTS)
@@ -57,9 +57,9 @@ def test_each_slot_drafts_with_its_own_drafter_sequence(models):
             engine.clear_cache()
             drafted_alone[p] = [e for e in engine.generate(p, eagle) if isinstance(e, DoneEvent)][0].stats.sources
     with Engine(models["noisy"], models["d_repeat"], n_ctx=512, parallel=3) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         sinks = {p: Collect() for p in PROMPTS}
-        drain(scheduler, [(p, eagle, sinks[p]) for p in PROMPTS])
+        drain(scheduler, [(p, eagle, sinks[p]) for p in PROMPTS], prepare=engine.prepare)
     for p in PROMPTS:
         assert_lossless(alone[p], sinks[p].done)
         assert sinks[p].done.stats.sources == drafted_alone[p] and drafted_alone[p]["eagle"][2] > 0
@@ -79,9 +79,9 @@ def test_grammar_logprobs_and_prediction_belong_to_their_slot(models):
             engine.clear_cache()
             alone[p] = [e for e in engine.generate(p, config) if isinstance(e, DoneEvent)][0]
     with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         sinks = {p: Collect() for p in configs}
-        drain(scheduler, [(p, c, sinks[p]) for p, c in configs.items()])
+        drain(scheduler, [(p, c, sinks[p]) for p, c in configs.items()], prepare=engine.prepare)
     for p in configs:
         done = sinks[p].done
         assert done.tokens == alone[p].tokens, p
@@ -94,7 +94,7 @@ def test_grammar_logprobs_and_prediction_belong_to_their_slot(models):
 def test_one_slot_cancelled_leaves_the_others_unchanged(models):
     alone = solo(models["noisy"], PROMPTS[:3], max_tokens=60)
     with Engine(models["noisy"], n_ctx=512, parallel=3) as engine:   # plain decoding: one token a step
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         cancel = threading.Event()
         sinks = [Collect() for _ in range(3)]
         for p, sink, c in zip(PROMPTS[:3], sinks, (None, cancel, None)):
@@ -116,7 +116,7 @@ def test_a_long_prompt_prefills_in_chunks_while_the_others_stream(models):
     long_prompt = " ".join(f"item {i}," for i in range(250))
     alone = solo(models["noisy"], [PROMPTS[0], long_prompt], n_ctx=2048, max_tokens=40)
     with Engine(models["noisy"], n_ctx=2048, parallel=2) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         streaming, late = Collect(), Collect()
         scheduler.admit(engine.prepare(PROMPTS[0]), GenerationConfig(max_tokens=40), None, streaming)
         for _ in range(3):
@@ -139,9 +139,9 @@ def test_a_follow_up_turn_reuses_its_slots_cache(models):
     """Two conversations in two slots; each follow-up goes to the slot holding its prefix and
     decodes only the new tokens."""
     with Engine(models["noisy"], n_ctx=512, parallel=2) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         first = {p: Collect() for p in PROMPTS[:2]}
-        drain(scheduler, [(p, GenerationConfig(max_tokens=12), first[p]) for p in PROMPTS[:2]])
+        drain(scheduler, [(p, GenerationConfig(max_tokens=12), first[p]) for p in PROMPTS[:2]], prepare=engine.prepare)
         slot_of = {p: next(s.index for s in scheduler.slots
                            if s.verifier.kv_tokens[:len(engine.prepare(p))] == engine.prepare(p)) for p in PROMPTS[:2]}
         assert sorted(slot_of.values()) == [0, 1]
@@ -167,7 +167,7 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_back_from_the_prompt_cache(model
     config = GenerationConfig(max_tokens=24,
                               policy=PolicyConfig("fixed", 3, source="eagle") if drafter else LOOKUP4)
     with Engine(models[kind], drafter, n_ctx=512, parallel=2) as engine:
-        scheduler = Scheduler(engine, prompt_cache=PromptCache(64 << 20))
+        scheduler = engine.scheduler(prompt_cache=PromptCache(64 << 20))
         sinks = [Collect() for _ in range(4)]
         for prompt, sink in zip(prompts + [prompts[0]], sinks):
             scheduler.admit(prompt, config, None, sink)
@@ -182,7 +182,7 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_back_from_the_prompt_cache(model
         if drafter:
             assert again.stats.drafted > 0
         # without the cache the same sequence prefills it again
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         for prompt in prompts[1:] + [prompts[0]]:
             sink = Collect()
             scheduler.admit(prompt, GenerationConfig(max_tokens=4), None, sink)
@@ -216,11 +216,11 @@ def test_a_seeded_sampled_request_repeats_whatever_the_other_traffic(models):
     sampled = GenerationConfig(max_tokens=40, sampling=SamplingParams(temperature=0.9, seed=5), policy=LOOKUP4,
                                logprobs=1)
     with Engine(models["noisy"], n_ctx=512, parallel=4) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         alone, crowded = Collect(), Collect()
-        drain(scheduler, [(PROMPTS[3], sampled, alone)])
+        drain(scheduler, [(PROMPTS[3], sampled, alone)], prepare=engine.prepare)
         others = [(p, GenerationConfig(max_tokens=30, policy=LOOKUP4), Collect()) for p in PROMPTS[4:7]]
-        drain(scheduler, others[:2] + [(PROMPTS[3], sampled, crowded)] + others[2:])
+        drain(scheduler, others[:2] + [(PROMPTS[3], sampled, crowded)] + others[2:], prepare=engine.prepare)
     a, c = alone.done, crowded.done
     same = next((i for i, (x, y) in enumerate(zip(a.tokens, c.tokens)) if x != y), None)
     if same is None:
@@ -239,13 +239,14 @@ def test_the_engine_alone_and_a_scheduler_of_one_agree(models):
         direct = run(engine, PROMPTS[1], max_tokens=30, policy=LOOKUP4)
         engine.clear_cache()
         sink = Collect()
-        drain(Scheduler(engine), [(PROMPTS[1], GenerationConfig(max_tokens=30, policy=LOOKUP4), sink)])
+        drain(engine.scheduler(), [(PROMPTS[1], GenerationConfig(max_tokens=30, policy=LOOKUP4), sink)],
+              prepare=engine.prepare)
     assert sink.done.tokens == direct.tokens and sink.done.stats.cycles == direct.stats.cycles
 
 
 def test_a_request_cannot_take_a_slot_when_all_are_busy_nor_the_engine_alone(models):
     with Engine(models["noisy"], n_ctx=256, parallel=2) as engine:
-        scheduler = Scheduler(engine)
+        scheduler = engine.scheduler()
         for p in PROMPTS[:2]:
             scheduler.admit(engine.prepare(p), GenerationConfig(max_tokens=4), None, Collect())
         with pytest.raises(LocalspecError):

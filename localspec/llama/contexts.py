@@ -53,7 +53,7 @@ def mtp_context_settings(slots: int = 1) -> dict:
 
 # A recurrent target (Qwen3.5's gated delta nets ...): llama.cpp keeps this many snapshots of each
 # sequence's state for rollback (n_rs_seq), so a verify rejects at most this many rows; the policy
-# drafts no deeper (Engine.open_slot). Each snapshot is a whole state per sequence: 4 L H d^2 bytes
+# drafts no deeper (Engine.open_generation). Each snapshot is a whole state per sequence: 4 L H d^2 bytes
 # for L delta-net layers of H value heads of d x d f32 (144 MiB for 48 layers of 48 heads of 128).
 RS_ROLLBACK = 8
 

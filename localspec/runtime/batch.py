@@ -1,6 +1,6 @@
 """The rows of one target decode, gathered from every slot of a scheduler step.
 
-Each generation (:class:`~localspec.runtime.generation.GenerationLoop`) adds its rows (a prompt
+Each generation (:class:`~localspec.runtime.generation.Generation`) adds its rows (a prompt
 chunk, a plain step's one row, a chain to verify, or a draft tree whose rows each belong to several
 sequences, :meth:`Batch.add_sets`) to a :class:`Batch` and remembers the offset it got; the batch is decoded once (one ``llama_decode``); then each generation reads its logits at
 its own rows (:class:`~localspec.runtime.verifier.Decoded`). A batch of one sequence 0 segment is
@@ -44,6 +44,7 @@ class Batch:
         self.positions: list[int] = []
         self.seqs: list[int | list[int]] = []   # a row's sequence, or its sequences (a tree's rows)
         self.outputs: list[bool] = []
+        self.logit_rows = 0   # rows with logits (outputs that are True)
         self.segments: list[tuple[int, int, int, bool]] = []   # (seq, offset, start position, all logits)
         self.sets = False     # some row belongs to several sequences (a draft tree's)
         self.promised = 0     # rows (each with logits) held for chains still being drafted
@@ -52,10 +53,6 @@ class Batch:
     @property
     def rows(self) -> int:
         return len(self.tokens)
-
-    @property
-    def logit_rows(self) -> int:
-        return sum(self.outputs)
 
     def rows_left(self) -> int:
         return self.capacity - len(self.tokens) - self.promised
@@ -71,6 +68,7 @@ class Batch:
         self.positions.extend(range(start, start + n))
         self.seqs.extend([seq] * n)
         self.outputs.extend([all_logits] * (n - 1) + [True])
+        self.logit_rows += n if all_logits else 1
         self.segments.append((seq, offset, start, all_logits))
         return offset
 
@@ -83,6 +81,7 @@ class Batch:
         self.positions.extend(positions)
         self.seqs.extend(list(s) for s in seqs)
         self.outputs.extend([True] * len(tokens))
+        self.logit_rows += len(tokens)
         self.segments.append((seqs[0][0], offset, positions[0], True))
         self.sets = True
         return offset

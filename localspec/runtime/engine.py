@@ -13,20 +13,22 @@ verify ``[last, d1..dk]`` in ONE target decode, accept the longest prefix the ta
 (greedy: argmax; sampling: rejection rule of :mod:`localspec.runtime.sampling`; repetition penalties
 counted over each position's own context, earlier drafts included), trim the target KV cache to
 the committed tokens, and record the committed positions' target features for the drafter (written
-lazily, only before it drafts). With ``spec=False`` the same loop runs with no drafts: plain decoding.
+lazily, only before it drafts). With ``spec=False`` the same cycle runs with no drafts: plain decoding.
 
-The parts: :mod:`.generation` (one generation's rows and events), :mod:`.drafting` (one draft over the sources),
-:mod:`.verifier` (the target context, its KV bookkeeping, prefill, chain and tree verify),
+The parts: :mod:`.generation` (one request's state: its rows and events), :mod:`.drafting` (one draft over the
+sources), :mod:`.verifier` (the target context, its KV bookkeeping, the prompt's, chains' and trees' rows read back),
 :mod:`.text_stream` (UTF-8 and stop-string holdback, finish reasons), :mod:`.calibration` (the
-cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of the loop),
+cost model's measurements), :mod:`.margins` (bench's logit margins, an observer of a generation),
 :mod:`.scheduler` (the one driver: generations, one per slot, decoded together in one batch per
 step), :mod:`.prompt_cache` (the texts of slots that moved on, kept in memory for a repeat).
 The engine loads the models once and keeps what outlives one generation (prompt cache, cost model,
 learned acceptance, recalled text). Every generation runs through
 :class:`~localspec.runtime.scheduler.Scheduler`: :meth:`Engine.generate` is a scheduler of one
 slot (the first), :meth:`Engine.batch_generate` one of every slot (``parallel`` of them: up to that
-many prompts at once, the rest waiting for a free slot), as is ``serve --parallel``. One scheduler
-holds the engine at a time: a second generation meanwhile is refused.
+many prompts at once, the rest waiting for a free slot), as is ``serve --parallel``
+(:meth:`Engine.scheduler` makes one, handing it a :class:`~localspec.runtime.scheduler.SlotHost`:
+what it may use of the engine, never the engine itself). One scheduler holds the engine at a
+time: a second generation meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -63,11 +65,11 @@ from ..speculation.sources import wants, wants_text, words
 from .calibration import calibrate
 from .calibrator import Calibrator
 from .config import GenerationConfig
-from .generation import GenerationLoop
-from .scheduler import Scheduler, drive
+from .generation import Generation
+from .scheduler import Scheduler, SlotHost, drive
 from .margins import MarginRecorder
 from .recurrent import bounded_policy, cannot_draft_note
-from .threads import for_engine as adaptive_threads
+from .threads import adaptive as adaptive_threads
 from .verifier import TargetVerifier
 
 
@@ -150,7 +152,17 @@ class Engine:
         # calibrates while no generation holds the engine (runtime.calibrator); generations take the
         # engine through it
         self.calibrator = Calibrator(self._lock, self._measure_costs, self._install_cost, self._measured_cost)
-        self.threads = adaptive_threads(self, n_threads)  # fewer threads while other processes take cores
+        # fewer threads while other processes take cores
+        self.threads = adaptive_threads(self.ctx.n_threads, n_threads, self._set_threads)
+
+    def _set_threads(self, n: int) -> None:
+        """The thread count of the target's and the drafter's contexts; the cost model follows
+        (figures for ``n`` threads)."""
+        self.ctx.set_threads(n)
+        if self.drafter is not None:
+            self.drafter.ctx.set_threads(n)
+        if self.cost is not None:
+            self.cost.rekey(cost_cache.with_threads(self.cost.key, n))
 
     def _match_rows(self, n_ctx: int) -> None:
         """Where an exact batch (``rows_match``: greedy text the same with and without drafts on a
@@ -211,7 +223,7 @@ class Engine:
 
     def _no_rollback(self) -> None:
         """A target whose recurrent state llama.cpp cannot roll back decodes plainly: no drafter,
-        no MTP heads, no lookup (:meth:`open_slot`), one note on stderr."""
+        no MTP heads, no lookup (:meth:`open_generation`), one note on stderr."""
         why = cannot_draft_note(self.model, self.ctx)
         self.spec_note = None if why is None else f"{why}, so it decodes plainly (no drafts)"
         if why is None:
@@ -285,6 +297,29 @@ class Engine:
         return [int(t) for t in tokens]
 
     # -- generation ------------------------------------------------------------------------------
+    def scheduler(self, prompt_cache=None, *, slots: int | None = None, hold: bool = False) -> Scheduler:
+        """A scheduler of this engine's slots (the first ``slots``; None: all) given only what it
+        needs of the engine (:class:`~localspec.runtime.scheduler.SlotHost`); ``prompt_cache``
+        and ``hold``: see :class:`~localspec.runtime.scheduler.Scheduler`."""
+        drafter = self.drafter
+        host = SlotHost(self.ctx, self.verifiers, self.drafters, self.open_generation, self._claim,
+                        self.calibrator.release, self.threads.tick, self._record_batch,
+                        drafter.decode_steps if drafter is not None else None)
+        return Scheduler(host, prompt_cache, slots=slots, hold=hold)
+
+    def _claim(self) -> bool:
+        """Take the engine for a generation (a background calibration stops for it), the thread
+        count read as it starts; False: a generation holds it."""
+        if not self.calibrator.acquire():
+            return False
+        self.threads.tick(start=True)
+        return True
+
+    def _record_batch(self, rows: int, seconds: float) -> None:
+        """A batch of several slots, timed once: one observation for the cost model."""
+        if self.cost is not None:
+            self.cost.observe_verify(rows, seconds)
+
     def generate(
         self,
         prompt: str | Sequence[Message | dict] | Sequence[int],
@@ -306,7 +341,7 @@ class Engine:
         yielded before the next step is decoded."""
         margins = MarginRecorder() if config.record_margins else None
         events: list[Event] = []
-        scheduler = Scheduler(self, slots=1, hold=True)
+        scheduler = self.scheduler(slots=1, hold=True)
         scheduler.admit(prompt, config, cancel, events.append, observers=[margins] if margins is not None else ())
         for _, event in drive(scheduler, [(0, events)]):
             if margins is not None and isinstance(event, DoneEvent):
@@ -334,7 +369,7 @@ class Engine:
 
     def _batch(self, tokens: list[list[int]], configs: list[GenerationConfig],
                cancel: threading.Event | None) -> Iterator[tuple[int, Event]]:
-        scheduler = Scheduler(self, hold=True)
+        scheduler = self.scheduler(hold=True)
         queues: list[tuple[int, list[Event]]] = [(i, []) for i in range(len(tokens))]
         waiting = list(range(len(tokens)))
 
@@ -346,14 +381,13 @@ class Engine:
         admit()
         yield from drive(scheduler, queues, admit)
 
-    def open_slot(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig,
-                  cancel: threading.Event | None, *, drafter=None, observers=(), cost: bool = True) -> GenerationLoop:
+    def open_generation(self, verifier: TargetVerifier, prompt: list[int], config: GenerationConfig,
+                        cancel: threading.Event | None, *, drafter=None, observers=()) -> Generation:
         """A generation of ``prompt`` on ``verifier``'s sequence, not started, for a scheduler's
         slot to drive; it drafts with ``drafter``, the slot's drafter sequence (None: the one of
         the verifier's number). Draft trees (their branches are sequences of their
         own) only in an engine of one slot, and not with chained MTP heads. It never waits for a
-        calibration: without one, the policy plans with what :meth:`planning_cost` gives (``cost`` is
-        kept for callers; unused)."""
+        calibration: without one, the policy plans with what :meth:`planning_cost` gives."""
         if self.spec_note is not None:   # a recurrent state that cannot be rolled back
             config = replace(config, spec=False)
         pcfg = bounded_policy(config.policy, self.ctx)   # a recurrent state: no deeper than it rolls back
@@ -387,10 +421,10 @@ class Engine:
         self.learned.new_generation()
         policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
         policy.block = bool(getattr(drafter, "block", False))   # a block drafter: one decode per draft
-        return GenerationLoop(verifier, prompt, config, policy, drafter, self.tree_calibration,
-                              observers=observers, cancel=cancel,
-                              recall=self.recall if pcfg.recall else None,   # off: neither drafts from it nor adds to it
-                              exact=exact)
+        return Generation(verifier, prompt, config, policy, drafter, self.tree_calibration,
+                          observers=observers, cancel=cancel,
+                          recall=self.recall if pcfg.recall else None,   # off: neither drafts from it nor adds to it
+                          exact=exact)
 
     def prediction_tokens(self, prediction: str) -> tuple:
         """Predicted Outputs' tokens for a generation's ``prediction_tokens`` (a server tokenizes

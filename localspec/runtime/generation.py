@@ -1,19 +1,20 @@
-"""The generation loop: prefill, then cycles of draft, verify, commit, emit; a stream of events.
+"""One generation (one request in one slot): prefill, then cycles of draft, verify, commit, emit.
 
 Each cycle the policy picks a draft source and depth (or none) from the cost model and live
 acceptance (:class:`~localspec.runtime.drafting.DraftStep`), the target verifies ``[last, d1..dk]``
 (or a draft tree) in ONE decode and commits the longest accepted prefix plus its own next token
 (:class:`~localspec.runtime.verifier.TargetVerifier`), the sources learn from the outcome, and
 :class:`~localspec.runtime.text_stream.TokenOutput` turns the committed tokens into TokenEvents and
-says when to stop. With no draft source the same loop is plain decoding.
+says when to stop. With no draft source the same cycle is plain decoding.
 
 One generation is one slot: each step it adds its rows to a :class:`~localspec.runtime.batch.Batch`
 (``plan``: a prompt chunk, ``last``, or ``last`` and a draft chain or tree) and says what they are
-in a typed step plan (:class:`PrefillRows`, :class:`StepRow`, :class:`VerifyRows`,
+in a typed row plan (:class:`PrefillRows`, :class:`StepRow`, :class:`VerifyRows`,
 :class:`TreeRows`), the batch is decoded once, and it reads its own rows back (``settle``,
-dispatching on the plan's type). The scheduler (:mod:`localspec.runtime.scheduler`) is the one
-driver: it drives every generation through these calls, one decode per step for all its slots
-(``Engine.generate`` is a scheduler of one slot), and ticks the engine's thread count once a step.
+dispatching on the plan's type). It decodes nothing itself: the scheduler
+(:mod:`localspec.runtime.scheduler`) is the one driver, one decode per step for all its slots
+(``Engine.generate`` is a scheduler of one slot). Its state (prefilling, generating, done) is what
+the scheduler's :class:`~localspec.runtime.scheduler.SlotState` follows.
 
 Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
 target's logits before the sampler moves on, for measurement such as bench's logit margins
@@ -61,29 +62,29 @@ class _Cycle:
 _PLAIN = _Cycle(0, 0, None)
 
 
-# -- the step plan: what a generation's rows in this step's batch are (plan -> settle) ---------------
-@dataclass(frozen=True)
+# -- the row plan: what a generation's rows in this step's batch are (plan -> settle) ----------------
+@dataclass(slots=True)
 class PrefillRows:
     """A chunk of the prompt: ``n`` rows from batch row ``offset``, logits for the last only."""
     offset: int
     n: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepRow:
     """A plain step: ``last`` alone at batch row ``offset``."""
     offset: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class VerifyRows:
-    """A chain to verify (``uncached + [last] + drafts``, filler rows up to ``rows``) from ``offset``."""
+    """A chain to verify (``uncached + [last] + drafts``, then any filler rows: ``rows`` in all) from ``offset``."""
     offset: int
     draft: Draft
     rows: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TreeRows:
     """A draft tree's rows from ``offset``, each in the sequences of the leaves below it
     (:meth:`~localspec.runtime.verifier.TargetVerifier.tree_rows`)."""
@@ -92,11 +93,11 @@ class TreeRows:
     layout: TreeLayout
 
 
-StepPlan = PrefillRows | StepRow | VerifyRows | TreeRows
+RowPlan = PrefillRows | StepRow | VerifyRows | TreeRows
 
 
-class GenerationLoop:
-    """One generation, one slot of the target context: :meth:`plan` adds its rows to a step's
+class Generation:
+    """One generation (a request's state, in one slot of the target context): :meth:`plan` adds its rows to a step's
     :class:`~localspec.runtime.batch.Batch`, :meth:`settle` reads them after the batch's one
     decode and queues the events, :meth:`check` ends it when it is due.
     :class:`~localspec.runtime.scheduler.Scheduler` drives it (alone, or with other slots' in the
@@ -130,7 +131,8 @@ class GenerationLoop:
         self.finish: str | None = None
         self.events: list[Event] = []             # queued for the driver (take)
         self.done = False                         # the DoneEvent is queued
-        self._work: StepPlan | None = None        # what this step's rows are (plan -> settle)
+        self._work: RowPlan | None = None        # what this step's rows are (plan -> settle)
+        self._plain = not config.spec             # nothing drafts: every step is a plain one
         self._shared = False                      # this step's batch holds other slots' rows
         self._alone = True                        # this step's rows are the batch's first
         self._promised = 0                        # rows promised in the batch for a chain being drafted
@@ -168,6 +170,10 @@ class GenerationLoop:
             tokens, pos = verifier.prefill_chunk(batch.rows_left())
             self._work = PrefillRows(batch.add(verifier.seq, tokens, pos, all_logits=False), len(tokens))
             return None
+        if self._plain:   # nothing may draft (spec off): the plain step's one row, no draft asked for
+            self._t_cycle = time.perf_counter()
+            self._work = StepRow(batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
+            return None
         self.policy.batch_rows = batch_rows
         self._t_cycle = time.perf_counter()
         self._alone = batch.rows == 0 and batch.promised == 0
@@ -196,7 +202,8 @@ class GenerationLoop:
         else:
             rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and self._alone else 0
             tokens, start = verifier.chain_rows(draft.tokens, rows)
-            self._work = VerifyRows(batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft, rows)
+            self._work = VerifyRows(batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft,
+                                    len(tokens))
 
     def settle(self, batch: Batch, *, shared: bool = False) -> None:
         """After the batch's decode: commit what the rows decided and queue the events.
@@ -204,18 +211,18 @@ class GenerationLoop:
         about the whole batch once)."""
         work, self._work = self._work, None
         self._shared = shared
-        if isinstance(work, PrefillRows):
+        if type(work) is StepRow:   # the most frequent first
+            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
+        elif isinstance(work, PrefillRows):
             first = self.verifier.prefill_done(work.n, self.sampler, work.offset)
             if first >= 0:
                 self._advance(self._prefilled(first, work.offset + work.n - 1), None)
             return
-        if isinstance(work, StepRow):
-            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
         elif isinstance(work, TreeRows):
             v = self.verifier.settle_tree(work.draft.tree, work.layout, self.sampler, batch.at(work.offset))
             pending, cycle = self._verified(work.draft, v)
         elif isinstance(work, VerifyRows):
-            v = self.verifier.verify(work.draft.tokens, self.sampler, rows=work.rows, decoded=batch.at(work.offset))
+            v = self.verifier.verify(work.draft.tokens, self.sampler, batch.at(work.offset), work.rows)
             pending, cycle = self._verified(work.draft, v)
         else:
             raise LocalspecError(f"internal: a step settled with no rows planned ({work!r})")

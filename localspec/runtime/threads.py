@@ -128,23 +128,13 @@ class FixedThreads:
         pass
 
 
-def for_engine(engine, n_threads: int | None) -> ThreadController | FixedThreads:
-    """Adaptive threads for ``engine`` unless the user chose a count (``n_threads``, or
-    ``$LOCALSPEC_THREADS``) or there is nothing to adapt (one thread, no /proc/stat)."""
-    n_max = engine.ctx.n_threads
+def adaptive(n_max: int, n_threads: int | None, apply: Callable[[int], None]) -> ThreadController | FixedThreads:
+    """Adaptive threads, up to ``n_max`` (the count the engine's contexts were made with; ``apply(n)``
+    sets a new one), unless the user chose a count (``n_threads``, or ``$LOCALSPEC_THREADS``) or
+    there is nothing to adapt (one thread, no /proc/stat)."""
     if n_threads or os.environ.get("LOCALSPEC_THREADS") or n_max < 2:
         return FixedThreads()
     usage = ProcStatUsage()
     if usage._last is None:
         return FixedThreads()
-
-    def apply(n: int) -> None:
-        engine.ctx.set_threads(n)
-        if engine.drafter is not None:
-            engine.drafter.ctx.set_threads(n)
-        if engine.cost is not None:   # the cost model follows: figures for n threads
-            from ..speculation.cost_cache import with_threads
-
-            engine.cost.rekey(with_threads(engine.cost.key, n))
-
     return ThreadController(n_max, apply, usage)

@@ -1,17 +1,17 @@
-"""The target side of a generation: its context, what its KV cache holds, prefill and verification.
+"""The target side of a generation: its context, what its KV cache holds, the prompt's and the drafts' rows.
 
 The committed text of a generation is ``kv_tokens`` (their KV rows are valid, positions
 ``0..len-1``), then ``uncached`` (committed, not in the cache: the part of a tree's accepted path
 that could not keep its rows), then ``last`` at position ``n_past`` (the target's newest choice).
-Each verify decodes ``uncached + [last] + drafts`` in one batch, accepts the longest prefix of
+Each verify reads ``uncached + [last] + drafts``, decoded in one batch, accepts the longest prefix of
 drafts the target agrees with (greedy: argmax; sampling: the rejection rule of
 :mod:`localspec.runtime.sampling`), trims the cache to what was committed and moves on.
 
 One verifier keeps one sequence of the target context (``seq``; a slot of
-:mod:`localspec.runtime.scheduler`), within its own ``n_ctx`` positions. Its rows may be decoded
-by the verifier itself, or as a part of a batch shared with other sequences: then the caller
-decodes the rows :meth:`TargetVerifier.chain_rows` (or :meth:`~TargetVerifier.prefill_chunk`)
-names and passes where they sat (:class:`Decoded`).
+:mod:`localspec.runtime.scheduler`), within its own ``n_ctx`` positions. It decodes nothing
+itself: the rows :meth:`TargetVerifier.chain_rows` (or :meth:`~TargetVerifier.prefill_chunk`,
+:meth:`~TargetVerifier.tree_rows`) name go into a step's batch (:mod:`localspec.runtime.batch`),
+and once it is decoded the verifier reads them where they sat (:class:`Decoded`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .sampling import Sampler
 EVERY = 2**62   # TargetVerifier.exact_upto: every position (none written otherwise)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decoded:
     """Where one sequence's rows sat in a batch decoded for several: the first row's index, and
     the decode's seconds."""
@@ -109,17 +109,6 @@ class TargetVerifier:
         return room if self.ctx.rollback is None else min(room, self.ctx.rollback)   # a recurrent state
 
     # -- prompt ----------------------------------------------------------------------------------
-    def prefill(self, prompt: list[int], sampler: Sampler, drafter=None) -> int:
-        """Bring the target KV cache to the prompt, reusing the cached prefix (``drafter``, when
-        this generation drafts with it, records the new rows); return the first generated token."""
-        self.begin(prompt, drafter)
-        first = -1
-        while first < 0:
-            tokens, pos = self.prefill_chunk(self.ctx.n_batch)
-            self._decode(tokens, pos, all_logits=False)
-            first = self.prefill_done(len(tokens), sampler)
-        return first
-
     @property
     def prefilling(self) -> bool:
         """A prompt is under way (:meth:`begin`), its first token not chosen yet."""
@@ -174,19 +163,11 @@ class TargetVerifier:
             self.n_past, self.last, self.uncached = n, first, []
         return first
 
-    def _decode(self, tokens: list[int], pos: int, *, all_logits: bool) -> None:
-        """Decode rows of this sequence alone (logits for every row or only the last)."""
-        if self.seq == 0:
-            self.ctx.decode(tokens, pos, all_logits=all_logits)
-            return
-        n = len(tokens)
-        self.ctx.decode_batch(tokens, range(pos, pos + n), [self.seq] * n,
-                              [all_logits] * (n - 1) + [True])
-
     # -- verification ----------------------------------------------------------------------------
     def chain_rows(self, drafts: list[int], rows: int = 0) -> tuple[list[int], int]:
         """The rows that verify ``drafts``: ``uncached + [last] + drafts`` and filler rows up to
-        ``rows`` (see :meth:`verify`), and the first one's position. Every row wants logits when
+        ``rows`` (where the cost model finds that size cheaper, as far as the context and the logit
+        rows allow), and the first one's position. Every row wants logits when
         there are drafts, else only the last."""
         base, n_past = len(self.uncached), self.n_past
         chain = [self.last] + drafts
@@ -194,21 +175,13 @@ class TargetVerifier:
         pad = max(0, min(rows - len(chain), room)) if drafts else 0
         return self.uncached + chain + [chain[-1]] * pad, n_past - base
 
-    def verify(self, drafts: list[int], sampler: Sampler, *, rows: int = 0,
-               decoded: Decoded | None = None) -> Verified:
-        """Decode ``uncached + [last] + drafts`` in one batch and accept the drafts the target
-        agrees with (none: a plain decoding step). ``rows``: pad the chain with filler rows up to
-        this many (where the cost model finds that size cheaper), as far as the context and the
-        logit rows allow; their rows are dropped with the rejected ones. ``decoded``: the rows
-        (:meth:`chain_rows`) were decoded already, in a batch shared with other sequences."""
+    def verify(self, drafts: list[int], sampler: Sampler, decoded: Decoded, n_rows: int) -> Verified:
+        """After the decode of the ``n_rows`` rows :meth:`chain_rows` gave for ``drafts`` (the first
+        at batch row ``decoded.offset``): accept the drafts the target agrees with (none: a plain
+        decoding step with something uncached); filler rows' cells go with the rejected ones'."""
         ctx = self.ctx
         base, n_past = len(self.uncached), self.n_past
-        tokens, start = self.chain_rows(drafts, rows)
-        if decoded is None:
-            t0, at = time.perf_counter(), 0
-            self._decode(tokens, start, all_logits=bool(drafts))
-        else:
-            t0, at = time.perf_counter() - decoded.seconds, decoded.offset
+        t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
         for i, d in enumerate(drafts):
             ok, tok = sampler.verify(ctx.logits(at + base + i), d, drafts[:i])
@@ -217,27 +190,21 @@ class TargetVerifier:
                 break
             accepted += 1
         if correction < 0:
-            correction = sampler.choose(ctx.logits(at + base + len(drafts) if drafts else at + len(tokens) - 1), drafts)
-        if accepted < len(drafts) or len(tokens) > base + 1 + len(drafts):
+            correction = sampler.choose(ctx.logits(at + base + len(drafts) if drafts else at + n_rows - 1), drafts)
+        if accepted < len(drafts) or n_rows > base + 1 + len(drafts):
             ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
         seconds = time.perf_counter() - t0
         result = Verified(n_past, drafts[:accepted] + [correction], list(range(at + base, at + base + accepted + 1)),
-                          len(drafts), len(tokens), seconds)
+                          len(drafts), n_rows, seconds)
         self._advance(result, kept=accepted)
         return result
 
-    def step(self, sampler: Sampler, decoded: Decoded | None = None) -> tuple[int, float]:
+    def step(self, sampler: Sampler, decoded: Decoded) -> tuple[int, float]:
         """A plain decoding step, ``verify([])`` with nothing uncached, without the bookkeeping of
-        drafts (the hot path where nothing is drafted): decode ``last`` and choose the token after
-        it; (that token, seconds). ``decoded``: ``last`` was decoded already, in a shared batch."""
-        ctx = self.ctx
-        if decoded is None:
-            t0 = time.perf_counter()
-            self._decode([self.last], self.n_past, all_logits=False)
-            tok = sampler.choose(ctx.logits(-1))
-        else:
-            t0 = time.perf_counter() - decoded.seconds
-            tok = sampler.choose(ctx.logits(decoded.offset))
+        drafts (the hot path where nothing is drafted): after the decode of ``last`` (at batch row
+        ``decoded.offset``), choose the token after it; (that token, seconds)."""
+        t0 = time.perf_counter() - decoded.seconds
+        tok = sampler.choose(self.ctx.logits(decoded.offset))
         seconds = time.perf_counter() - t0
         self.kv_tokens.append(self.last)
         self.n_past += 1

@@ -28,7 +28,7 @@ from typing import Sequence
 from ..formats.chat_format import Message
 from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
 from ..runtime.prompt_cache import PromptCache
-from ..runtime.scheduler import Scheduler, SlotFailed
+from ..runtime.scheduler import SlotFailed
 from ..core.errors import GrammarError, LocalspecError
 from ..core.events import CycleEvent, DoneEvent, TokenEvent
 from .errors import APIError, bad_request, context_overflow, internal, queue_full, shutting_down
@@ -149,7 +149,7 @@ class EngineWorker:
             raise LocalspecError("--queue-size must be at least 1")
         self.engine = engine
         self.queue_size = queue_size
-        self.scheduler = Scheduler(engine, prompt_cache=PromptCache(cache_bytes) if cache_bytes > 0 else None)
+        self.scheduler = engine.scheduler(prompt_cache=PromptCache(cache_bytes) if cache_bytes > 0 else None)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self._running: list[Job] = []
         self._closing = False
