@@ -207,7 +207,7 @@ class Scheduler:
         # ties: the least recently used slot; with a KV stream per slot, the lowest (slots of consecutive
         # numbers decode as one micro-batch: llama.stream_rows)
         slot = max(free, key=lambda s: (common_prefix(s.verifier.kv_tokens, prompt),
-                                        -s.index if self.engine.ctx.streams else -s.admitted))
+                                        -s.index if self.host.ctx.streams else -s.admitted))
         took = self._take()
         try:
             generation = self.host.open_generation(slot.verifier, prompt, config, cancel, drafter=slot.drafter,
