@@ -55,7 +55,7 @@ MARGIN = 1.03          # speculation must beat plain decoding by this factor ...
 # losses (docs/speculation.md, "Policy `auto`")
 SHORT_MARGIN = 1.15
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
-CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
+CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see DrafterSequence.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
 PROBE_RECHECK = 8      # ... asked again after this many cycles
 CARRY = 4.0            # observations per position carried from one generation to the next
@@ -72,7 +72,7 @@ class PolicyConfig:
     draft_max: int = options.AUTO_DRAFT_MAX  # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
     p_min: float = _D("p_min")              # drafter: stop drafting below this confidence
     probe_every: int = _D("probe_every")    # auto: first interval (cycles) between drafter probes
-    source: str = _D("source")              # auto (both), eagle (drafter only), lookup (n-gram lookup only)
+    source: str = _D("source")              # auto (every source), a word or a comma list (eagle, mtp, lookup...)
     tree: str = _D("tree")                  # drafter trees: auto (where batching is cheap), on (always), off (chains)
     tree_width: int = _D("tree_width")      # branches expanded per depth, children offered by each
     tree_nodes: int = _D("tree_nodes")      # most draft nodes in a tree

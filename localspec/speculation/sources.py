@@ -66,7 +66,7 @@ class DraftChain:
 
     k: int
     steps: Chain
-    drafter: object     # the drafter whose ``decode`` runs each step alone (an EagleDrafter)
+    drafter: object     # the drafter sequence whose ``decode`` runs each step alone (a DrafterSequence)
 
 
 def run_chain(chain: DraftChain) -> Draft:
@@ -297,7 +297,7 @@ def text_sources() -> list[type[TextSource]]:
 
 
 def model_source(name: str) -> type[ModelSource] | None:
-    """The registered model source named ``name`` (a drafter's ``name``: eagle, mtp)."""
+    """The registered model source named ``name`` (a drafter's ``name``: eagle, mtp, assistant...)."""
     return next((s for s in _SOURCES if s.model and s.name == name), None)
 
 
