@@ -97,7 +97,7 @@ def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = Non
     from localspec.runtime.sampling import SamplingParams, Sampler
 
     engine.clear_cache()
-    drafter = engine.drafter
+    drafter = engine.drafters[0]   # the drafter's sequence 0
     first = _prefill(engine, prefix, Sampler(SamplingParams(), prefix), drafter)
     if not k:
         return [first]
@@ -128,8 +128,8 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
     from localspec.speculation.policy import PolicyConfig
 
     engine.clear_cache()
-    drafter, drafts, inside = engine.drafter, [], [False]
-    catch_up, decode, decode_steps = drafter.catch_up, drafter.decode, drafter.decode_steps
+    drafter, backend, drafts, inside = engine.drafters[0], engine.drafter, [], [False]
+    catch_up, decode, decode_steps = drafter.catch_up, drafter.decode, backend.decode_steps
 
     def wrapped_catch_up(*a, **kw):
         inside[0] = True
@@ -156,7 +156,7 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
             drafts[-1].extend(int(np.argmax(logits)) for logits, _ in out)
         return out
 
-    drafter.catch_up, drafter.decode, drafter.decode_steps = wrapped_catch_up, wrapped_decode, wrapped_decode_steps
+    drafter.catch_up, drafter.decode, backend.decode_steps = wrapped_catch_up, wrapped_decode, wrapped_decode_steps
     try:
         from localspec.runtime.sampling import SamplingParams
 
@@ -164,7 +164,7 @@ def generation_drafts(engine, prompt: str, n: int, k: int) -> dict[int, list[int
                                policy=PolicyConfig("fixed", k, tree="off", source=drafter.name, p_min=0.0))
         done = [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
     finally:
-        del drafter.catch_up, drafter.decode, drafter.decode_steps
+        del drafter.catch_up, drafter.decode, backend.decode_steps
     out, n_prompt, done_n = list(done.tokens), len(engine.prompt_tokens(prompt)), 1
     keyed = {}
     for draft in drafts:

@@ -128,7 +128,7 @@ def test_a_dflash_block_is_one_decode_after_the_injection(df):
     """The repeat drafter drafts the last committed token at every block position, in one drafter
     decode; the block's cells are dropped and the injected context reaches the committed text."""
     with Engine(df["noisy"], df["dflash"], n_ctx=256) as engine:
-        d = engine.drafter
+        d = engine.drafters[0]   # the drafter's sequence 0
         assert d.name == "dflash" and d.max_depth == BLOCK_SIZE - 1
         tokens = engine.model.tokenize(PROMPT)
         engine.ctx.seq_rm(0)
@@ -140,7 +140,7 @@ def test_a_dflash_block_is_one_decode_after_the_injection(df):
         assert drafts == [tokens[-1]] * 5 and all(0.0 < p <= 1.0 for p in confidence), (drafts, confidence)
         assert d.ctx.pos_max(0) == len(tokens) - 1 and d.seconds > seconds   # the block's cells are gone
     with Engine(df["noisy"], df["dspark"], n_ctx=256) as engine:
-        d = engine.drafter
+        d = engine.drafters[0]   # the drafter's sequence 0
         assert d.name == "dspark" and d.max_depth == BLOCK_SIZE and d.confidence_head
         engine.ctx.decode(tokens, 0, all_logits=False)
         d.begin(tokens, 0)
@@ -155,7 +155,7 @@ def test_dflash_drafts_depend_on_the_injected_target_features(df):
     differs (another prompt of the same length), and is the same when it is the same."""
     out = []
     with Engine(df["noisy"], df["dflash_random"], n_ctx=256) as engine:
-        d = engine.drafter
+        d = engine.drafters[0]   # the drafter's sequence 0
         for prompt in ("one two three four five six seven", "alpha beta gamma delta epsilon zeta eta",
                        "one two three four five six seven"):
             tokens = engine.model.tokenize(prompt)[:6] + [engine.model.tokenize(" fox")[-1]]
@@ -280,13 +280,13 @@ def _prompt_observed(engine):
 
     from localspec.llama import llama_ext
 
-    d = engine.drafter
+    d = engine.drafters[0]   # the drafter's sequence 0
     tokens = engine.model.tokenize(PROMPT)
     engine.ctx.seq_rm(0)
     engine.ctx.decode(tokens, 0, all_logits=False)
     feats = np.concatenate([np.array(np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(engine.ctx.ptr, lid),
                                                            shape=(len(tokens), 64))) for lid in (1, 3)], axis=1)
-    neox = llama_cpp.llama_model_rope_type(d.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
+    neox = llama_cpp.llama_model_rope_type(d.drafter.model.ptr) == llama_cpp.LLAMA_ROPE_TYPE_NEOX
     d.begin(tokens, 0)
     d.observe(tokens[1:] + [tokens[-1]], len(tokens), 0)
     return d, tokens, feats, neox
@@ -302,7 +302,7 @@ def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
         d, tokens, feats, neox = _prompt_observed(engine)
         d.catch_up()
         block = [tokens[-1]] + [MASK_TOKEN] * 4
-        d.block(tokens[-1], len(tokens), 4, d)
+        d.kind.block(d.drafter, tokens[-1], len(tokens), 4, d)
         got = np.stack([np.array(d.ctx.logits(i)) for i in range(len(block))])
         d.ctx.seq_rm(len(tokens))
     want = _reference_block(df["dflash_random"], df["noisy"], feats, block, len(tokens), neox)

@@ -94,7 +94,7 @@ def test_the_assistant_reads_the_target_s_cache_and_writes_nothing(g4):
     is untouched by drafting."""
     out = []
     with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
-        d, ctx = engine.drafter, engine.ctx
+        d, ctx = engine.drafters[0], engine.ctx   # the drafter's sequence 0
         assert d.name == "assistant"
         for prompt in ("one two three four five six seven", "alpha beta gamma delta epsilon zeta eta"):
             tokens = engine.model.tokenize(prompt)[:6] + [engine.model.tokenize(" fox")[-1]]
@@ -121,7 +121,7 @@ def test_the_assistant_drafts_from_the_pair_draft_mtp_writes(g4):
 
     seen = []
     with Engine(g4["target"], g4["assistant"], n_ctx=256) as engine:
-        drafter = engine.drafter
+        drafter = engine.drafters[0]
         catch_up = drafter.catch_up
 
         def recording(max_rows=None):

@@ -338,7 +338,7 @@ def test_idle_drafter_skips_feature_copies_and_resumes_losslessly(tiny, monkeypa
         for e in engine.generate(prompt, cfg):
             events.append(e)
             if isinstance(e, CycleEvent):
-                skipped += engine.drafter.pending == 0
+                skipped += engine.drafters[0].pending == 0
                 if len(events) > 150:  # the drafter turns out good
                     eagle.hit = [50.0] * len(eagle.seen)
         done = events[-1]

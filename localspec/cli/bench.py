@@ -13,6 +13,7 @@ from ..core import jsonout
 from ..core.errors import LocalspecError
 from ..runtime.bench import load_prompts, parse_modes, run_bench
 from ..runtime.generation_options import GenerationOptions
+from ..speculation.sources import registered
 from .app import app
 from .common import DraftOpt, ModelArg, TargetOpt, VerboseOpt, open_engine
 from .flags import check_flags, with_options
@@ -137,12 +138,18 @@ def _print_table(out: Console, report, summary: dict, title: str) -> None:
     out.print(f"time outside llama.cpp (Python): {summary['python_overhead_share']:.1%} of speculative generation")
 
 
+def _choices(ch: dict) -> str:
+    """plain / model / lookup cycles: every model source's (each counts under its own name) summed."""
+    model = sum(ch.get(s.name, 0) for s in registered() if s.model)
+    return f"{ch.get('plain', 0)}/{model}/{ch.get('lookup', 0)}"
+
+
 def _print_profile(out: Console, report, summary: dict) -> None:
     """--profile: each mode's time split, the speedup bound, and the measured verify costs."""
     ms = summary["modes"]
     prof = Table(title="profile (whole run, per mode)")
     for col in ("mode", "tok/s", "speedup", "tok/cycle", "accept", "target", "drafter", "python",
-                "py ms/cycle", "bound", "speedup/bound", "choices (plain/eagle/lookup)"):
+                "py ms/cycle", "bound", "speedup/bound", "choices (plain/model/lookup)"):
         prof.add_column(col, justify="left" if col == "mode" else "right")
     for n in report.modes:
         m = ms.get(n) or {}
@@ -154,7 +161,7 @@ def _print_profile(out: Console, report, summary: dict) -> None:
                      f"{m['acceptance_rate']:.0%}", f"{ts['target']:.0%}", f"{ts['drafter']:.0%}",
                      f"{ts['python']:.1%}", f"{m['python_ms_per_cycle']:.3f}", f"{m['bound']:.2f}",
                      f"{m['speedup_over_bound']:.2f}",
-                     "/".join(str(ch.get(k, 0)) for k in ("plain", "eagle", "lookup")) if ch else "-")
+                     _choices(ch) if ch else "-")
     out.print(prof)
     plain_v = ms.get("plain", {}).get("verify_ms_by_batch", {})
     out.print("V(k) ms, measured in this run (batch: ms): " + ", ".join(

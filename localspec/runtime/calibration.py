@@ -12,13 +12,13 @@ import time
 import numpy as np
 
 from ..speculation import cost_measure, tree
-from ..speculation.eagle import EagleDrafter
+from ..speculation.drafter import ModelDrafter
 from .verifier import TargetVerifier
 
 WARM_STEPS = 4   # one-token decodes before timing: the filler's prefill leaves the next ones ~30% slower
 
 
-def calibrate(verifier: TargetVerifier, drafter: EagleDrafter | None,
+def calibrate(verifier: TargetVerifier, drafter: ModelDrafter | None,
               cancel=None) -> tuple[dict[int, float], float | None, float | None, bool]:
     """Time target decodes of each batch size (logits for every row) after a short context, one
     drafter step and one step of ``tree.WIDTH`` branches: (seconds by batch size, drafter step,
@@ -66,13 +66,14 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
     return verify_costs, len(verify_costs) == len(sizes), tok
 
 
-def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
+def _time_drafter(d: ModelDrafter, tok: int) -> tuple[float, float]:
     """Seconds of one drafter step, and a step of ``tree.WIDTH`` branches relative to it. The
     sequences it decodes on are emptied first: in an engine of several slots they are the slots'
     drafter sequences, which may hold an earlier request's pairs (the scheduler counts them gone).
     A block drafter (speculation.dflash): one full block decode, no trees."""
-    if getattr(d, "block", False):
-        return cost_measure.measure(lambda _b: d.time_block(tok), [1])[1], None
+    first = d.for_sequence(0)
+    if d.block:
+        return cost_measure.measure(lambda _b: first.time_block(tok), [1])[1], None
     g = np.zeros((1, d.n_embd), dtype=np.float32)
     seqs = list(range(1, tree.WIDTH + 1))
     d.reset(0)
@@ -80,7 +81,7 @@ def _time_drafter(d: EagleDrafter, tok: int) -> tuple[float, float]:
         d.forget(s)
 
     def step(_b: int) -> None:
-        d.decode([tok], g, 0)
+        first.decode([tok], g, 0)
         d.ctx.seq_rm(0)
 
     drafter_step = cost_measure.measure(step, [1])[1]

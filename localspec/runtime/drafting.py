@@ -5,8 +5,9 @@ The sources sit behind one interface (:mod:`localspec.speculation.sources`; the 
 from earlier generations, any registered one) each say how long a match of the committed text
 their proposal rests on and its statistics class; the longest is proposed (the earlier source
 winning a tie; recall is asked only where no other source found a copy), and the policy weighs
-it against the model drafter (EAGLE or MTP heads: a chain, greedy top-1 stopping under ``p_min``
-confidence, or a tree cut to its best expected rate under the cost model) and a plain step.
+it against the generation's model source (EAGLE, MTP heads, Gemma 4's assistant, a block drafter,
+any registered one: a chain, a tree or a block, each priced by its own ``cost(k)``) and a plain
+step. Every source keeps its own name: the draft carries it to the policy and the stats.
 After the target verified a draft, :meth:`DraftStep.record` tells the source that drafted it
 (a tree's outcome trains the tree calibration) and hands the committed tokens to every source:
 the drafter records the target features of the committed rows (or skips them while it will not
@@ -21,14 +22,14 @@ subtrees). The verifier would reject such a token anyway; cutting it saves the r
 from __future__ import annotations
 
 from ..speculation import tree
-from ..speculation.eagle import EagleDrafter
 from ..speculation.lookup import NgramLookup, ShadowScore
-from ..speculation.model_source import EagleSource, allowed_chain, allowed_tree  # noqa: F401 (re-exported)
-from ..speculation.policy import EAGLE, LOOKUP, DraftPolicy
+from ..speculation.model_source import allowed_chain, allowed_tree  # noqa: F401 (re-exported)
+from ..speculation.policy import DraftPolicy
 from ..speculation.prediction import PredictionSource
 from ..speculation.recall import Recall
-from ..speculation.sources import (Chain, Draft, DraftChain, SourceContext, TextSource, model_source,  # noqa: F401
-                                   run_chain, text_sources, wants)
+from ..speculation.sources import (Chain, Draft, DraftChain, Proposal, SourceContext, TextSource,  # noqa: F401
+                                   model_source, run_chain, text_sources, wants)
+from ..core.errors import LocalspecError
 from .verifier import Verified
 
 
@@ -38,7 +39,7 @@ class DraftStep:
     model drafter, ``prediction`` and ``recall`` what the lookup source brings beside it; any
     other registered text source the policy's ``source`` wants joins them."""
 
-    def __init__(self, policy: DraftPolicy, drafter: EagleDrafter | None, lookup: NgramLookup | None,
+    def __init__(self, policy: DraftPolicy, drafter, lookup: NgramLookup | None,
                  calibration: tree.Calibration, draft_max: int, grammar=None,
                  prediction: PredictionSource | None = None, recall: Recall | None = None) -> None:
         self.policy = policy
@@ -51,7 +52,9 @@ class DraftStep:
         chosen = policy.config.source
         self.texts: list[TextSource] = [] if lookup is None else [
             s for s in (cls.create(ctx) for cls in text_sources() if wants(chosen, cls.word())) if s is not None]
-        kind = (model_source(drafter.name) or EagleSource) if drafter is not None else None
+        kind = model_source(drafter.name) if drafter is not None else None
+        if drafter is not None and kind is None:
+            raise LocalspecError(f"internal: no model source is registered for the drafter {drafter.name!r}")
         self.model = kind.create(ctx) if kind is not None else None
         self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
                        if lookup is not None and not policy.fixed else None)
@@ -62,14 +65,17 @@ class DraftStep:
         drafter steps of several slots in one drafter decode."""
         policy, model = self.policy, self.model
         proposal, cls, origin = self._proposal(room)
-        source, k = policy.plan(room, len(proposal), cls, model.pending if model is not None else 0)
+        candidates = [Proposal(origin, cls, len(proposal))] if proposal else []
+        if model is not None:
+            candidates.append(model.proposal())
+        chosen, k = policy.choose(room, candidates)
         if self.shadow is not None:
             self.shadow.add(proposal, cls)
-        if source == LOOKUP:
-            return Draft(proposal[:k], origin, confidence=[1.0] * min(k, len(proposal)))
-        if source == EAGLE:
+        if chosen is None:
+            return Draft()
+        if chosen.model:
             return model.propose(k, room, n_past, batched)
-        return Draft(source=source)
+        return Draft(proposal[:k], origin, confidence=[1.0] * min(k, len(proposal)))
 
     def _proposal(self, room: int) -> tuple[list[int], int, str]:
         """The text sources' proposal with the longest match (the earlier source's on a tie), its
@@ -83,7 +89,7 @@ class DraftStep:
             if found is not None and (best is None or found.match > best.match):
                 best = found
         if best is None:
-            return [], 0, LOOKUP
+            return [], 0, ""
         tokens = best.source.propose(best, self.policy.lookup_depth(room, best.cls))
         return allowed_chain(self.grammar, tokens), best.cls, best.source.surface()
 

@@ -59,7 +59,7 @@ from ..speculation.assistant import ASSISTANT, AssistantDrafter
 from ..speculation.dflash import DFLASH, DSPARK, BlockDrafter
 from ..speculation.eagle import EagleDrafter
 from ..speculation.mtp import MTP, MtpDrafter, mtp_heads
-from ..speculation.policy import EAGLE, DraftPolicy, Learned
+from ..speculation.policy import DraftPolicy, Learned
 from ..speculation.recall import Recall
 from ..speculation.sources import wants, wants_text, words
 from .calibration import calibrate
@@ -409,8 +409,6 @@ class Engine:
             if config.spec and word in names and drafter is None:
                 raise LocalspecError(f"source {word}: this engine has no {word} block drafter (give its GGUF as "
                                      "the drafter: --draft, or DRAFT in a Modelfile)")
-        if any(w in (MTP, ASSISTANT, DFLASH, DSPARK) for w in names):   # the policy's model drafter: its EAGLE source
-            pcfg = replace(pcfg, source=",".join(EAGLE if w in (MTP, ASSISTANT, DFLASH, DSPARK) else w for w in names))
         exact = self.rows_match if config.rows_match is None else config.rows_match
         if exact:   # flash attention on a CPU tiles TILED_ROWS query rows or more otherwise
             pcfg = replace(pcfg, lookup_max=min(pcfg.lookup_max, TILED_ROWS - 2),
@@ -419,7 +417,8 @@ class Engine:
         wants_cost = pcfg.name == "auto" and (drafter is not None or use_lookup)
         model = self.planning_cost() if wants_cost else None
         self.learned.new_generation()
-        policy = DraftPolicy(pcfg, model, eagle=drafter is not None, lookup=use_lookup, learned=self.learned)
+        policy = DraftPolicy(pcfg, model, model=drafter.name if drafter is not None else None, lookup=use_lookup,
+                             learned=self.learned)
         policy.block = bool(getattr(drafter, "block", False))   # a block drafter: one decode per draft
         return Generation(verifier, prompt, config, policy, drafter, self.tree_calibration,
                           observers=observers, cancel=cancel,

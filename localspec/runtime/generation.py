@@ -34,7 +34,7 @@ from ..speculation import tree
 from ..speculation.eagle import EagleDrafter
 from ..llama.grammar import Grammar
 from ..speculation.lookup import NgramLookup
-from ..speculation.policy import EAGLE, DraftPolicy
+from ..speculation.policy import DraftPolicy
 from ..speculation.prediction import PredictionSource, prediction_tokens_used
 from ..speculation.recall import Recall
 from .config import GenerationConfig
@@ -306,12 +306,9 @@ class Generation:
         self._record_logprobs(v.tokens, v.logit_rows)
         self.drafting.record(draft, v)
         self.sampler.commit(v.tokens)
-        if draft.source == EAGLE and not draft.tokens:
-            policy.eagle_declined()
-        source = draft.source if v.drafted else None
+        policy.declined(draft)
+        source = draft.source if v.drafted else None   # every source by its own name
         depth = draft.tree.depth if draft.tree is not None else None
-        if source == EAGLE and self.drafter is not None:   # the model drafter by its name (eagle, mtp)
-            source = self.drafter.name
         self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
         policy.observe(draft.source if v.drafted else None, v.drafted, v.accepted, verify_seconds=v.seconds,
                        drafter_seconds=draft.seconds,

@@ -9,7 +9,9 @@ layer's), and returns logits and the state to feed back at the target's width
 (``nextn.post_projection``).
 
 ``common/speculative.cpp``'s ``draft-mtp`` drives it in its shared-KV mode
-(``llama_get_ctx_other(ctx_dft) == ctx_tgt``), which :class:`AssistantDrafter` follows:
+(``llama_get_ctx_other(ctx_dft) == ctx_tgt``), which the assistant's part of a
+:class:`~.drafter.ModelDrafter` follows (:class:`AssistantKind`, its sequences
+:class:`AssistantSequence`):
 
 - no catch-up decode: the target's committed rows are already in the cache the assistant reads,
   so ``observe`` keeps only the last committed row's state ``h`` and the token after it;
@@ -18,7 +20,7 @@ layer's), and returns logits and the state to feed back at the target's width
   token, the assistant's own fed-back state); nothing is written to any cache, so the steps of a
   chain, of a tree's branches or of several slots are independent rows attending to their own
   sequence's committed cells;
-- drafts are greedy top-1 under ``p_min`` (the EAGLE chain machinery, unchanged).
+- drafts are greedy top-1 under ``p_min`` (the model chain machinery, unchanged).
 
 The target outputs ``h`` for every row (``llama_set_embeddings_nextn(ctx_tgt, true, false)``;
 gemma4's graph exposes the state after the output norm, as the assistant was trained on). A
@@ -29,31 +31,55 @@ committed positions below ``pos0``.
 
 from __future__ import annotations
 
-import ctypes
-
 import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
 from ..formats.gguf_info import GGUFInfo
 from ..llama import llama_ext
+from ..llama.contexts import DRAFTER_CONTEXT
 from ..llama.llama_model import Context, Model
-from .eagle import DRAFTER_CONTEXT, TREE_SEQS
-from .mtp import MtpDrafter, MtpSequence
+from .drafter import DrafterKind, ModelDrafter, checked, open_context
+from .mtp import target_states
 
 ASSISTANT = "assistant"
 
 
-class _SharedKV:
-    """What a sequence of the assistant does beyond an MTP head's (draft-mtp's shared-KV mode):
-    only the last committed row is kept, and every row of a draft goes to ``pos0`` (the cache is
-    the target's: nothing is written to it or removed from it). The drafter (sequence 0) and its
-    other sequences (:class:`AssistantSequence`) share it."""
+class AssistantKind(DrafterKind):
+    """The assistant's part: the target's ``h`` as the state, no cells of its own (the target's
+    cache is read), every row of a sequence's draft at that sequence's ``pos0`` (its anchor)."""
 
-    def _start_sequence(self, drafter, seq: int) -> None:
-        super()._start_sequence(drafter, seq)
+    name = ASSISTANT
+    shift = 1
+    cached = False
+
+    def __init__(self, target: Context, n_embd: int) -> None:
+        self.target, self.n_embd = target, n_embd
+        self.anchors: dict[int, int] = {}   # each sequence's pos0: where its draft rows go
+        self.sequence_class = AssistantSequence
+
+    def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
+        return target_states(self.target, self.n_embd, n_rows, rows)
+
+    def position(self, seq: int, pos: int) -> int:
+        """Every row of a sequence at its ``pos0`` (draft-mtp's shared-KV mode)."""
+        anchor = self.anchors.get(seq)
+        return pos + self.shift if anchor is None else anchor
+
+
+class AssistantSequence:
+    """A sequence (a slot's) of the assistant (draft-mtp's shared-KV mode): only the last
+    committed row is kept, and every row of a draft goes to ``pos0`` (the cache is the target's:
+    nothing is written to it or removed from it). The public methods are a
+    :class:`~.drafter.DrafterSequence`'s."""
+
+    def __init__(self, drafter: ModelDrafter, seq: int) -> None:
+        self.drafter, self.seq, self.kind = drafter, seq, drafter.kind
+        self.name, self.shift, self.max_depth = drafter.name, drafter.shift, drafter.max_depth
+        self.ctx, self.n_embd, self.tree_seqs = drafter.ctx, drafter.n_embd, drafter.tree_seqs
         self._last: tuple[int, np.ndarray, int] | None = None   # (token at pos0, target h before it, pos0)
         self._fresh = False        # _last came after the last catch_up
+        self.seconds = 0.0
 
     def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
         """Keep the last of the committed rows: its target state and the token after it, which
@@ -79,85 +105,51 @@ class _SharedKV:
             raise LocalspecError("internal: the assistant has no committed row to draft from")
         tok, h, pos0 = self._last
         self._fresh = False
-        self.drafter.anchor(self.seq, pos0)
+        self.kind.anchors[self.seq] = pos0
         return self.decode([tok], h, pos0 - self.shift)
 
-    def _rm(self, p: int) -> None:
-        """Nothing to forget: the cache is the target's (llama.cpp ignores removals there too)."""
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.drafter.decode_rows(tokens, g, start_pos, self)
 
     def begin(self, prompt: list[int], keep: int) -> None:
         self.reset(keep)
 
     def reset(self, keep: int) -> None:
+        """Nothing cached to forget; the kept row and the anchor go."""
         self._last, self._fresh = None, False
-        self.drafter.anchor(self.seq, None)
-
-
-class AssistantSequence(_SharedKV, MtpSequence):
-    """Another sequence (a slot's) of the assistant's context."""
-
-
-class AssistantDrafter(_SharedKV, MtpDrafter):
-    """A Gemma 4 assistant over the target context's KV cache (its own model and context)."""
-
-    name = ASSISTANT
-    sequence_class = AssistantSequence
-
-    def __init__(self, info: GGUFInfo, target: Context, *, n_batch: int, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, slots: int = 1) -> None:
-        llama_ext.check_available()
-        self.info, self.target = info, target
-        self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
-        try:
-            # as draft-mtp's context: the target's cache size and layout (its cells are shared),
-            # its attention settings (the assistant views the target's K/V tensors as they are)
-            self.ctx = Context(self.model, n_ctx=target.n_ctx, n_batch=n_batch, n_threads=n_threads,
-                               ctx_other=target, n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots),
-                               kv_unified=True)
-        except BaseException:
-            self.model.close()
-            raise
-        self.heads, self.max_depth, self.layers, self.out_norm = 1, None, [], None
-        self.tree_seqs = TREE_SEQS
-        llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)
-        llama_ext.set_embeddings_nextn(self.ctx.ptr, True, True)  # the assistant's state of its output rows
-        self.n_embd = int(llama_cpp.llama_model_n_embd_out(self.model.ptr))
-        self.n_embd_tgt = target.model.n_embd
-        if self.n_embd != self.n_embd_tgt:
-            self.close()
-            raise LocalspecError(f"{info.path.name}: its state is {self.n_embd} wide, the target's {self.n_embd_tgt}")
-        self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
-        self._pos = ctypes.c_int32(0)
-        self._views: dict = {}
-        self._anchors: dict[int, int] = {}   # each sequence's pos0: where its draft rows go
-        self._start_sequence(self, 0)
-
-    def anchor(self, seq: int, pos0: int | None) -> None:
-        """Sequence ``seq``'s draft rows go to ``pos0`` from now on (None: it drafts nothing now)."""
-        if pos0 is None:
-            self._anchors.pop(seq, None)
-        else:
-            self._anchors[seq] = pos0
-
-    def _position(self, seq: int, pos: int) -> int:
-        """Every row of a sequence at its ``pos0`` (draft-mtp's shared-KV mode)."""
-        anchor = self._anchors.get(seq)
-        return pos + self.shift if anchor is None else anchor
+        self.kind.anchors.pop(self.seq, None)
 
     # -- draft trees: branches are rows of the drafting sequence (nothing is cached) ----------------
     def fork(self, src: int, dst: int) -> None:
-        pass
+        """Nothing to copy: every branch row reads the target's cells."""
 
     def forget(self, seq: int) -> None:
-        pass
+        """Nothing to drop."""
 
     def decode_branches(self, tokens: list[int], g: np.ndarray, pos: int,
                         seqs: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return super().decode_branches(tokens, g, pos, [self.seq] * len(tokens))
+        return self.drafter.decode_branches(tokens, g, pos, seqs, self)
 
     def close(self) -> None:
-        batch, self._batch = getattr(self, "_batch", None), None
-        if batch:
-            llama_cpp.llama_batch_ext_free(batch)
-        self.ctx.close()   # before the target's context, whose cache it views (the engine closes it after)
-        self.model.close()
+        """Nothing of its own outside Python: the drafter closes the context."""
+
+
+def AssistantDrafter(info: GGUFInfo, target: Context, *, n_batch: int, n_threads: int | None = None,
+                     n_gpu_layers: int = 0, slots: int = 1) -> ModelDrafter:
+    """A Gemma 4 assistant over the target context's KV cache (its own model and context)."""
+    llama_ext.check_available()
+    model = Model(info.path, n_gpu_layers=n_gpu_layers)
+    # as draft-mtp's context: the target's cache size and layout (its cells are shared), its
+    # attention settings (the assistant views the target's K/V tensors as they are)
+    ctx = open_context(model, target, n_ctx=target.n_ctx, n_batch=n_batch, n_threads=n_threads,
+                       n_seq_max=max(DRAFTER_CONTEXT["n_seq_max"], slots), kv_unified=True)
+    kind = AssistantKind(target, int(llama_cpp.llama_model_n_embd_out(model.ptr)))
+
+    def check(d: ModelDrafter) -> None:
+        n_embd_tgt = target.model.n_embd
+        if kind.n_embd != n_embd_tgt:
+            raise LocalspecError(f"{info.path.name}: its state is {kind.n_embd} wide, the target's {n_embd_tgt}")
+        llama_ext.set_embeddings_nextn(target.ptr, True, False)   # every target row's h (unmasked)
+        llama_ext.set_embeddings_nextn(d.ctx.ptr, True, True)     # the assistant's state of its output rows
+
+    return checked(ModelDrafter(kind, model, ctx, target, own_model=True), check)

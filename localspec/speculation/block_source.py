@@ -8,13 +8,13 @@ and at the first token a grammar forbids. The auto policy prices the cycle as on
 whatever its length (``DraftPolicy.block``), and with DSpark's confidence head verifies only the
 prefix whose expected accepted tokens pay for its rows (:meth:`DraftPolicy.worthwhile_prefix`).
 
-Both file their cycles under the model drafter's statistics class (EAGLE's), as MTP heads and
-Gemma 4's assistant do: an engine has one model drafter.
+Each files its cycles under its own name and statistics class (``dflash``, ``dspark``), as every
+model source does.
 """
 
 from __future__ import annotations
 
-from .model_source import EagleSource, allowed_chain
+from .model_source import DRAFTER_PRIOR, EagleSource, allowed_chain
 from .sources import Draft, DraftChain, SourceContext
 
 
@@ -22,8 +22,7 @@ class DFlashSource(EagleSource):
     """A DFlash drafter's blocks (:class:`~.dflash.BlockDrafter`)."""
 
     name = "dflash"
-    classes = ()
-    stats_source = EagleSource.name
+    classes = (("drafter", DRAFTER_PRIOR),)
 
     @classmethod
     def create(cls, ctx: SourceContext) -> "DFlashSource | None":
@@ -50,7 +49,7 @@ class DFlashSource(EagleSource):
             if drafter.confidence_head:
                 keep = min(keep, policy.worthwhile_prefix(confidence[:keep]))
         tokens = allowed_chain(self.grammar, tokens[:keep])
-        return Draft(tokens, EagleSource.name, steps=1, seconds=drafter.seconds - t0,
+        return Draft(tokens, self.name, steps=1, seconds=drafter.seconds - t0,
                      confidence=confidence[:len(tokens)])
 
 
@@ -59,3 +58,4 @@ class DSparkSource(DFlashSource):
     confidence head's values as the drafts' confidences."""
 
     name = "dspark"
+    classes = (("drafter", DRAFTER_PRIOR),)

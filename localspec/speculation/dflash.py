@@ -21,16 +21,16 @@ Drafts are each row's top token (draft-dflash's top of a top-10 sampler); a row'
 the probability of that token among the row's top 10 (the sampler's), or DSpark's confidence
 head where it has one. DFlash2 (a selector lattice) is refused at the pair check.
 
-A :class:`BlockSequence` is a slot's sequence of the drafter's context: target rows recorded by
-``observe`` (as an EAGLE drafter's, :class:`~.eagle.DrafterSequence`), injected by ``catch_up``
-(all of them: an injection row costs a fraction of a draft, and the block attends to the whole
-context), and drafted from with ``draft_block``.
+The drafter is a :class:`~.drafter.ModelDrafter` with the block drafters' part
+(:class:`BlockKind`). A :class:`BlockSequence` is a slot's sequence of the drafter's context:
+target rows recorded by ``observe`` (as every model drafter's), injected by ``catch_up`` (all of
+them: an injection row costs a fraction of a draft, and the block attends to the whole context),
+and drafted from with ``draft_block``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import time
 
 import llama_cpp
 import numpy as np
@@ -41,8 +41,7 @@ from ..formats.gguf_info import GGUFInfo
 from ..llama import llama_ext
 from ..llama.contexts import block_drafter_batch
 from ..llama.llama_model import Context, Model
-from ..llama.process import llama_failure
-from .eagle import DrafterSequence
+from .drafter import DrafterKind, DrafterSequence, ModelDrafter, checked, open_context
 
 DFLASH, DSPARK = "dflash", "dspark"
 SAMPLER_TOP_K = 10      # draft-dflash's sampler: the top token's probability among the top 10
@@ -50,75 +49,50 @@ INJECT_EVERY = 64       # recorded rows are injected once this many wait (a boun
 
 
 class BlockSequence(DrafterSequence):
-    """One sequence (a slot's) of a block drafter's context: the recorded target rows, how far
-    they are injected, the committed token the next block starts from."""
-
-    block = True   # the policy prices one decode per draft, whatever its length (DraftPolicy.block)
+    """One sequence (a slot's) of a block drafter's context: a model drafter's sequence (the
+    recorded target rows, how far they are injected: :class:`BlockKind` writes them) that also
+    drafts a block from the committed token its last injection ends on (``anchor``)."""
 
     @property
     def confidence_head(self) -> bool:
         """DSpark's confidence head gives the drafts' confidences (else the top-10 probability)."""
-        return self.drafter.has_confidence
-
-    def _start_sequence(self, drafter, seq: int) -> None:
-        super()._start_sequence(drafter, seq)
-        self._anchor: tuple[int, int] | None = None   # (last committed token, its position pos0)
-
-    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
-        """Record the target rows (their layer inputs); a long backlog is injected at once."""
-        super().observe(tokens_next, n_rows, start_pos, rows)
-        if self.pending >= INJECT_EVERY:
-            self.catch_up()
-
-    def catch_up(self, max_rows: int | None = None) -> None:
-        """Inject every recorded row at its position (``max_rows`` is an EAGLE drafter's cut: a
-        block drafter attends to the whole context, so every row goes in). After a gap (rows
-        dropped while the policy did not want them) the sequence restarts from the new rows."""
-        if self._pending_start is None:
-            return
-        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
-        start, tokens = self._pending_start, self._pending_tokens
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
-        self._rm(start if start <= self._written_until else 0)
-        self.drafter.inject(feats, start, self)
-        self._written_until = start + len(tokens)
-        self._anchor = (int(tokens[-1]), start + len(tokens))
+        return self.kind.has_confidence
 
     def draft_block(self, n: int) -> tuple[list[int], list[float]]:
         """Up to ``n`` drafts after the last committed token, from one block decode: the tokens
         and each one's confidence. Nothing when no committed row was injected."""
-        self.catch_up()
-        if self._anchor is None or n <= 0:
+        if self.pending:
+            self.catch_up()
+        if self.anchor is None or n <= 0:
             return [], []
-        tok, pos0 = self._anchor
-        if pos0 != self._written_until:   # the injected context must reach the block
+        tok, pos0 = self.anchor
+        if pos0 != self.written_until:   # the injected context must reach the block
             return [], []
         try:
-            return self.drafter.block(tok, pos0, n, self)
+            return self.kind.block(self.drafter, tok, pos0, n, self)
         finally:
-            self._rm(pos0)   # the block's cells: the cache keeps the injected context only
+            self.rm(pos0)   # the block's cells: the cache keeps the injected context only
 
-    def reset(self, keep: int) -> None:
-        super().reset(keep)
-        if self._anchor is not None and self._anchor[1] > keep:
-            self._anchor = None
+    def time_block(self, tok: int) -> None:
+        """A drafting cycle on this sequence, emptied first and after (the calibration's drafter
+        step): one injected row, then a full block (llama.cpp builds the block's graph again after
+        an injection: most of a cycle's time on a small model)."""
+        kind = self.kind
+        self.reset(0)
+        kind.inject(self.drafter, np.zeros((1, len(kind.layers) * kind.n_embd_tgt), dtype=np.float32), 0, self)
+        kind.block(self.drafter, tok, 1, kind.max_depth, self)
+        self.ctx.seq_rm(0, seq=self.seq)
 
-    def drop_pending(self) -> None:
-        super().drop_pending()
-        self._anchor = None
 
+class BlockKind(DrafterKind):
+    """The block drafters' part: the target layers' inputs side by side as features, injected as
+    they are (no encode decode: ``catch_up`` writes them with :meth:`inject`, every recorded row,
+    and returns nothing), and the block decode (:meth:`block`)."""
 
-class BlockDrafter(BlockSequence):
-    """A DFlash or DSpark drafter: its own model and context beside the target's (``ctx_other``:
-    it borrows the target's token embeddings and lm_head), the target's layer inputs turned on.
-    It is its context's sequence 0; :meth:`for_sequence` gives the others (slots)."""
-
-    shift = 0
+    block = True   # the policy prices one decode per draft, whatever its length (its source's cost)
     sequence_class = BlockSequence
 
-    def __init__(self, info: GGUFInfo, target: Context, *, n_ctx: int, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, slots: int = 1) -> None:
-        llama_ext.check_available()
+    def __init__(self, info: GGUFInfo, model: Model, target: Context) -> None:
         self.info, self.target = info, target
         self.kind = info.block_kind or DFLASH
         self.name = DSPARK if self.kind == DSPARK else DFLASH
@@ -129,112 +103,114 @@ class BlockDrafter(BlockSequence):
         # the longest draft: DFlash's block is [anchor, masks] (block_size - 1 drafts), DSpark's anchor-first block_size
         self.max_depth = self.block_size if self.from_anchor else self.block_size - 1
         self.mask = int(info.mask_token)
-        self._start_sequence(self, 0)
-        self.model = Model(info.path, n_gpu_layers=n_gpu_layers)
-        try:
-            # as EAGLE's drafter context (F32 cache, exact attention: what the memory plan counts),
-            # its batch sized to the block
-            self.ctx = Context(self.model, n_ctx=n_ctx * slots, n_batch=block_drafter_batch(self.block_size),
-                               n_threads=n_threads, ctx_other=target, n_seq_max=max(1, slots), kv_unified=True,
-                               precise_attention=True)
-        except BaseException:
-            self.model.close()
-            raise
-        self.layers = llama_ext.model_target_layer_ids(self.model.ptr)
+        self.layers = llama_ext.model_target_layer_ids(model.ptr)
+        self.n_embd, self.n_embd_tgt = model.n_embd, target.model.n_embd
+        self._pos = ctypes.c_int32(0)
+
+    def check(self, d: ModelDrafter) -> None:
+        """The target layers llama.cpp reads are the metadata's; they, the drafter's confidences
+        and its attention are set."""
+        info = self.info
         if tuple(self.layers) != tuple(info.target_layers or ()):
-            self.close()
             raise LocalspecError(f"{info.path.name}: llama.cpp reads target layers {self.layers}, metadata says {info.target_layers}")
         for lid in self.layers:
-            llama_ext.set_embeddings_layer_inp(target.ptr, lid, True)
-        llama_ext.set_embeddings_nextn(self.ctx.ptr, True, True)   # DSpark's confidences, as draft-dflash asks
-        causal = bool(meta.get(K.key(K.KEY_CAUSAL, K.DFLASH_ARCH), False))
-        llama_cpp.llama_set_causal_attn(self.ctx.ptr, causal)
-        self.n_embd, self.n_embd_tgt = self.model.n_embd, target.model.n_embd
-        self._batch = llama_cpp.llama_batch_ext_init(self.ctx.ptr)
-        self._pos = ctypes.c_int32(0)
-        self._views: dict = {}
-
-    def for_sequence(self, seq: int) -> DrafterSequence:
-        return self if seq == self.seq else self.sequence_class(self, seq)
+            llama_ext.set_embeddings_layer_inp(self.target.ptr, lid, True)
+        llama_ext.set_embeddings_nextn(d.ctx.ptr, True, True)   # DSpark's confidences, as draft-dflash asks
+        causal = bool(info.metadata.get(K.key(K.KEY_CAUSAL, K.DFLASH_ARCH), False))
+        llama_cpp.llama_set_causal_attn(d.ctx.ptr, causal)
 
     # -- target side -------------------------------------------------------------------------
-    def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
+    def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
         """The target layers' inputs of the first ``n_rows`` rows of its last batch (or of its
         rows ``rows``), side by side in ``target_layers`` order: one injection row each."""
         return llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
-                                      self._views)
+                                      d.views)
+
+    def begin_sequence(self, who: DrafterSequence) -> None:
+        who.anchor = None   # (last committed token, its position pos0)
+
+    def observed(self, who: DrafterSequence) -> None:
+        """A long backlog is injected at once."""
+        if who.pending >= INJECT_EVERY:
+            who.catch_up()
+
+    def forgot(self, who: DrafterSequence, keep: int) -> None:
+        if who.anchor is not None and who.anchor[1] > keep:
+            who.anchor = None
+
+    def write(self, who: DrafterSequence, tokens: list[int], g: np.ndarray, start: int) -> None:
+        """Inject every recorded row at its position; the next block starts after the last."""
+        self.inject(who.drafter, g, start, who)
+        who.anchor = (int(tokens[-1]), start + len(tokens))
 
     # -- drafter graphs ------------------------------------------------------------------------
-    def _process(self, who: DrafterSequence) -> None:
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self.ctx.ptr, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, self._batch)
-        who.seconds += time.perf_counter() - t0
-        if rc != 0:
-            raise llama_failure(f"the block drafter failed (llama_process code {rc})")
-
-    def inject(self, features: np.ndarray, start: int, who: DrafterSequence) -> None:
+    def inject(self, d: ModelDrafter, features: np.ndarray, start: int, who: DrafterSequence) -> None:
         """Feature rows at positions ``start..`` of sequence ``who``: the graph writes each drafter
         layer's K/V of them (no outputs), in decodes of the context's batch."""
-        step = self.ctx.n_batch
+        step = d.ctx.n_batch
         for first in range(0, features.shape[0], step):
             chunk = np.ascontiguousarray(features[first:first + step], dtype=np.float32)
-            llama_cpp.llama_batch_ext_clear(self._batch)
+            batch = d.clear().batch
             for j in range(chunk.shape[0]):
                 row = chunk[j]
                 embd = llama_cpp.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0])
-                idx = llama_cpp.llama_batch_ext_add_embd(self._batch, who.seq, embd)
+                idx = llama_cpp.llama_batch_ext_add_embd(batch, who.seq, embd)
                 if idx < 0:
                     raise LocalspecError(f"internal: the block drafter's injection batch rejected a row ({idx})")
                 self._pos.value = start + first + j
-                llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-                llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, False)
-            self._process(who)
+                llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(self._pos))
+                llama_cpp.llama_batch_ext_set_output_logits(batch, idx, False)
+            d.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
 
-    def block(self, anchor: int, pos0: int, n: int, who: DrafterSequence) -> tuple[list[int], list[float]]:
+    def block(self, d: ModelDrafter, anchor: int, pos0: int, n: int, who: DrafterSequence) -> tuple[list[int], list[float]]:
         """One decode of the block after ``anchor`` (at ``pos0``) in sequence ``who``: ``n`` drafts
         (at most :attr:`max_depth`) and their confidences."""
         n = min(n, self.max_depth)
         rows = n if self.from_anchor else n + 1
-        llama_cpp.llama_batch_ext_clear(self._batch)
+        batch = d.clear().batch
         for i in range(rows):
-            idx = llama_cpp.llama_batch_ext_add_token(self._batch, who.seq, anchor if i == 0 else self.mask)
+            idx = llama_cpp.llama_batch_ext_add_token(batch, who.seq, anchor if i == 0 else self.mask)
             if idx < 0:
                 raise LocalspecError(f"internal: the block drafter's batch rejected a token ({idx})")
             self._pos.value = pos0 + i
-            llama_cpp.llama_batch_ext_set_pos(self._batch, idx, ctypes.byref(self._pos))
-            llama_cpp.llama_batch_ext_set_output_logits(self._batch, idx, True)
-        self._process(who)
+            llama_cpp.llama_batch_ext_set_pos(batch, idx, ctypes.byref(self._pos))
+            llama_cpp.llama_batch_ext_set_output_logits(batch, idx, True)
+        d.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
         first = 0 if self.from_anchor else 1
-        conf = self._confidences(rows) if self.has_confidence else None
+        conf = self._confidences(d, rows) if self.has_confidence else None
         tokens, sure = [], []
         for i in range(first, rows):
-            tok, p = top_of_top_k(self.ctx.logits(i))
+            tok, p = top_of_top_k(d.ctx.logits(i))
             tokens.append(tok)
             sure.append(float(conf[i]) if conf is not None else p)
         return tokens, sure
 
-    def _confidences(self, rows: int) -> np.ndarray:
+    def _confidences(self, d: ModelDrafter, rows: int) -> np.ndarray:
         """DSpark's confidence of each output row (its h_nextn row, the value broadcast over it)."""
-        ptr = llama_ext.get_embeddings_nextn(self.ctx.ptr)
+        ptr = llama_ext.get_embeddings_nextn(d.ctx.ptr)
         if not ptr:
             raise LocalspecError("the DSpark drafter returned no confidences")
         return np.array(np.ctypeslib.as_array(ptr, shape=(rows, self.n_embd))[:, 0])
 
-    def time_block(self, tok: int) -> None:
-        """A drafting cycle on an empty sequence 0, then dropped (the calibration's drafter step):
-        one injected row, then a full block (llama.cpp builds the block's graph again after an
-        injection: most of a cycle's time on a small model)."""
-        self.reset(0)
-        self.inject(np.zeros((1, len(self.layers) * self.n_embd_tgt), dtype=np.float32), 0, self)
-        self.block(tok, 1, self.max_depth, self)
-        self.ctx.seq_rm(0, seq=self.seq)
 
-    def close(self) -> None:
-        batch, self._batch = getattr(self, "_batch", None), None
-        if batch:
-            llama_cpp.llama_batch_ext_free(batch)
-        self.ctx.close()
-        self.model.close()
+def BlockDrafter(info: GGUFInfo, target: Context, *, n_ctx: int, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, slots: int = 1) -> ModelDrafter:
+    """A DFlash or DSpark drafter: its own model and context beside the target's (``ctx_other``:
+    it borrows the target's token embeddings and lm_head), the target's layer inputs turned on."""
+    llama_ext.check_available()
+    model = Model(info.path, n_gpu_layers=n_gpu_layers)
+    block_size = int(info.metadata.get(K.key(K.KEY_BLOCK_SIZE, K.DFLASH_ARCH)))
+    # as EAGLE's drafter context (F32 cache, exact attention: what the memory plan counts),
+    # its batch sized to the block
+    ctx = open_context(model, target, n_ctx=n_ctx * slots, n_batch=block_drafter_batch(block_size),
+                       n_threads=n_threads, n_seq_max=max(1, slots), kv_unified=True, precise_attention=True)
+    try:
+        kind = BlockKind(info, model, target)
+    except BaseException:
+        ctx.close()
+        model.close()
+        raise
+    return checked(ModelDrafter(kind, model, ctx, target, own_model=True), kind.check)
 
 
 def top_of_top_k(logits: np.ndarray, k: int = SAMPLER_TOP_K) -> tuple[int, float]:

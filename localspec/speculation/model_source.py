@@ -1,5 +1,6 @@
-"""The model drafters as draft sources: the EAGLE drafter (:mod:`.eagle`) and the target's MTP
-heads (:mod:`.mtp`, an EAGLE drafter over another context).
+"""The model drafters as draft sources: the EAGLE drafter (:mod:`.eagle`), the target's MTP
+heads (:mod:`.mtp`) and Gemma 4's assistant (:mod:`.assistant`), all one drafter backend
+(:mod:`.drafter`) with a per-kind part.
 
 A cycle of a model source first writes the rows committed since its last draft (the catch-up,
 at most ``policy.catch_up_rows``), then drafts a tree (:mod:`.tree`, where the policy plans one,
@@ -8,9 +9,10 @@ cut to its best expected rate under the cost model) or a greedy top-1 chain that
 can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`). Under a
 grammar the chain stops at the first token it forbids and a tree loses the nodes it forbids.
 
-Both file their cycles under one statistics class (``eagle``'s): the policy knows the model
-drafter of a generation, whichever it is, as its EAGLE source. A step costs the calibrated
-drafter curve's step time (:meth:`EagleSource.cost`).
+Each files its cycles under its own name and statistics class (``eagle``, ``mtp``,
+``assistant``: each with its own prior), end to end: the draft carries the source's name to the
+policy, the stats and ``/metrics``. A step costs the calibrated drafter curve's step time
+(:meth:`EagleSource.cost`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import numpy as np
 from . import tree
 from .sources import Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
 
-# the drafter's acceptance prior (first draft, later drafts), before it drafted on this engine
+# a drafter's acceptance prior (first draft, later drafts), before it drafted on this engine
 DRAFTER_PRIOR = (0.5, 0.6)
+# the target's own MTP heads and Gemma 4's assistant, trained with the target's weights: no
+# measurement here says they beat a trained EAGLE drafter, so the same prior until one does
+MTP_PRIOR = ASSISTANT_PRIOR = DRAFTER_PRIOR
 TREE = "tree"   # a model drafter's draft tree, on the surfaces
 
 
@@ -56,10 +61,6 @@ class EagleSource(ModelSource):
         """``k`` drafter steps at the calibrated (live) step time."""
         step = getattr(cost_model, "drafter_step", None) or 0.0
         return k * step
-
-    @property
-    def pending(self) -> int:
-        return self.drafter.pending
 
     def propose(self, k: int, room: int, n_past: int, batched: bool = False) -> Draft | DraftChain:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain of
@@ -113,7 +114,7 @@ class EagleSource(ModelSource):
         finally:
             if grammar is not None:
                 grammar.close()
-        return Draft(tokens, EagleSource.name, steps=steps, seconds=drafter.seconds - t0,
+        return Draft(tokens, self.name, steps=steps, seconds=drafter.seconds - t0,
                      confidence=confidence[:len(tokens)])
 
     def accepted(self, draft: Draft, verified) -> None:
@@ -132,20 +133,18 @@ class EagleSource(ModelSource):
 
 
 class MtpSource(EagleSource):
-    """The target's MTP heads (:class:`~.mtp.MtpDrafter`): EAGLE's cycle, EAGLE's statistics."""
+    """The target's MTP heads (:func:`~.mtp.MtpDrafter`): EAGLE's cycle, its own statistics."""
 
     name = "mtp"
-    classes = ()
-    stats_source = EagleSource.name
+    classes = (("drafter", MTP_PRIOR),)
 
 
 class AssistantSource(EagleSource):
-    """Gemma 4's assistant (:class:`~.assistant.AssistantDrafter`, a drafter file reading the
-    target's KV cache): EAGLE's cycle, EAGLE's statistics."""
+    """Gemma 4's assistant (:func:`~.assistant.AssistantDrafter`, a drafter file reading the
+    target's KV cache): EAGLE's cycle, its own statistics."""
 
     name = "assistant"
-    classes = ()
-    stats_source = EagleSource.name
+    classes = (("drafter", ASSISTANT_PRIOR),)
 
 
 def allowed_chain(grammar, tokens: list[int]) -> list[int]:

@@ -1,15 +1,21 @@
 """What to draft each cycle: which source, how deep, or nothing at all.
 
-``fixed`` always drafts ``draft_max`` tokens from one source (the EAGLE drafter when loaded, else
-n-gram lookup; tests and benchmarks). ``auto`` (the default) maximises expected tokens per second:
+Each cycle the draft step hands it a list of :class:`Proposal` s (a text source's chain ready to
+verify, the generation's model drafter), each with its source's name, its statistics class, its
+depth and its price (the source's own ``cost(k)``); it picks one and a depth, or plain decoding.
+It knows no source by name: a new source is priced and weighed as the ones it ships with.
+
+``fixed`` always drafts ``draft_max`` tokens from one source (the model drafter when loaded, else
+the text proposal; tests and benchmarks). ``auto`` (the default) maximises expected tokens per second:
 
     rate(source, k) = (1 + E[accepted | k, source]) / (V(k + 1) + drafting(source, k) + overhead)
 
 with ``V`` the cost model's verify seconds by batch size (calibrated, refreshed live), drafting the
-drafter's measured step time times ``k`` (lookup: nothing), and ``E[accepted]`` the sum over
-positions of the product of live conditional acceptance rates, per source (lookup: per class of
-the match, its length or a loop, :func:`lookup_class`, scored on every cycle whether verified or
-not, see ``lookup.ShadowScore``).
+source's price of ``k`` (a model drafter's calibrated step times its steps, a block drafter's one
+decode; a text source: nothing), and ``E[accepted]`` the sum over positions of the product of live
+conditional acceptance rates of the proposal's statistics class (each model source has its own;
+lookup: per class of the match, its length or a loop, :func:`lookup_class`, scored on every cycle
+whether verified or not, see ``lookup.ShadowScore``).
 It compares the best option with a plain step ``1 / (V(1) + overhead)`` and decodes plain when
 nothing beats it by a margin. ``draft_max`` caps the drafter and lookup drafts on short matches; a
 lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up to ``lookup_max``
@@ -22,7 +28,6 @@ that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from ..core import options
 from . import registry  # noqa: F401 (the built-in sources and their statistics classes)
 from .costmodel import CostModel
@@ -32,12 +37,12 @@ from .lookup import (LONG_MATCH, LOOKUP_BUCKETS, LOOKUP_PRIORS, LOOP_BUCKETS, LO
 from .model_source import TREE, top1_probability  # noqa: F401
 from .prediction import PREDICTION_PRIORS, PREDICTION_SURE  # noqa: F401
 from .recall import RECALL_PRIOR  # noqa: F401
-from .sources import CLASSES, surface_names, wants, wants_text
+from .sources import CLASSES, Proposal, model_source, surface_names, wants, wants_text  # noqa: F401 (Proposal re-exported)
 
 POLICIES = options.OPTIONS["policy"].choices   # ("auto", "fixed")
 SOURCES = options.OPTIONS["source"].choices    # ("auto", "eagle", "lookup", "mtp"), or a comma list
 TREES = options.OPTIONS["tree"].choices        # ("auto", "on", "off")
-EAGLE, LOOKUP = "eagle", "lookup"   # the model drafter (whichever: eagle, mtp), TREE its draft tree
+EAGLE, LOOKUP = "eagle", "lookup"   # the EAGLE drafter's source, n-gram lookup's (TREE: a model drafter's tree)
 PREDICTION = "prediction"   # Predicted Outputs (speculation.prediction): planned as a lookup proposal
 MAX_DEPTH = options.LOOKUP_MAX     # deepest draft: auto's lookup on a long match (the drafter: DRAFT_MAX)
 DENSE_DEPTH = 16       # auto weighs every depth up to this, then those that verify a multiple of
@@ -50,7 +55,7 @@ MARGIN = 1.03          # speculation must beat plain decoding by this factor ...
 # losses (docs/speculation.md, "Policy `auto`")
 SHORT_MARGIN = 1.15
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
-CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see EagleDrafter.catch_up)
+CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see DrafterSequence.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
 PROBE_RECHECK = 8      # ... asked again after this many cycles
 CARRY = 4.0            # observations per position carried from one generation to the next
@@ -67,7 +72,7 @@ class PolicyConfig:
     draft_max: int = options.AUTO_DRAFT_MAX  # most tokens drafted per cycle (auto chooses up to this), but see lookup_max
     p_min: float = _D("p_min")              # drafter: stop drafting below this confidence
     probe_every: int = _D("probe_every")    # auto: first interval (cycles) between drafter probes
-    source: str = _D("source")              # auto (both), eagle (drafter only), lookup (n-gram lookup only)
+    source: str = _D("source")              # auto (every source), a word or a comma list (eagle, mtp, lookup...)
     tree: str = _D("tree")                  # drafter trees: auto (where batching is cheap), on (always), off (chains)
     tree_width: int = _D("tree_width")      # branches expanded per depth, children offered by each
     tree_nodes: int = _D("tree_nodes")      # most draft nodes in a tree
@@ -182,12 +187,17 @@ def _depths(k_max: int) -> list[int]:
     return out + [k_max]
 
 
+def _first_class(source: str) -> int:
+    """The first statistics class of ``source`` (EAGLE's for a source that declared none)."""
+    return CLASSES.first(source if CLASSES.has(source) else EAGLE)
+
+
 class Learned:
     """Live acceptance statistics, kept by the engine from one generation to the next (a drafter's
     quality, and how often this model copies its context, change slowly): one
     :class:`Acceptance` per statistics class (:data:`.sources.CLASSES`, by index, each from the
-    prior its source declares). ``lookup``: the table the text sources' classes index;
-    ``eagle``: the model drafter's class."""
+    prior its source declares). ``lookup``: the table every class indexes (text and model
+    sources alike; the name is kept for callers); ``eagle``: the EAGLE drafter's class."""
 
     def __init__(self) -> None:
         self.lookup: list[Acceptance] = []
@@ -205,32 +215,58 @@ class Learned:
             acc.carry()
 
 
-class DraftPolicy:
-    """One generation's decisions. ``plan`` before each cycle, ``observe`` after it."""
+class _Probe:
+    """A model source's probing clock: cycles since it drafted, the interval before the next
+    probe (doubled after each that did not pay), the cached could-pay answer."""
 
-    def __init__(self, config: PolicyConfig, cost: CostModel | None = None, *,
+    __slots__ = ("since", "interval", "could")
+
+    def __init__(self, interval: int) -> None:
+        self.since, self.interval = 0, interval
+        self.could: tuple[int, bool] | None = None   # (since when asked, _probe_could_pay's answer)
+
+
+class DraftPolicy:
+    """One generation's decisions. ``plan`` (or :meth:`choose`) before each cycle, ``observe``
+    after it. ``model``: the name of the generation's model source (eagle, mtp, assistant,
+    dflash, dspark, any registered one; ``eagle=True`` is ``model="eagle"``), if ``source`` lets it draft."""
+
+    def __init__(self, config: PolicyConfig, cost: CostModel | None = None, *, model: str | None = None,
                  eagle: bool = False, lookup: bool = False, learned: Learned | None = None) -> None:
         self.config = config
         self.cost = cost
-        # the engine maps a model drafter's word (mtp) to EAGLE: the policy's model drafter
-        self.eagle = eagle and wants(config.source, EAGLE)
+        name = model or (EAGLE if eagle else None)
+        kind = model_source(name) if name else None
+        self.model = name if name and wants(config.source, kind.word() if kind else name) else None
         self.lookup = lookup and wants_text(config.source)   # any text source (lookup, prediction, ...)
         learned = learned or Learned()
         learned.grow()
-        self.eagle_acc = learned.eagle
-        self.lookup_acc = learned.lookup
+        self.lookup_acc = learned.lookup   # every class's acceptance, by index
+        self.model_cls = _first_class(self.model) if self.model else None
         self.overhead = 0.0          # seconds per cycle outside llama.cpp (EMA)
-        self._probe_interval = config.probe_every
-        self._since_eagle = 0
-        self._could: tuple[int, bool] | None = None   # (_since_eagle when asked, _probe_could_pay's answer)
+        self._probes: dict[str, _Probe] = {}
         self.wants_features = True   # the engine records target features for the drafter
-        # a block drafter (speculation.dflash): a draft of any depth is one drafter decode
-        self.block = False
+        self.block = False           # kept for callers: a block drafter's price is its source's cost(k)
         # rows other slots decode in the same batch (localspec.runtime.scheduler): a draft's rows are
         # then priced at their marginal cost on the batch (see _verify)
         self.batch_rows = 0
-        # cycles by source name: plain, the model drafter, its trees, then each text source's
-        self.choices = dict.fromkeys(("plain", EAGLE, LOOKUP, TREE, *surface_names()), 0)
+        # cycles by source name: plain, the model source, its trees, then each text source's
+        self.choices = dict.fromkeys(("plain", *((self.model,) if self.model else ()), TREE, *surface_names()), 0)
+
+    @property
+    def eagle(self) -> bool:
+        """Whether a model source may draft (the name kept for callers)."""
+        return self.model is not None
+
+    @property
+    def eagle_acc(self) -> "Acceptance":
+        """The model source's acceptance (its own statistics class); EAGLE's when there is none."""
+        return self.lookup_acc[self.model_cls if self.model_cls is not None else CLASSES.first(EAGLE)]
+
+    @eagle_acc.setter
+    def eagle_acc(self, acc: "Acceptance") -> None:
+        self.lookup_acc = list(self.lookup_acc)
+        self.lookup_acc[self.model_cls if self.model_cls is not None else CLASSES.first(EAGLE)] = acc
 
     @property
     def fixed(self) -> bool:
@@ -238,74 +274,98 @@ class DraftPolicy:
 
     @property
     def active(self) -> bool:
-        return self.eagle or self.lookup
+        return self.model is not None or self.lookup
 
     # -- choosing ---------------------------------------------------------------------------------
     def plan(self, room: int, lookup_len: int = 0, lookup_cls: int = 0, backlog: int = 1) -> tuple[str | None, int]:
-        """(source, depth) for this cycle; (None, 0) is a plain step. ``lookup_len``: drafts the
-        lookup source has ready, ``lookup_cls``: their :func:`lookup_class`; ``backlog``: rows
-        the drafter must write before it drafts (each costs about one drafter step)."""
+        """(source, depth) for this cycle from a text proposal of ``lookup_len`` tokens of class
+        ``lookup_cls`` and the model source (``backlog`` rows to write first, priced at the cost
+        model's drafter step each); (None, 0) is a plain step. See :meth:`choose`."""
+        proposals = []
+        if lookup_len:
+            proposals.append(Proposal(LOOKUP, lookup_cls, lookup_len))
+        if self.model is not None:
+            proposals.append(Proposal(self.model, self.model_cls, options.DRAFT_MAX, self.step_price, backlog))
+        chosen, k = self.choose(room, proposals)
+        return (chosen.source if chosen is not None else None), k
+
+    def step_price(self, k: int) -> float:
+        """``k`` drafter steps at the cost model's drafter step, one for a block drafter (the
+        price :meth:`plan` gives its model source; :meth:`choose` takes the source's own)."""
+        step = getattr(self.cost, "drafter_step", None) or 0.0
+        return step if self.block else k * step
+
+    def choose(self, room: int, proposals: list[Proposal]) -> tuple[Proposal | None, int]:
+        """The proposal to draft this cycle and its depth, or (None, 0): a plain step. Each is
+        weighed by its class's live acceptance against its price and the verify it needs; the
+        best beats plain decoding by a margin or nothing drafts. A model source not chosen is
+        probed now and then (its acceptance is learned only by drafting)."""
         k_max = min(self.config.draft_max, room, options.DRAFT_MAX)
         if k_max <= 0 or not self.active:
             return None, 0
+        texts = [p for p in proposals if not p.model and p.depth] if self.lookup else []
+        models = [p for p in proposals if p.model and p.source == self.model]
         if self.fixed:
-            if self.eagle:
-                return EAGLE, k_max
-            if lookup_len:
-                return LOOKUP, min(k_max, lookup_len)
-            return None, 0
-        cost = self.cost
-        if cost is None:
+            if models:
+                return models[0], k_max
+            return (texts[0], min(k_max, texts[0].depth)) if texts else (None, 0)
+        if self.cost is None:
             return None, 0
         if self.batch_rows and not self._rows_nearly_free():
             self.wants_features = False   # nothing drafts here: the drafter's rows are not worth copying
             return None, 0
-        o = self.overhead
-        plain = 1.0 / (self._verify(1) + o)
+        plain = 1.0 / (self._verify(1) + self.overhead)
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
-        best = (None, 0)
-        if self.lookup and lookup_len:
-            best_rate, best = self._plan_lookup(room, lookup_len, lookup_cls, best_rate, short_bar)
-        if self.eagle:
-            # backlog 0: no rows recorded (features were not wanted): the drafter cannot draft
-            # this cycle, but whether to record this cycle's rows is decided as below
-            d = cost.drafter_step or 0.0
-            eagle_best = None
-            if backlog > 0:
-                rows = min(backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
-                acc = self.eagle_acc.expected(k_max)
-                bound = (1.0 + acc[-1]) / (self._cheapest() + self._drafting(1 + rows, d) + o)   # as above
-                for k in range(1, len(acc) if bound > max(best_rate, short_bar) else 1):
-                    rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + self._drafting(k + rows, d) + o)
-                    if rate > best_rate and rate > short_bar:
-                        best_rate, best, eagle_best = rate, (EAGLE, k), k
-            if eagle_best is not None:
-                self._since_eagle = 0
-                self._probe_interval = self.config.probe_every
-                self.wants_features = True
-            else:
-                self._since_eagle += 1
-                near = self._since_eagle >= self._probe_interval - CATCH_UP_ROWS
-                could = near and self._probe_pays(k_max, d, o)
-                if could and backlog > 0 and self._since_eagle >= self._probe_interval:
-                    self._since_eagle = 0
-                    self._probe_interval = min(2 * self._probe_interval, PROBE_MAX)
-                    best = (EAGLE, 1)
-                # features are only worth copying when the drafter may draft within CATCH_UP_ROWS
-                # cycles (rows older than that are not written anyway); copying them every other
-                # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
-                self.wants_features = could or best[0] == EAGLE
+        best: tuple[Proposal | None, int] = (None, 0)
+        for text in texts:
+            best_rate, best = self._plan_lookup(room, text, best_rate, short_bar, best)
+        for model in models:
+            best_rate, best = self._plan_model(model, k_max, best_rate, short_bar, best)
         return best
 
-    def _plan_lookup(self, room: int, lookup_len: int, cls: int, best_rate: float,
-                     short_bar: float) -> tuple[float, tuple[str | None, int]]:
-        """:meth:`plan`'s best lookup depth, if one beats ``best_rate`` (and ``short_bar`` unless
-        the class may draft deep): (its rate, (LOOKUP, depth)), else (best_rate, (None, 0))."""
+    def _plan_model(self, p: Proposal, k_max: int, best_rate: float, short_bar: float,
+                    best: tuple) -> tuple[float, tuple]:
+        """:meth:`choose`'s weighing of a model source: its best depth if it beats ``best_rate``
+        and ``short_bar``; else its probe clock runs, and a due probe drafts one deep. Whether
+        the target's features are worth recording is decided here too."""
+        o, probe = self.overhead, self._probes.get(p.source)
+        if probe is None:
+            probe = self._probes[p.source] = _Probe(self.config.probe_every)
+        k_max = min(k_max, p.depth)
+        mine = None
+        if p.backlog > 0:   # 0: no rows recorded (features were not wanted): it cannot draft this cycle
+            rows = min(p.backlog, CATCH_UP_ROWS) - 1  # catch-up beyond the first step
+            acc = self.lookup_acc[p.cls].expected(k_max)
+            bound = (1.0 + acc[-1]) / (self._cheapest() + p.price(1 + rows) + o)   # every depth's upper bound
+            for k in range(1, len(acc) if bound > max(best_rate, short_bar) else 1):
+                rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + p.price(k + rows) + o)
+                if rate > best_rate and rate > short_bar:
+                    best_rate, best, mine = rate, (p, k), k
+        if mine is not None:
+            probe.since, probe.interval = 0, self.config.probe_every
+            self.wants_features = True
+            return best_rate, best
+        probe.since += 1
+        near = probe.since >= probe.interval - CATCH_UP_ROWS
+        could = near and self._probe_pays(p, probe, k_max, o)
+        if could and p.backlog > 0 and probe.since >= probe.interval:
+            probe.since, probe.interval = 0, min(2 * probe.interval, PROBE_MAX)
+            best = (p, 1)
+        # features are only worth copying when the drafter may draft within CATCH_UP_ROWS
+        # cycles (rows older than that are not written anyway); copying them every other
+        # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
+        self.wants_features = could or best[0] is p
+        return best_rate, best
+
+    def _plan_lookup(self, room: int, p: Proposal, best_rate: float, short_bar: float,
+                     best: tuple) -> tuple[float, tuple]:
+        """:meth:`choose`'s weighing of a text proposal: its best depth, if one beats
+        ``best_rate`` (and ``short_bar`` unless its class may draft deep): (its rate, (p, depth)),
+        else (best_rate, best) unchanged."""
         o = self.overhead
-        best = (None, 0)
-        long_match = _long_class(cls)
+        long_match = _long_class(p.cls)
         cap = self.config.lookup_max if long_match else self.config.draft_max
-        acc = self.lookup_acc[cls].expected(min(cap, room, MAX_DEPTH, lookup_len))
+        acc = self.lookup_acc[p.cls].expected(min(cap, room, MAX_DEPTH, p.depth))
         bar = best_rate if long_match else max(best_rate, short_bar)
         # every cycle on most text (short matches that never pay): first an upper bound of
         # every depth's rate (acc grows with depth, every batch costs at least the cheapest)
@@ -313,7 +373,7 @@ class DraftPolicy:
             for k in _depths(len(acc) - 1):
                 rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + o)
                 if rate > best_rate and (long_match or rate > short_bar):
-                    best_rate, best = rate, (LOOKUP, k)
+                    best_rate, best = rate, (p, k)
         return best_rate, best
 
     def _verify(self, b: int) -> float:
@@ -365,32 +425,27 @@ class DraftPolicy:
         cap = max(cfg.draft_max, cfg.lookup_max) if long else cfg.draft_max
         return max(0, min(cap, room, MAX_DEPTH))
 
-    def _probe_pays(self, k_max: int, d: float, o: float) -> bool:
+    def _probe_pays(self, p: Proposal, probe: _Probe, k_max: int, o: float) -> bool:
         """:meth:`_probe_could_pay`, asked again only every ``PROBE_RECHECK`` cycles (its inputs move
         slowly; a drafter that never pays was asked every cycle: about a tenth of auto's Python time
         per cycle, under cProfile)."""
-        could = self._could
-        if could is None or not 0 <= self._since_eagle - could[0] < PROBE_RECHECK:
-            could = self._could = (self._since_eagle, self._probe_could_pay(k_max, d, o))
+        could = probe.could
+        if could is None or not 0 <= probe.since - could[0] < PROBE_RECHECK:
+            could = probe.could = (probe.since, self._probe_could_pay(p, k_max, o))
         return could[1]
 
-    def _probe_could_pay(self, k_max: int, d: float, o: float) -> bool:
-        """Would the drafter pay with clearly better acceptance than measured? If not even that
-        (a slow drafter, a costly verify), probing it only costs time."""
+    def _probe_could_pay(self, p: Proposal, k_max: int, o: float) -> bool:
+        """Would the model source pay with clearly better acceptance than measured? If not even
+        that (a slow drafter, a costly verify), probing it only costs time."""
         cost = self.cost
         plain = SHORT_MARGIN / (cost.verify(1) + o)
         run, total = 1.0, 0.0
-        for i, r in enumerate(self.eagle_acc.rates()[:k_max]):
+        for i, r in enumerate(self.lookup_acc[p.cls].rates()[:k_max]):
             run *= min(1.0, r + OPTIMISM)
             total += run
-            if (1.0 + total) / (cost.verify(i + 2) + self._drafting(i + 1, d) + o) > plain:
+            if (1.0 + total) / (cost.verify(i + 2) + p.price(i + 1) + o) > plain:
                 return True
         return False
-
-    def _drafting(self, steps: int, d: float) -> float:
-        """Seconds to draft: ``steps`` drafter steps of ``d`` each; a block drafter's one decode
-        (its calibrated and observed step is a whole cycle's drafting, injection included)."""
-        return d if self.block else steps * d
 
     def worthwhile_prefix(self, confidence: list[float]) -> int:
         """How many of a block's drafts to verify, from per-draft acceptance estimates (DSpark's
@@ -436,9 +491,15 @@ class DraftPolicy:
         return self.fixed or probability >= self.config.p_min
 
     # -- learning ---------------------------------------------------------------------------------
+    def declined(self, draft) -> None:
+        """After a cycle: a model source asked to draft but not confident enough for even one
+        draft counts, for the policy, as a first draft that would not have been accepted (it cost
+        a catch-up)."""
+        if not draft.tokens and draft.tree is None and draft.source is not None and draft.source == self.model:
+            self.eagle_acc.observe(1, 0)
+
     def eagle_declined(self) -> None:
-        """The drafter was asked but was not confident enough for even one draft: for the
-        policy, a first draft that would not have been accepted (it cost a catch-up)."""
+        """The model source declined to draft (see :meth:`declined`)."""
         self.eagle_acc.observe(1, 0)
 
     def lookup_hits(self, cls: int, lo: int, hi: int) -> None:
@@ -464,11 +525,12 @@ class DraftPolicy:
         key = source or "plain"
         self.choices[key] = self.choices.get(key, 0) + 1
         cost = self.cost
+        model = source is not None and (source == self.model or source == TREE)
         if cost is not None and not cost_observed:
             cost.observe_verify(batch or drafted + 1, verify_seconds)
-            if source == EAGLE and drafted:
+            if model and source != TREE and drafted:
                 cost.observe_drafter(drafter_steps or drafted, drafter_seconds)
-        if source in (EAGLE, TREE) and drafted:  # a tree counts as a chain of its depth
+        if model and drafted:  # a tree counts as a chain of its depth
             self.eagle_acc.observe(depth or drafted, accepted)
         extra = cycle_seconds - verify_seconds - drafter_seconds
         if extra > 0:

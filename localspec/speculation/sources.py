@@ -11,8 +11,10 @@ A source proposes draft tokens for the next positions of one generation. Two kin
   source is asked only while the best proposal so far is not a copy (``Found.copy``: a lookup
   match of ``LONG_N`` tokens, the user's prediction): recall, only where the text itself holds
   no copy.
-- **model drafters** (:class:`ModelSource`: the EAGLE drafter, the target's MTP heads) draft a
-  chain or a tree step by step, each step priced by the calibrated drafter curve.
+- **model drafters** (:class:`ModelSource`: the EAGLE drafter, the target's MTP heads, Gemma 4's
+  assistant, the block drafters) draft a chain, a tree or a block, priced by their own
+  :meth:`DraftSource.cost` (the calibrated drafter curve). Each has its own name and statistics
+  class on every surface: no source is filed under another's.
 
 Each source declares its name (the word on every surface: ``--source``, the stats, ``/metrics``),
 the ``--source`` word that turns it on (``switch``), its statistics classes with their priors
@@ -28,7 +30,7 @@ verification), :class:`DraftChain` (a model chain not yet driven) and :func:`run
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generator, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Sequence
 
 from ..core import options
 
@@ -64,7 +66,7 @@ class DraftChain:
 
     k: int
     steps: Chain
-    drafter: object     # the drafter whose ``decode`` runs each step alone (an EagleDrafter)
+    drafter: object     # the drafter sequence whose ``decode`` runs each step alone (a DrafterSequence)
 
 
 def run_chain(chain: DraftChain) -> Draft:
@@ -76,6 +78,27 @@ def run_chain(chain: DraftChain) -> Draft:
             tok, state, pos = gen.send(drafter.decode([tok], state[None, :], pos))
     except StopIteration as stop:
         return stop.value
+
+
+@dataclass
+class Proposal:
+    """One candidate of a cycle: a source's draft, not yet made (a model drafter's) or ready (a
+    text source's), for the policy to weigh (``DraftPolicy.choose``). ``source``: the name its
+    draft carries (the policy's choice); ``cls``: the statistics class (:data:`.sources.CLASSES` index) whose acceptance weighs it; ``depth``: the
+    most tokens it holds (a text proposal's length; a model drafter's, as deep as the room);
+    ``price``: seconds to draft ``k`` tokens, the source's own ``cost(k)`` (None: free, a text
+    source); ``backlog``: rows a model drafter writes before it drafts (each priced as a step)."""
+
+    source: str
+    cls: int
+    depth: int
+    price: Callable[[int], float] | None = None
+    backlog: int = 0
+
+    @property
+    def model(self) -> bool:
+        return self.price is not None
+
 
 
 # -- statistics classes ----------------------------------------------------------------------------
@@ -101,6 +124,7 @@ class Classes:
     def __init__(self) -> None:
         self._list: list[StatClass] = []
         self._by_key: dict[tuple[str, str], StatClass] = {}
+        self._first: dict[str, int] = {}
 
     def declare(self, source: str, bucket: str, prior: tuple[float, float], *, deep: bool = False,
                 depth: int = options.LOOKUP_MAX) -> StatClass:
@@ -110,6 +134,7 @@ class Classes:
         cls = StatClass(source, bucket, len(self._list), tuple(prior), deep, depth)
         self._list.append(cls)
         self._by_key[key] = cls
+        self._first.setdefault(source, cls.index)
         return cls
 
     def __getitem__(self, index: int) -> StatClass:
@@ -126,7 +151,11 @@ class Classes:
 
     def first(self, source: str) -> int:
         """The index of ``source``'s first class (its classes follow it)."""
-        return next(c.index for c in self._list if c.source == source)
+        return self._first[source]
+
+    def has(self, source: str) -> bool:
+        """Whether ``source`` declared a class."""
+        return source in self._first
 
 
 CLASSES = Classes()
@@ -142,7 +171,6 @@ class DraftSource:
     label: str | None = None         # the name its drafts carry on the surfaces, if not its own
     switch: str | None = None
     classes: tuple = ()             # ((bucket, (first, later), deep), ...): declared at registration
-    stats_source: str | None = None  # files its cycles under another source's classes (mtp: eagle's)
     model = False                    # a model drafter (ModelSource) rather than a text source
 
     @classmethod
@@ -196,9 +224,25 @@ class TextSource(DraftSource):
 
 
 class ModelSource(DraftSource):
-    """A model drafter: drafts a chain or a tree step by step (see :mod:`.model_source`)."""
+    """A model drafter: drafts a chain, a tree or a block (see :mod:`.model_source`). Its
+    ``drafter`` (the generation's drafter sequence), ``policy`` and ``classes`` are its own."""
 
     model = True
+    drafter: object = None
+    policy: object = None
+
+    @property
+    def pending(self) -> int:
+        """Rows the drafter writes before its next draft."""
+        return self.drafter.pending
+
+    def proposal(self) -> Proposal:
+        """This cycle's candidate for the policy: as deep as the drafter drafts, priced by
+        :meth:`cost` at the policy's cost model."""
+        policy = self.policy
+        cost_model = policy.cost
+        return Proposal(self.name, CLASSES.first(self.name), getattr(self.drafter, "max_depth", None) or options.DRAFT_MAX,
+                        lambda k: self.cost(k, cost_model), self.pending)
 
 
 @dataclass
@@ -253,7 +297,7 @@ def text_sources() -> list[type[TextSource]]:
 
 
 def model_source(name: str) -> type[ModelSource] | None:
-    """The registered model source named ``name`` (a drafter's ``name``: eagle, mtp)."""
+    """The registered model source named ``name`` (a drafter's ``name``: eagle, mtp, assistant...)."""
     return next((s for s in _SOURCES if s.model and s.name == name), None)
 
 

@@ -1,0 +1,388 @@
+"""One model drafter: a llama.cpp context beside the target's, its batch, its decodes and its
+sequences (:class:`ModelDrafter`), composed with a per-kind part (:class:`DrafterKind`) that says
+only what its kind does differently.
+
+The kinds (each a :class:`DrafterKind` of its own, none extending another): EAGLE-3/3.1's
+target features and fc encode (:mod:`.eagle`), the MTP heads' position shift and chained heads
+(:mod:`.mtp`), Gemma 4's assistant over the target's KV cache (:mod:`.assistant`).
+
+Convention (as in llama.cpp's ``common/speculative.cpp``): the drafter's cache holds at position
+``P + shift`` the pair (token at ``P+1``, ``g`` at ``P``), where ``g`` is what the kind makes of
+the target's state at ``P`` for committed positions (:meth:`DrafterKind.encode`), or the drafter's
+own fed-back state for drafted ones. The output at ``P`` predicts the token at ``P+2``.
+
+A generation drafts through one :class:`DrafterSequence` (a slot's sequence of the context,
+:meth:`ModelDrafter.for_sequence`): the target rows recorded for it and not yet written, how far
+its pairs are written, its own clock. Draft trees use sequences ``1..TREE_SEQS`` as branches.
+"""
+
+from __future__ import annotations
+
+import time
+
+import llama_cpp
+import numpy as np
+
+from ..core.errors import LocalspecError
+from ..llama import llama_ext
+from ..llama.contexts import DRAFTER_TREE_SEQS
+from ..llama.ext_rows import ExtRows
+from ..llama.llama_model import Context, Model
+from ..llama.process import llama_failure
+
+# Up to this many rows, a drafter batch asks for every row's output (see ModelDrafter.decode_rows).
+ALL_OUTPUT_ROWS = 16
+# Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
+TREE_SEQS = DRAFTER_TREE_SEQS   # tree.MAX_WIDTH: the drafter context's settings (llama.contexts) hold them
+
+
+class DrafterKind:
+    """What a kind of model drafter does differently; the defaults are the common case (a state
+    taken as it is, pairs at ``P + shift``, the chain steps of several sequences in one decode).
+    ``name``: the draft source it is on every surface; ``max_depth``: the longest chain it
+    drafts (None: as long as asked); ``n_embd``: the width of its fed-back state; ``cached``:
+    it writes pairs to cells of its own (the assistant reads the target's); ``first_pair``: a
+    sequence starting at 0 pairs the prompt's first token with a zero state (MTP)."""
+
+    name = ""
+    shift = 0
+    max_depth: int | None = None
+    cached = True
+    first_pair = False
+    block = False          # a block drafter: a draft of any depth is one decode (speculation.dflash)
+    n_embd = 0
+    sequence_class: type | None = None   # None: DrafterSequence
+
+    def features(self, d: "ModelDrafter", n_rows: int, rows: list[int] | None) -> np.ndarray:
+        """What the drafter reads of the first ``n_rows`` rows of the target's last batch (or of
+        its rows ``rows``), one row each."""
+        raise NotImplementedError
+
+    def encode(self, d: "ModelDrafter", features: np.ndarray, who: "DrafterSequence") -> np.ndarray:
+        """The ``g`` rows paired with the committed tokens: the features as they are."""
+        return np.ascontiguousarray(features, dtype=np.float32)
+
+    def position(self, seq: int, pos: int) -> int:
+        """Where the pair of position ``pos`` of sequence ``seq`` goes in the drafter's context."""
+        return pos + self.shift
+
+    def state(self, src: np.ndarray) -> np.ndarray:
+        """The state to feed back, from the view of the one llama.cpp returned."""
+        return src.copy()
+
+    def write(self, who: "DrafterSequence", tokens: list[int], g: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """A catch-up's committed pairs from ``start``: the last row's logits and state."""
+        return who.decode(tokens, g, start)
+
+    def decode(self, who: "DrafterSequence", tokens: list[int], g: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (tokens[i], g[i]) at start+i of ``who``: the last row's logits and state."""
+        return who.drafter.decode_rows(tokens, g, start, who)
+
+    def decode_steps(self, d: "ModelDrafter", rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The next chain step of several sequences (see :meth:`ModelDrafter.decode_steps`)."""
+        return d.batched_steps(rows)
+
+    def begin_sequence(self, who: "DrafterSequence") -> None:
+        """A sequence of the drafter is made (a kind's own per-sequence state goes on it here)."""
+
+    def observed(self, who: "DrafterSequence") -> None:
+        """Rows were recorded for ``who`` (a kind may write a long backlog at once)."""
+
+    def forgot(self, who: "DrafterSequence", keep: int) -> None:
+        """``who`` forgot its pairs at positions >= ``keep`` (-1: its recorded rows were dropped):
+        a kind's per-sequence state goes with them."""
+
+    def close(self) -> None:
+        """What the kind holds outside Python (nothing by default)."""
+
+
+class ModelDrafter:
+    """A model drafter: its model (its own, or the target's for MTP heads), its context beside the
+    target's, one batch, and its sequences; ``kind`` says what its kind does differently.
+    ``slots``: sequences the context holds for generations (each up to ``n_ctx`` positions)."""
+
+    def __init__(self, kind: DrafterKind, model: Model, ctx: Context, target: Context, *, own_model: bool) -> None:
+        self.kind, self.model, self.ctx, self.target = kind, model, ctx, target
+        self.name, self.shift, self.max_depth = kind.name, kind.shift, kind.max_depth
+        self.n_embd, self.block = kind.n_embd, kind.block
+        self.tree_seqs = TREE_SEQS
+        self.seconds = 0.0        # llama.cpp time outside any sequence's clock (the calibration's)
+        self._own_model = own_model
+        self._batch = llama_cpp.llama_batch_ext_init(ctx.ptr)
+        self._rows = ExtRows(self._batch)
+        self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
+        self._sequences: dict[int, object] = {}
+
+    def for_sequence(self, seq: int):
+        """Sequence ``seq`` of this context (the same object each time it is asked)."""
+        got = self._sequences.get(seq)
+        if got is None:
+            got = self._sequences[seq] = (self.kind.sequence_class or DrafterSequence)(self, seq)
+        return got
+
+    def reset(self, keep: int) -> None:
+        """Every sequence forgets its pairs at positions >= ``keep`` (the calibration's reset)."""
+        for who in self._sequences.values():
+            who.reset(keep)
+
+    # -- the kind's parts ----------------------------------------------------------------------
+    def features(self, n_rows: int, rows: list[int] | None = None) -> np.ndarray:
+        return self.kind.features(self, n_rows, rows)
+
+    def encode(self, features: np.ndarray, who: "DrafterSequence") -> np.ndarray:
+        return self.kind.encode(self, features, who)
+
+    # -- decodes -------------------------------------------------------------------------------
+    def process(self, kind: int, who=None) -> None:
+        """Run the batch; its seconds go to the sequence ``who`` (None: the drafter's own; a list:
+        shared among them)."""
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
+        spent = time.perf_counter() - t0
+        if isinstance(who, list):
+            for each in who:
+                each.seconds += spent / len(who)
+        else:
+            (who or self).seconds += spent
+        if rc != 0:
+            raise llama_failure(f"the drafter failed (llama_process code {rc})")
+
+    def clear(self) -> ExtRows:
+        """The batch, emptied, and its row filler."""
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        return self._rows
+
+    def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
+                     seqs: list[int] | None = None, who=None) -> int:
+        """Rows at consecutive positions from ``start_pos`` in the sequence ``who``, or (``seqs``)
+        each in its own sequence, all at ``start_pos``."""
+        rows, position = self.clear(), self.kind.position
+        n = len(tokens)
+        if seqs is None:
+            seqs, positions = [who.seq] * n, [position(who.seq, start_pos + i) for i in range(n)]
+        else:
+            positions = [position(s, start_pos) for s in seqs]
+        idx = rows.tokens(seqs, tokens, g, positions, output)
+        self.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
+        return idx
+
+    def decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, who) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i of sequence ``who``; return the
+        last row's logits (over the target vocabulary) and the state to feed back to the next step.
+
+        llama.cpp's eagle3 DECODE graph does not select output rows: with only the last row
+        marked, it hands back row 0's logits and state. So short batches mark every row (a few
+        extra rows of logits), and long ones (prompt chunks) write all but the last row without
+        outputs, then the last row alone, as llama.cpp's own loop does.
+        """
+        n = len(tokens)
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        if n > ALL_OUTPUT_ROWS:
+            step = self.ctx.n_batch
+            for i in range(0, n - 1, step):
+                j = min(i + step, n - 1)
+                self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False, who=who)
+            tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
+        idx = self._decode_rows(tokens, g, start_pos, output=True, who=who)
+        return self.ctx.logits(idx), self.state(idx)
+
+    def decode_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The next chain step of several sequences (slots): (sequence, token, fed-back state,
+        position) each; per row its logits (a view: read them before the next drafter decode)
+        and its next state."""
+        return self.kind.decode_steps(self, rows)
+
+    def batched_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`decode_steps` in one drafter decode per ``ALL_OUTPUT_ROWS`` rows; each decode's
+        seconds are shared among its sequences."""
+        out, position = [], self.kind.position
+        for start in range(0, len(rows), ALL_OUTPUT_ROWS):
+            part = rows[start:start + ALL_OUTPUT_ROWS]
+            states = np.stack([row[2] for row in part]).astype(np.float32, copy=False)
+            self.clear().tokens([row[0].seq for row in part], [row[1] for row in part], states,
+                                [position(row[0].seq, row[3]) for row in part], True)
+            self.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, [row[0] for row in part])
+            # views: each chain reads its row before the next drafter decode (scheduler.drive_chains)
+            out.extend((self.ctx.logits(j), self.state(j)) for j in range(len(part)))
+        return out
+
+    def state(self, idx: int) -> np.ndarray:
+        """The fed-back state of output row ``idx`` of the last decode."""
+        address = llama_ext.nextn_ith_address(self.ctx.ptr, idx)
+        if not address:
+            raise LocalspecError("the drafter returned no hidden state")
+        return self.kind.state(llama_ext.float_view(address, (self.n_embd,), self.views))
+
+    # -- draft trees (speculation.tree) --------------------------------------------------------
+    def fork(self, src: int, dst: int) -> None:
+        """Sequence ``dst`` sees what ``src`` sees (nothing to copy where the cells are the target's)."""
+        if self.kind.cached:
+            self.ctx.seq_cp(src, dst)
+
+    def forget(self, seq: int) -> None:
+        """Drop a branch sequence (cells no other sequence holds are freed)."""
+        if self.kind.cached:
+            self.ctx.seq_rm(-1, -1, seq=seq)
+
+    def decode_branches(self, tokens: list[int], g: np.ndarray, pos: int, seqs: list[int],
+                        who=None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One decode of several tree branches, all at ``pos``, row ``i`` in sequence ``seqs[i]``:
+        per row a copy of its logits and its fed-back state."""
+        if len(tokens) > ALL_OUTPUT_ROWS:
+            raise LocalspecError(f"internal: {len(tokens)} branches exceed {ALL_OUTPUT_ROWS} rows")
+        if not self.kind.cached:   # nothing is cached: every branch is a row of the drafting sequence
+            seqs = [0 if who is None else who.seq] * len(tokens)
+        self._decode_rows(tokens, np.ascontiguousarray(g, dtype=np.float32), pos, True, seqs, who)
+        return [(np.array(self.ctx.logits(i)), self.state(i)) for i in range(len(tokens))]
+
+    def close(self) -> None:
+        """The batch, the context (before the target's, whose cache or embeddings it reads) and
+        the model where it is the drafter's own (MTP heads': the engine closes the target)."""
+        batch, self._batch = self._batch, None   # dropped before freed (see llama_model.Model.close)
+        if batch:
+            llama_cpp.llama_batch_ext_free(batch)
+        self.kind.close()
+        self.ctx.close()
+        if self._own_model:
+            self.model.close()
+
+
+class DrafterSequence:
+    """One sequence of a drafter's context (a slot's): the target rows recorded for it and not
+    yet written, how far its pairs are written, its own clock. Its public methods are the ones a
+    generation uses: ``observe``, ``drop_pending``, ``pending``, ``catch_up``, ``decode``,
+    ``begin``, ``reset``, and the tree's ``fork``, ``forget``, ``decode_branches``."""
+
+    def __init__(self, drafter: ModelDrafter, seq: int) -> None:
+        self.drafter, self.seq, self.kind = drafter, seq, drafter.kind
+        self.name, self.shift, self.max_depth = drafter.name, drafter.shift, drafter.max_depth
+        self.ctx, self.n_embd, self.tree_seqs = drafter.ctx, drafter.n_embd, drafter.tree_seqs
+        self.block = drafter.kind.block
+        self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
+        self._pending_tokens: list[int] = []
+        self._pending_start: int | None = None
+        self.written_until = 0   # committed pairs are written below this position; drafts above
+        self._first: int | None = None   # the prompt's first token (first_pair kinds)
+        self.seconds = 0.0        # time inside llama.cpp calls for this sequence, read by the engine
+        self.kind.begin_sequence(self)
+
+    def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Write pairs (tokens[i], g[i]) at positions start_pos+i of this sequence; the last row's
+        logits and fed-back state."""
+        return self.kind.decode(self, tokens, g, start_pos)
+
+    def rm(self, p: int) -> None:
+        """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""
+        self.ctx.seq_rm(p + self.shift if p > 0 else 0, seq=self.seq)
+
+    # -- cycle-level API used by the engine ----------------------------------------------------
+    # The target's features must be read right after each target decode, but feeding them to the
+    # drafter can wait until the next draft: while the policy decodes plain, committed rows only
+    # accumulate here (a copy of the features per token), and one catch-up writes them all.
+
+    def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
+        """Record the committed rows of the target's last batch: ``n_rows`` positions from
+        ``start_pos`` (the batch's first rows, or its rows ``rows``); ``tokens_next[i]`` is the
+        token at ``start_pos + i + 1``."""
+        if self._pending_start is None:
+            if start_pos == 0 and self.kind.first_pair and self._first is not None:
+                # the first token's pair, (x_0, a zero state) at position 0, as draft-mtp writes it
+                self._pending_start = -1
+                self._pending_tokens.append(self._first)
+                self._pending_feats.append(np.zeros((1, self.n_embd), dtype=np.float32))
+            else:
+                self._pending_start = start_pos
+        elif start_pos != self._pending_start + len(self._pending_tokens):
+            raise LocalspecError("internal: drafter rows recorded out of order")
+        self._pending_feats.append(self.drafter.features(n_rows, rows))
+        self._pending_tokens.extend(tokens_next[:n_rows])
+        self.kind.observed(self)
+
+    def drop_pending(self) -> None:
+        """Forget the recorded rows (the next ``observe`` may start at any later position; the
+        drafter's cache then restarts from there, see catch_up)."""
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        self.kind.forgot(self, -1)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending_tokens)
+
+    def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Write the recorded pairs (dropping the speculative entries after them) and return the
+        logits and fed-back state for the first draft of the next cycle.
+
+        Every drafter row costs about one drafting step (llama.cpp's graphs compute the vocabulary
+        logits of every row), so after a long stretch of plain decoding ``max_rows`` writes only
+        the most recent rows, and the drafter forgets the older ones (it attends to what is
+        there; drafts only get a little worse, never the output)."""
+        if self._pending_start is None:
+            raise LocalspecError("internal: the drafter has no committed rows to draft from")
+        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
+        start, tokens = self._pending_start, self._pending_tokens
+        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        if max_rows is not None and len(tokens) > max_rows:
+            cut = len(tokens) - max_rows
+            feats, tokens, start = feats[cut:], tokens[cut:], start + cut
+        # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
+        # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
+        # drafter then attends to the recent rows only
+        self.rm(start if start <= self.written_until else 0)
+        g = self.drafter.encode(feats, self)
+        self.written_until = start + len(tokens)
+        return self.kind.write(self, tokens, g, start)
+
+    def begin(self, prompt: list[int], keep: int) -> None:
+        """A generation of ``prompt`` starts, its pairs below ``keep`` kept from the last one."""
+        self._first = int(prompt[0]) if len(prompt) else None
+        self.reset(keep)
+
+    def reset(self, keep: int) -> None:
+        """Forget drafter pairs (written or recorded) at positions >= keep (0: all of them, the
+        first token's pair too)."""
+        self.rm(keep)
+        self.written_until = min(self.written_until, max(keep, 0))
+        self.kind.forgot(self, keep)
+        if keep <= 0:
+            self.drop_pending()
+        elif self._pending_start is not None:
+            n = max(0, keep - self._pending_start)
+            if n == 0:
+                self.drop_pending()
+            elif n < len(self._pending_tokens):
+                self._pending_feats = [np.concatenate(self._pending_feats)[:n]]
+                self._pending_tokens = self._pending_tokens[:n]
+
+    # -- draft trees (speculation.tree) --------------------------------------------------------
+    def fork(self, src: int, dst: int) -> None:
+        self.drafter.fork(src, dst)
+
+    def forget(self, seq: int) -> None:
+        self.drafter.forget(seq)
+
+    def decode_branches(self, tokens: list[int], g: np.ndarray, pos: int,
+                        seqs: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self.drafter.decode_branches(tokens, g, pos, seqs, self)
+
+    def close(self) -> None:
+        """Nothing of its own outside Python: the drafter closes the context."""
+
+
+def open_context(model: Model, target: Context, **settings) -> Context:
+    """A drafter's context on ``model`` beside ``target`` (its ``ctx_other``); the model is closed
+    if the context cannot be made."""
+    try:
+        return Context(model, ctx_other=target, **settings)
+    except BaseException:
+        model.close()
+        raise
+
+
+def checked(d: ModelDrafter, check) -> ModelDrafter:
+    """``d`` once ``check(d)`` passed (closed, and the error raised, if not)."""
+    try:
+        check(d)
+    except BaseException:
+        d.close()
+        raise
+    return d
