@@ -213,11 +213,8 @@ class Context:
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP if mtp else params.ctx_type   # mtp: the MTP heads' graph
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq_max
-        params.kv_unified = kv_unified
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
+        params.n_seq_max, params.kv_unified = n_seq_max, kv_unified
         threads = check_threads(n_threads or default_threads())
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -243,11 +240,8 @@ class Context:
         self.ptr = self._ctx
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
-        # one KV stream per sequence (llama-server's layout): rows go in sorted by sequence, and the
-        # per-token outputs come back in llama.cpp's micro-batch order (llama.stream_rows)
-        self.streams = not kv_unified and n_seq_max > 1
-        self._sent_at: list[int] | None = None      # each row of the last batch: where it went in, if moved
-        self._token_rows: list[int] | None = None   # each row's place in the per-token outputs, if moved
+        # one KV stream per sequence (llama-server's layout): rows go in sorted by sequence (llama.stream_rows)
+        self.streams, self._sent_at, self._token_rows = not kv_unified and n_seq_max > 1, None, None
         # llama.cpp may lower n_batch to the requested n_ctx (while it grows the context): every
         # batch, hence every batch of logit rows (a padded verify, a tree), must fit in it
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))

@@ -132,14 +132,13 @@ class Engine:
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
         # the target's KV: one stream per slot, or one pool of every slot's cells (llama.contexts.kv_layout)
-        self.kv_layout = kv_layout_for(kv_layout, self.n_slots, rows_match=rows_match,
-                                       shared_kv=self.drafter_info is not None and self.drafter_info.is_assistant)
+        self.kv_layout = kv_layout_for(kv_layout, self.n_slots, rows_match=rows_match, shared_kv=bool(
+            self.drafter_info and self.drafter_info.is_assistant))
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
         self.rows_match = rows_match
         self._match_rows(n_ctx)
         self.formatter = self._chat_formatter(chat_template)
-        self._n_gpu_layers, self._kv_type = n_gpu_layers, kv_type
-        self._verbose = verbose
+        self._n_gpu_layers, self._kv_type, self._verbose = n_gpu_layers, kv_type, verbose
         self.cost: costmodel.CostModel | None = None  # verify/drafter costs: cached, measured or a guess
         self.learned = Learned()  # the auto policy's acceptance statistics, across generations
         self.tree_calibration = tree.Calibration()  # draft probability -> acceptance, for trees
