@@ -3,7 +3,16 @@ Hugging Face stand-in with its file listing (``listing_hub``; the server lives i
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+# Before llama.cpp's OpenMP runtime loads (it reads this once, here and in every child process the
+# tests start): a thread waiting at one of ggml's barriers sleeps instead of spinning. The tests that
+# run llama.cpp on 2 threads (exact mode, the chat) share 2 cores with the other xdist worker; a
+# spinning waiter burns the core its partner needs, and one such test took 10 minutes instead of 1.
+# The numbers are the same: the wait policy splits no work differently.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
 
 import pytest
 
@@ -44,3 +53,4 @@ def listing_hub(tmp_path, monkeypatch):
     fake = FakeHub()
     with serving(_listing_handler(fake), tmp_path, monkeypatch):
         yield fake
+
