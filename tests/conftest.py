@@ -54,3 +54,20 @@ def listing_hub(tmp_path, monkeypatch):
     with serving(_listing_handler(fake), tmp_path, monkeypatch):
         yield fake
 
+
+# Test files to start first, with their seconds on 2 cores (the suite's run of 2026-11-29, before
+# OMP_WAIT_POLICY above). xdist hands each worker one file at a time in the order collected
+# (`--no-loadscope-reorder` in pyproject.toml; its default sends the files with the most tests
+# first, which left these few-test files to run alone at the end): the heavy ones start first and
+# the light ones fill in behind them. A file not listed runs after these in its usual order; a stale
+# figure only orders the files less well.
+HEAVY_FIRST = {
+    "test_exact_serve.py": 330,
+    "test_dflash.py": 180,
+}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Order the items by their file's weight in HEAVY_FIRST (a stable sort: a file's own order stays)."""
+    weight = {name: -seconds for name, seconds in HEAVY_FIRST.items()}
+    items.sort(key=lambda item: weight.get(item.path.name, 0))
