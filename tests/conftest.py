@@ -3,7 +3,16 @@ Hugging Face stand-in with its file listing (``listing_hub``; the server lives i
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+# Before llama.cpp's OpenMP runtime loads (it reads this once, here and in every child process the
+# tests start): a thread waiting at one of ggml's barriers sleeps instead of spinning. The tests that
+# run llama.cpp on 2 threads (exact mode, the chat) share 2 cores with the other xdist worker; a
+# spinning waiter burns the core its partner needs, and one such test took 10 minutes instead of 1.
+# The numbers are the same: the wait policy splits no work differently.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path  # noqa: E402
 
 import pytest
 
@@ -44,3 +53,21 @@ def listing_hub(tmp_path, monkeypatch):
     fake = FakeHub()
     with serving(_listing_handler(fake), tmp_path, monkeypatch):
         yield fake
+
+
+# Test files to start first, with their seconds on 2 cores (the suite's run of 2026-11-29, before
+# OMP_WAIT_POLICY above). xdist hands each worker one file at a time in the order collected
+# (`--no-loadscope-reorder` in pyproject.toml; its default sends the files with the most tests
+# first, which left these few-test files to run alone at the end): the heavy ones start first and
+# the light ones fill in behind them. A file not listed runs after these in its usual order; a stale
+# figure only orders the files less well.
+HEAVY_FIRST = {
+    "test_exact_serve.py": 330,
+    "test_dflash.py": 180,
+}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Order the items by their file's weight in HEAVY_FIRST (a stable sort: a file's own order stays)."""
+    weight = {name: -seconds for name, seconds in HEAVY_FIRST.items()}
+    items.sort(key=lambda item: weight.get(item.path.name, 0))

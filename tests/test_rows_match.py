@@ -46,13 +46,18 @@ def greedy(engine: Engine, prompt, policy: PolicyConfig | None) -> list[int]:
     return list(run(engine, prompt, max_tokens=N, sampling=GREEDY, **kw).tokens)
 
 
-@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, source="lookup"), PolicyConfig("auto")],
-                         ids=["lookup-chain-4", "auto"])
-def test_greedy_drafts_give_plain_decodings_text_at_two_threads(engine, policy):
+@pytest.fixture(scope="module")
+def plain(engine) -> list[int]:
+    """Plain decoding's greedy tokens for the long prompt: computed once, the reference of every policy."""
     prompt = long_prompt()
     assert len(engine.prompt_tokens(prompt)) > 256   # past the first 256-cell step of the KV view
-    plain = greedy(engine, prompt, None)
-    assert greedy(engine, prompt, policy) == plain
+    return greedy(engine, prompt, None)
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig("fixed", 4, source="lookup"), PolicyConfig("auto")],
+                         ids=["lookup-chain-4", "auto"])
+def test_greedy_drafts_give_plain_decodings_text_at_two_threads(engine, plain, policy):
+    assert greedy(engine, long_prompt(), policy) == plain
 
 
 def test_a_padded_row_equals_the_row_of_a_verify_batch_bit_for_bit(engine):
