@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from engine_checks import prefill  # noqa: E402 (tests/ on the path first)
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
 _CAND = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(-?\d+)")
@@ -73,22 +74,6 @@ def native_drafts(tool: Path, target: Path, n: int, k: int, prompt: str = PROMPT
     return calls, accepted
 
 
-def _prefill(engine, prompt: list[int], sampler, drafter) -> int:
-    """``prompt`` into sequence 0 as a generation's steps put it there (the verifier's chunks in a
-    step's batch, one decode each, the drafter recording the rows); the first token chosen."""
-    from localspec.runtime.batch import Batch
-
-    verifier, first = engine.verifier, -1
-    verifier.begin(prompt, drafter)
-    while first < 0:
-        batch = Batch(engine.ctx)
-        tokens, pos = verifier.prefill_chunk(batch.rows_left())
-        offset = batch.add(verifier.seq, tokens, pos, all_logits=False)
-        batch.decode()
-        first = verifier.prefill_done(len(tokens), sampler, offset)
-    return first
-
-
 def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = None,
                     probs: list | None = None) -> list[int]:
     """The target's next token after ``prefix``, then the drafter's greedy chain from ``id_last``
@@ -98,7 +83,7 @@ def localspec_draft(engine, prefix: list[int], k: int, id_last: int | None = Non
 
     engine.clear_cache()
     drafter = engine.drafters[0]   # the drafter's sequence 0
-    first = _prefill(engine, prefix, Sampler(SamplingParams(), prefix), drafter)
+    first = prefill(engine, prefix, Sampler(SamplingParams(), prefix), drafter)
     if not k:
         return [first]
     if drafter.name == "assistant":   # the pair (id_last, h_{n-1}) at pos0 = n

@@ -123,3 +123,19 @@ def assert_slots_lossless(target, drafter, prompts, config: GenerationConfig, so
                 assert_lossless(alone[p], sinks[p].done)
     assert sum(sinks[p].done.stats.sources.get(source, [0, 0, 0])[1] for p in prompts) > 0, \
         [sinks[p].done.stats.sources for p in prompts]
+
+
+def prefill(engine: Engine, prompt: list[int], sampler, drafter=None) -> int:
+    """``prompt`` into sequence 0 as a generation's steps put it there (the verifier's chunks in a
+    step's batch, one decode each; ``drafter`` records the rows); the first token chosen."""
+    from localspec.runtime.batch import Batch
+
+    verifier, first = engine.verifier, -1
+    verifier.begin(prompt, drafter)
+    while first < 0:
+        batch = Batch(engine.ctx)
+        tokens, pos = verifier.prefill_chunk(batch.rows_left())
+        offset = batch.add(verifier.seq, tokens, pos, all_logits=False)
+        batch.decode()
+        first = verifier.prefill_done(len(tokens), sampler, offset)
+    return first

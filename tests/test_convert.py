@@ -54,21 +54,21 @@ def parity(target: Path, drafter: Path, ref: EagleReference, steps: int = 4) -> 
     embd_target = GGUFHeader(target).tensor_data("token_embd.weight").astype(np.float32)
     table = ref.embed_tokens.weight.detach().numpy() if ref.embed_tokens is not None else embd_target
     with Engine(target, drafter, n_ctx=256) as eng:
-        d = eng.drafter
-        assert tuple(d.layers) == tuple(ref.cfg.target_layers)
+        d, seq = eng.drafter, eng.drafters[0]   # the drafter's backend and its sequence 0
+        assert tuple(d.kind.layers) == tuple(ref.cfg.target_layers)
         toks = eng.prompt_tokens(PROMPT)
         n = len(toks)
         eng.ctx.decode(toks, 0, all_logits=False)
         raw = np.concatenate([
             np.ctypeslib.as_array(llama_ext.get_embeddings_layer_inp(eng.ctx.ptr, lid), shape=(n, N_EMBD)).copy()
-            for lid in d.layers], axis=1)
-        g_cpp = d.encode(d.features(n))
+            for lid in d.kind.layers], axis=1)
+        g_cpp = d.encode(d.features(n), seq)
         d.ctx.seq_rm(0)
         with torch.no_grad():
             g_ref = ref.encode(torch.from_numpy(raw))
             errs = {"g": _rel(g_cpp, g_ref.numpy()), "logits": 0.0, "state": 0.0, "argmax_agree": 1.0}
             nxt = toks[1:] + [int(toks[-1])]
-            lc, sc = d.decode(nxt, g_cpp, 0)
+            lc, sc = seq.decode(nxt, g_cpp, 0)
             out = ref.step(torch.from_numpy(table[nxt]), g_ref, torch.arange(n), ref.causal_mask(n))
             pos, past, fb = n, out.kv, out.feedback[-1:]
             agree = 0
@@ -80,7 +80,7 @@ def parity(target: Path, drafter: Path, ref: EagleReference, steps: int = 4) -> 
                 if step == steps - 1:
                     break
                 tok = int(np.argmax(lr))
-                lc, sc = d.decode([tok], sc[None, :], pos)
+                lc, sc = seq.decode([tok], sc[None, :], pos)
                 out = ref.step(torch.from_numpy(table[[tok]]), fb, torch.tensor([pos]), ref.causal_mask(1, pos), past)
                 pos, past, fb = pos + 1, out.kv, out.feedback
             errs["argmax_agree"] = agree / steps

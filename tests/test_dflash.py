@@ -302,7 +302,7 @@ def test_dflash_blocks_are_the_dflash_graph_s_over_the_injected_features(df):
         d, tokens, feats, neox = _prompt_observed(engine)
         d.catch_up()
         block = [tokens[-1]] + [MASK_TOKEN] * 4
-        d.kind.block(d.drafter, tokens[-1], len(tokens), 4, d)
+        d.kind.decode_block(d.drafter, tokens[-1], len(tokens), 4, d)
         got = np.stack([np.array(d.ctx.logits(i)) for i in range(len(block))])
         d.ctx.seq_rm(len(tokens))
     want = _reference_block(df["dflash_random"], df["noisy"], feats, block, len(tokens), neox)

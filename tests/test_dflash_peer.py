@@ -93,7 +93,7 @@ def localspec_draft(engine, committed: list[int], anchor: int) -> list[int]:
     """localspec's block from a context: the target decodes the committed tokens, the drafter
     injects their layer inputs and drafts ``K`` after the anchor."""
     engine.clear_cache()
-    d = engine.drafter
+    d = engine.drafters[0]   # the block drafter's sequence 0
     engine.ctx.seq_rm(0)
     engine.ctx.decode(committed, 0, all_logits=False)
     d.begin(committed, 0)
@@ -106,21 +106,21 @@ def generation_drafts(engine, kind: str) -> tuple[dict[int, list[int]], list[int
     """The blocks localspec drafted in its own greedy generation (fixed blocks of ``K``), keyed by
     the anchor's position (the committed length), and the generated tokens."""
     engine.clear_cache()
-    d, seen = engine.drafter, {}
-    block = d.block
+    part, seen = engine.drafter.kind, {}   # the block drafter's per-kind part
+    block = part.decode_block
 
-    def recorded(anchor, pos0, n, who):
-        tokens, conf = block(anchor, pos0, n, who)
+    def recorded(d, anchor, pos0, n, who):
+        tokens, conf = block(d, anchor, pos0, n, who)
         seen[pos0] = list(tokens)
         return tokens, conf
 
-    d.block = recorded
+    part.decode_block = recorded
     try:
         cfg = GenerationConfig(max_tokens=N, policy=PolicyConfig("fixed", K, p_min=0.0, source=kind, tree="off",
                                                                  recall=False))
         done = [e for e in engine.generate(PROMPT, cfg) if isinstance(e, DoneEvent)][0]
     finally:
-        del d.block
+        del part.decode_block
     return seen, list(done.tokens)
 
 

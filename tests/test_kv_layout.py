@@ -1,4 +1,4 @@
-"""The target's KV layout with several slots (llama.contexts.kv_layout, llama.stream_rows; issue 45).
+"""The target's KV layout with several slots (runtime.kv_layout, llama.stream_rows; issue 45).
 
 With one KV stream per slot a batch goes to llama.cpp sorted by sequence (a micro-batch takes one
 run of consecutive sequence ids), and every row is read back under its caller's number: its logits
@@ -16,7 +16,7 @@ import pytest
 
 from localspec.core.errors import LocalspecError
 from localspec.llama import llama_ext
-from localspec.llama.contexts import kv_layout
+from localspec.runtime.kv_layout import choose as kv_layout
 from localspec.llama.llama_model import Context, Model
 from localspec.llama.stream_rows import arrange, inverse
 from localspec.runtime.engine import Engine

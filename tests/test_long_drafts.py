@@ -14,7 +14,7 @@ from localspec.speculation import lookup
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.lookup import NgramLookup
 from localspec.speculation.policy import MAX_DEPTH, DraftPolicy, lookup_class
-from engine_checks import assert_lossless, propose
+from engine_checks import assert_lossless, prefill, propose
 from tiny_models import build_target
 
 # verify seconds by batch size shaped as measured on this 2-core CPU (one thread): per token the
@@ -167,21 +167,6 @@ def test_a_draft_between_two_measured_steps_is_padded_to_the_cheaper_size():
     assert DraftPolicy(PolicyConfig("fixed"), cm, lookup=True).verify_rows(41) == 41   # fixed: as asked
 
 
-def _prefill(engine, ids, sampler) -> int:
-    """The prompt into sequence 0 as a generation's steps put it there (the verifier's chunks in a
-    step's batch, one decode each); the first token chosen."""
-    from localspec.runtime.batch import Batch
-    v, first = engine.verifier, -1
-    v.begin(ids)
-    while first < 0:
-        batch = Batch(engine.ctx)
-        tokens, pos = v.prefill_chunk(batch.rows_left())
-        offset = batch.add(v.seq, tokens, pos, all_logits=False)
-        batch.decode()
-        first = v.prefill_done(len(tokens), sampler, offset)
-    return first
-
-
 def _verify(engine, drafts, sampler, rows):
     """``drafts`` verified as a generation's step verifies them: the verifier's chain rows (padded
     to ``rows``) in one batch, decoded once, read back."""
@@ -207,7 +192,7 @@ def test_a_padded_verify_commits_and_caches_what_an_unpadded_one_does(smollm2):
         for rows in (0, 40):
             engine.clear_cache()
             v, sampler = engine.verifier, Sampler(SamplingParams(temperature=0.0), ids)
-            assert _prefill(engine, ids, sampler) == text[0]
+            assert prefill(engine, ids, sampler) == text[0]
             checked = _verify(engine, text[1:11] + [(text[11] + 1) % engine.model.n_vocab], sampler, rows)
             n_past = v.n_past
             step = _verify(engine, [], sampler, 0)

@@ -44,8 +44,11 @@ def test_shipped_catalog_is_valid_and_curated():
     assert cat[DEFAULT_MODEL].embedded
     llama = cat["llama3.1-8b"]
     assert llama.draft.repo == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
-    qwen = [e for n, e in cat.items() if n.startswith("qwen3-")]
+    qwen = [e for n, e in cat.items() if n.startswith("qwen3-") and e.draft.variant != "dspark"]
     assert len(qwen) >= 4 and all(e.draft.repo.startswith("AngelSlim/") for e in qwen)
+    dspark = [e for n, e in cat.items() if n.endswith("-dspark")]   # DeepSeek's block drafters
+    assert len(dspark) >= 2 and all(e.draft.repo.startswith("deepseek-ai/dspark_") and e.draft.variant == "dspark"
+                                    for e in dspark)
     assert any(n.startswith("gpt-oss") for n in cat) and any(n.startswith("gemma4") for n in cat)
     assert any(e.draft is not None and e.draft.variant == "eagle3.1" for e in cat.values())
     for name, e in cat.items():

@@ -37,7 +37,7 @@ TREE_MAX_WIDTH = 8        # branches per tree depth (the drafter context's seque
 TOP_LOGPROBS_MAX = 20     # most probable alternatives reported per token (OpenAI's limit)
 RANDOM_SEED = -1          # seed -1: a random seed, as llama.cpp's LLAMA_DEFAULT_SEED
 DEFAULT_CTX = 4096        # context size when none is asked for (--ctx, Engine, the memory plan's cap)
-KV_LAYOUTS = ("auto", "streams", "unified")   # the target KV with several slots (llama.contexts.kv_layout)
+KV_LAYOUTS = ("auto", "streams", "unified")   # the target KV with several slots (runtime.kv_layout)
 AUTO_DRAFT_MAX = 16       # policy auto: the draft depth it chooses up to, unless --draft-max is given
 FIXED_DRAFT_MAX = 4       # policy fixed: the depth it always drafts, unless --draft-max is given
 

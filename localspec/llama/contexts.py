@@ -12,7 +12,6 @@ only ``localspec.core``, so both sides can use it without importing each other.
 from __future__ import annotations
 
 from ..core import options
-from ..core.errors import LocalspecError
 
 # KV cache types: name -> (ggml type id, bytes per element)
 KV_TYPES: dict[str, tuple[int, float]] = {
@@ -66,7 +65,7 @@ def target_context(with_drafter: bool, slots: int = 1, *, recurrent: bool = Fals
     ``slots`` times the per-request context, so every slot can fill its own context). A
     ``recurrent`` target (a state per sequence, and ``1 + RS_ROLLBACK`` of it with a drafter or
     lookup: every state is kept for rollback) drafts chains only: a sequence per slot. ``streams``
-    (several slots): one KV stream per slot instead of the shared pool (:func:`kv_layout`)."""
+    (several slots): one KV stream per slot instead of the shared pool (runtime.kv_layout)."""
     if recurrent:
         return dict(n_seq_max=slots, kv_unified=slots > 1, n_rs_seq=RS_ROLLBACK)
     if slots > 1 and streams:
@@ -84,23 +83,3 @@ def block_drafter_batch(block_size: int) -> int:
     return block_size + 1
 
 
-
-def kv_layout(requested: str, slots: int, *, shared_kv: bool = False, rows_match: bool = False,
-              recurrent: bool = False) -> str:
-    """The target KV layout of an engine of ``slots`` slots: ``streams`` (one KV stream per slot,
-    llama-server's layout: a row's attention spans its own slot's cells) or ``unified`` (one pool
-    of cells: every row's attention spans every slot's, masked). ``auto``: streams wherever
-    several slots decode together, except where the pool is what the engine relies on: a drafter
-    that reads the target's own cells (Gemma 4's assistant), exact batches (``rows_match``, whose
-    row invariance was established on the pool), a recurrent target. docs/server.md gives the
-    measurements behind it."""
-    if requested not in options.KV_LAYOUTS:
-        raise LocalspecError(f"unknown KV layout '{requested}' ({', '.join(options.KV_LAYOUTS)})")
-    if slots <= 1 or recurrent:
-        return "unified"
-    if requested == "streams" and shared_kv:
-        raise LocalspecError("a drafter that shares the target's KV cells (Gemma 4's assistant) needs "
-                             "--kv-layout unified")
-    if requested != "auto":
-        return requested
-    return "unified" if shared_kv or rows_match else "streams"

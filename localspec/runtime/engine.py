@@ -47,7 +47,6 @@ from ..core.errors import GrammarError, LocalspecError
 from ..core.events import DoneEvent, Event
 from ..llama.grammar import Grammar
 from ..llama.contexts import DRAFTER_BATCH, KV_TYPES, PROMPT_BATCH, SPLIT_KV_CELLS, TILED_ROWS, target_context
-from ..llama.contexts import kv_layout as kv_layout_for
 from ..core.paths import user_dir
 from ..formats.chat_format import ChatFormatter, Message
 from ..formats.gguf_info import GGUFInfo, check_pair, check_target, read_gguf
@@ -65,6 +64,7 @@ from ..speculation.sources import wants, wants_text, words
 from .calibration import calibrate
 from .calibrator import Calibrator
 from .config import GenerationConfig
+from . import kv_layout as kv_layouts
 from .generation import Generation
 from .scheduler import Scheduler, SlotHost, drive
 from .margins import MarginRecorder
@@ -131,8 +131,8 @@ class Engine:
         # from a memory plan (localspec.memory): KV type, verify-sized logit rows, the plan itself (kept
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
-        # the target's KV: one stream per slot, or one pool of every slot's cells (llama.contexts.kv_layout)
-        self.kv_layout = kv_layout_for(kv_layout, self.n_slots, rows_match=rows_match, shared_kv=bool(
+        # the target's KV: one stream per slot, or one pool of every slot's cells (runtime.kv_layout)
+        self.kv_layout = kv_layouts.choose(kv_layout, self.n_slots, rows_match=rows_match, shared_kv=bool(
             self.drafter_info and self.drafter_info.is_assistant))
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
         self.rows_match = rows_match

@@ -25,7 +25,7 @@ def load_engine(spec, *, n_ctx: int, n_threads: int | None = None, gpu_layers: i
     loaded (it may refuse by raising). ``source`` (the ``--source`` words): ``mtp`` asks for the
     target's MTP heads (else they draft whenever no drafter file is given); ``assistant`` needs the
     drafter file to be a Gemma 4 assistant, ``dflash``/``dspark`` a block drafter of that kind, said
-    before loading. ``kv_layout``: the target's KV with several slots (:func:`~localspec.llama.contexts.kv_layout`)."""
+    before loading. ``kv_layout``: the target's KV with several slots (:func:`~localspec.runtime.kv_layout.choose`)."""
     options = plan_engine(spec, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers, vram=vram,
                           parallel=parallel, ram=ram, kv_type=kv_type)
     words = listed_words(getattr(source, "value", source)) if source is not None else ()

@@ -63,7 +63,7 @@ class Settings:
     ram: Optional[int] = None
     vram: Optional[int] = None
     keep_alive: Optional[float] = DEFAULT_KEEP_ALIVE
-    kv_layout: str = "auto"      # the target's KV with several slots (llama.contexts.kv_layout)
+    kv_layout: str = "auto"      # the target's KV with several slots (runtime.kv_layout)
 
 
 @dataclass

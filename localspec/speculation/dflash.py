@@ -41,7 +41,7 @@ from ..formats.gguf_info import GGUFInfo
 from ..llama import llama_ext
 from ..llama.contexts import block_drafter_batch
 from ..llama.llama_model import Context, Model
-from .drafter import DrafterKind, DrafterSequence, ModelDrafter, checked, open_context
+from .drafter import DrafterKind, DrafterSequence, ModelDrafter, assembled, open_context
 
 DFLASH, DSPARK = "dflash", "dspark"
 SAMPLER_TOP_K = 10      # draft-dflash's sampler: the top token's probability among the top 10
@@ -69,7 +69,7 @@ class BlockSequence(DrafterSequence):
         if pos0 != self.written_until:   # the injected context must reach the block
             return [], []
         try:
-            return self.kind.block(self.drafter, tok, pos0, n, self)
+            return self.kind.decode_block(self.drafter, tok, pos0, n, self)
         finally:
             self.rm(pos0)   # the block's cells: the cache keeps the injected context only
 
@@ -80,14 +80,14 @@ class BlockSequence(DrafterSequence):
         kind = self.kind
         self.reset(0)
         kind.inject(self.drafter, np.zeros((1, len(kind.layers) * kind.n_embd_tgt), dtype=np.float32), 0, self)
-        kind.block(self.drafter, tok, 1, kind.max_depth, self)
+        kind.decode_block(self.drafter, tok, 1, kind.max_depth, self)
         self.ctx.seq_rm(0, seq=self.seq)
 
 
 class BlockKind(DrafterKind):
     """The block drafters' part: the target layers' inputs side by side as features, injected as
     they are (no encode decode: ``catch_up`` writes them with :meth:`inject`, every recorded row,
-    and returns nothing), and the block decode (:meth:`block`)."""
+    and returns nothing), and the block decode (:meth:`decode_block`)."""
 
     block = True   # the policy prices one decode per draft, whatever its length (its source's cost)
     sequence_class = BlockSequence
@@ -162,7 +162,7 @@ class BlockKind(DrafterKind):
                 llama_cpp.llama_batch_ext_set_output_logits(batch, idx, False)
             d.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
 
-    def block(self, d: ModelDrafter, anchor: int, pos0: int, n: int, who: DrafterSequence) -> tuple[list[int], list[float]]:
+    def decode_block(self, d: ModelDrafter, anchor: int, pos0: int, n: int, who: DrafterSequence) -> tuple[list[int], list[float]]:
         """One decode of the block after ``anchor`` (at ``pos0``) in sequence ``who``: ``n`` drafts
         (at most :attr:`max_depth`) and their confidences."""
         n = min(n, self.max_depth)
@@ -204,13 +204,7 @@ def BlockDrafter(info: GGUFInfo, target: Context, *, n_ctx: int, n_threads: int 
     # its batch sized to the block
     ctx = open_context(model, target, n_ctx=n_ctx * slots, n_batch=block_drafter_batch(block_size),
                        n_threads=n_threads, n_seq_max=max(1, slots), kv_unified=True, precise_attention=True)
-    try:
-        kind = BlockKind(info, model, target)
-    except BaseException:
-        ctx.close()
-        model.close()
-        raise
-    return checked(ModelDrafter(kind, model, ctx, target, own_model=True), kind.check)
+    return assembled(model, ctx, target, lambda: BlockKind(info, model, target))
 
 
 def top_of_top_k(logits: np.ndarray, k: int = SAMPLER_TOP_K) -> tuple[int, float]:

@@ -378,6 +378,18 @@ def open_context(model: Model, target: Context, **settings) -> Context:
         raise
 
 
+def assembled(model: Model, ctx: Context, target: Context, make_kind) -> ModelDrafter:
+    """The backend over ``ctx`` with the kind ``make_kind()`` builds, checked by the kind's own
+    ``check``; the context and the model are closed if either fails."""
+    try:
+        kind = make_kind()
+    except BaseException:
+        ctx.close()
+        model.close()
+        raise
+    return checked(ModelDrafter(kind, model, ctx, target, own_model=True), kind.check)
+
+
 def checked(d: ModelDrafter, check) -> ModelDrafter:
     """``d`` once ``check(d)`` passed (closed, and the error raised, if not)."""
     try:

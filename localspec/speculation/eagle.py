@@ -26,7 +26,7 @@ from ..formats.gguf_info import GGUFInfo, read_tensor
 from ..llama import llama_ext
 from ..llama.contexts import DRAFTER_CONTEXT
 from ..llama.llama_model import Context, Model
-from .drafter import ALL_OUTPUT_ROWS, TREE_SEQS, DrafterKind, DrafterSequence, ModelDrafter, checked, open_context  # noqa: F401 (re-exported)
+from .drafter import ALL_OUTPUT_ROWS, TREE_SEQS, DrafterKind, DrafterSequence, ModelDrafter, assembled, checked, open_context  # noqa: F401 (re-exported)
 
 EAGLE = "eagle"
 
@@ -120,10 +120,4 @@ def EagleDrafter(info: GGUFInfo, target: Context, *, n_ctx: int, n_batch: int, n
     # batch as large as the slots holds them (the rows' buffer grows by a vocabulary row per slot).
     ctx = open_context(model, target, n_ctx=n_ctx * slots, n_batch=max(n_batch, settings["n_seq_max"]),
                        n_threads=n_threads, **settings)
-    try:
-        kind = EagleKind(info, model, target)
-    except BaseException:
-        ctx.close()
-        model.close()
-        raise
-    return checked(ModelDrafter(kind, model, ctx, target, own_model=True), kind.check)
+    return assembled(model, ctx, target, lambda: EagleKind(info, model, target))
