@@ -190,6 +190,58 @@ def test_a_prompt_whose_slot_moved_on_is_loaded_back_from_the_prompt_cache(model
         assert sink.done.stats.prompt_cached < len(prompts[0]) - 1
 
 
+def test_a_prompt_sharing_a_few_tokens_more_with_a_kept_text_is_loaded_back(models):
+    """Chat prompts share their template's first tokens: a repeated question gains only its own
+    dozen tokens over whatever text its slot holds. A load copies cells, far cheaper than a
+    forward pass of those rows, so the kept text is loaded back (under the old 32-token rule it
+    was prefilled again, and a warm server's first tokens waited on it)."""
+    system = [200 + j % 40 for j in range(30)]
+    a, b = system + [300 + j for j in range(12)], system + [400 + j for j in range(12)]
+    config = GenerationConfig(max_tokens=40, policy=LOOKUP4)
+    with Engine(models["noisy"], n_ctx=512) as engine:
+        scheduler = engine.scheduler(prompt_cache=PromptCache(64 << 20))
+        sinks = [Collect() for _ in range(3)]
+        for prompt, sink in zip((a, b, a), sinks):
+            scheduler.admit(prompt, config, None, sink)
+            drain(scheduler)
+        assert sinks[1].done.stats.prompt_cached == len(system)       # b reuses the shared prefix
+        assert sinks[2].done.stats.prompt_cached == len(a) - 1         # a's whole prompt, loaded back
+        assert_lossless(sinks[0].done, sinks[2].done)
+
+
+def test_a_load_is_worth_its_copy_unless_most_of_the_kept_text_is_of_no_use():
+    from localspec.runtime.prompt_cache import worth_loading
+
+    assert worth_loading(12, 42, 170)            # a repeated chat question, its answer after it
+    assert not worth_loading(3, 42, 170)         # a few rows: not worth a copy
+    assert not worth_loading(12, 42, 1000)       # 42 of 1,000 kept tokens used: the copy is mostly waste
+
+
+def test_a_draft_is_priced_against_the_prompts_waiting_in_its_step(models):
+    """A slot generating beside a prompt being read prices its draft against a shared batch (the
+    prompt's rows wait on this step: a long draft priced as if alone delayed their first token by
+    hundreds of milliseconds at 4 clients); alone, it is priced alone."""
+    with Engine(models["repeat"], n_ctx=512, parallel=2) as engine:
+        scheduler = engine.scheduler()
+        seen: list[tuple[int, int]] = []
+        first = Collect()
+        scheduler.admit(engine.prepare(PROMPTS[0]), GenerationConfig(max_tokens=48), None, first)
+        scheduler.step()    # its prompt
+        slot = next(s for s in scheduler.slots if s.busy)
+        plan = slot.generation.plan
+
+        def recording(batch, reserve=0, *, batched=False, batch_rows=0):
+            seen.append((scheduler.prefilling, batch_rows))
+            return plan(batch, reserve, batched=batched, batch_rows=batch_rows)
+
+        slot.generation.plan = recording
+        scheduler.step()    # alone
+        scheduler.admit(engine.prepare(PROMPTS[1]), GenerationConfig(max_tokens=4), None, Collect())
+        scheduler.step()    # beside the second prompt
+        drain(scheduler)
+    assert seen[0] == (0, 0) and seen[1] == (1, 1), seen
+
+
 def test_the_prompt_cache_keeps_the_newest_texts_within_its_budget():
     from localspec.runtime.prompt_cache import Kept
 

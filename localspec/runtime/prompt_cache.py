@@ -4,9 +4,10 @@ A slot keeps one text's KV cells, its last request's; the next request with that
 only its new tokens (the scheduler sends it to that slot). With more conversations, or repeated
 requests, than slots, a slot's text is overwritten while it is still wanted. Before a slot takes
 a request that would drop ``MIN_TOKENS`` or more of its cached text, its cells are serialised
-into this cache (``llama_state_seq_get_data``); a request
-whose prompt shares at least ``MIN_TOKENS`` more with a kept text than with its slot's has that
-text loaded into the slot first (``llama_state_seq_set_data``), and prefills only the rest.
+into this cache (``llama_state_seq_get_data``); a request whose prompt shares more with a kept
+text than with its slot's has that text loaded into the slot first (``llama_state_seq_set_data``),
+and prefills only the rest (:func:`worth_loading`: as llama-server's prompt cache, which loads
+whenever a kept text matches more of the prompt).
 Least recently used texts go first once ``budget`` bytes are held. A text is in a slot or in the
 cache, never both: a loaded text leaves the cache (:meth:`PromptCache.take`) before the slot's
 own text goes in, so keeping one can never evict the one being loaded.
@@ -23,7 +24,17 @@ from functools import cached_property
 
 import numpy as np
 
-MIN_TOKENS = 32     # a text worth keeping, and a load worth doing: at least this many tokens gained
+MIN_TOKENS = 32     # a text worth keeping: the prompt would drop at least this many of its tokens
+MIN_GAIN = 4        # a load worth doing: at least this many prompt rows it saves ...
+MIN_USED = 1 / 8    # ... and at least this share of the kept text's cells it reuses
+
+
+def worth_loading(gain: int, used: int, kept: int) -> bool:
+    """Whether to load a kept text of ``kept`` tokens whose first ``used`` match the prompt,
+    ``gain`` more than the slot's own cells do. A load copies all its cells (memory speed) and
+    saves ``gain`` prompt rows (a forward pass each): on a CPU a row costs what ~100 tokens' cells
+    take to copy, on a GPU ~10, so the copy pays unless most of the text is of no use."""
+    return gain >= MIN_GAIN and used >= kept * MIN_USED
 
 
 def common_prefix(a, b) -> int:

@@ -49,7 +49,7 @@ from .batch import Batch
 from .drafting import Draft, DraftChain
 from .config import GenerationConfig
 from .generation import Generation, GenerationObserver
-from .prompt_cache import MIN_TOKENS, Kept, PromptCache, common_prefix
+from .prompt_cache import MIN_TOKENS, Kept, PromptCache, common_prefix, worth_loading
 from .verifier import TargetVerifier
 
 
@@ -245,11 +245,12 @@ class Scheduler:
 
     def _swap(self, slot: Slot, prompt: list[int]) -> None:
         """Before ``slot`` takes ``prompt``: keep its text in the prompt cache if the prompt would
-        drop MIN_TOKENS of it or more, and load a kept text sharing MIN_TOKENS more with the prompt."""
+        drop MIN_TOKENS of it or more, and load a kept text that shares more with the prompt where the
+        rows it saves pay for the copy (``prompt_cache.worth_loading``)."""
         verifier, cache = slot.verifier, self.prompt_cache
         have = common_prefix(verifier.kv_tokens, prompt)
         kept, length = cache.best(prompt)
-        load = kept is not None and length >= have + MIN_TOKENS
+        load = kept is not None and worth_loading(length - have, length, len(kept.tokens))
         if load:   # out of the cache before the slot's own text goes in (which may evict it): the slot holds it now
             cache.take(kept)
         if len(verifier.kv_tokens) - have >= MIN_TOKENS:
@@ -320,7 +321,9 @@ class Scheduler:
 
     def plan(self, active: list[Slot]) -> StepPlan:
         """The step's plan: the generating slots' rows, each one's draft priced against the rows
-        before it and the fewest the ones after it need (the batch budget is the scheduler's: it
+        before it and the fewest the ones after it and the prompts being read need (a draft is
+        priced as in a shared batch while a prompt waits, so that no long draft delays a first
+        token as if its slot were alone; the batch budget is the scheduler's: it
         tells each generation what it may take; a model drafter's chain is promised its rows, to
         be drafted in :meth:`run`), and the prompts being prefilled, in order of arrival."""
         exact = active[0].generation.exact if len(active) == 1 else any(s.generation.exact for s in active)
@@ -328,8 +331,9 @@ class Scheduler:
         decoding = [s for s in active if s.state is SlotState.GENERATING]
         plan = StepPlan(active, batch, [], [], [s for s in active if s.state is SlotState.PREFILL], {})
         batched = len(decoding) > 1
+        waiting = len(plan.prefills)   # a prompt takes one row at least: its first token waits on this step
         for i, slot in enumerate(decoding):
-            others = len(decoding) - 1 - i           # rows the slots after this one need at least
+            others = len(decoding) - 1 - i + waiting   # rows the slots after this one need at least
             try:
                 chain = slot.generation.plan(batch, reserve=others, batched=batched,
                                              batch_rows=batch.rows + batch.promised + others)
