@@ -1,6 +1,6 @@
 """Block drafters (DFlash, DSpark) under ``auto`` against plain decoding, on the tiny fixtures.
 
-    python bench/block_drafters.py [--threads 1] [-n 256] [--rounds 3] [--targets tiny,costly]
+    python bench/block_drafters.py [--threads 1] [-n 256] [--rounds 3] [--targets tiny,costly] [--only dspark]
 
 Writes the tiny llama target (``tiny``), the costly one (``costly``: 8 layers of a 8192-wide FFN,
 whose step costs more than a block) and the block drafters of tests/dflash_models.py into a
@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--targets", default="tiny,costly", help="comma-separated: tiny, costly")
+    ap.add_argument("--only", default="", help="only the drafters whose name contains this (e.g. dspark)")
     args = ap.parse_args()
     from dflash_models import NOISE, build_costly_target, build_dflash
     from tiny_models import build_target
@@ -82,7 +83,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|")
         for tname in args.targets.split(","):
             target = targets[tname]()
-            for name, drafter, source in drafters:
+            for name, drafter, source in [c for c in drafters if args.only in c[0]]:
                 os.environ["LOCALSPEC_HOME"] = str(d / f"home-{tname}")
                 r = bench(target, drafter, source, args.n, args.rounds, args.threads)
                 print(f"| {tname} | {name} | {r['v1'] * 1e3:.2f} | {r['block'] * 1e3:.2f} | {r['plain']:.1f} "
