@@ -22,6 +22,7 @@ Kinds:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,12 @@ MASK_TOKEN = 4            # a special token of SmolLM2's vocabulary, as publishe
 TARGET_LAYERS = (1, 3)    # extract ids as the converter writes them (the checkpoint's ids + 1)
 MARKOV_RANK = 8
 VALUE_GAIN = 2000.0       # repeat: the anchor's value outweighs the mask token's own embedding
+NOISE = 0.006             # the noisy target's output scale (it mostly repeats its last token)
+# the costly target: as wide (the drafter shares its embeddings and lm_head) but 8 layers of a
+# 8192-wide FFN (57 MB, F32): a step of it costs about 8 ms on one thread of this project's CPU,
+# twice a DFlash block; the tiny target's step (1 ms) costs a quarter of a block, which reads the
+# 49152-token lm_head for every row, and no block can pay there
+COSTLY_LAYERS, COSTLY_FF = 8, 8192
 
 
 def build_dflash(path: Path, target_embd_seed: int = 0, *, kind: str = "repeat", dspark: bool = False,
@@ -107,12 +114,21 @@ def build_dflash(path: Path, target_embd_seed: int = 0, *, kind: str = "repeat",
     return path
 
 
+def build_costly_target(path: Path) -> Path:
+    """The noisy tiny target made costlier than a block (``COSTLY_LAYERS``, ``COSTLY_FF``), its
+    output noise scaled down with its wider FFN and its layers (it mostly repeats its last token)."""
+    from tiny_models import build_target
+
+    noise = NOISE * math.sqrt(N_LAYER * N_FF / (COSTLY_LAYERS * COSTLY_FF))
+    return build_target(path, "noisy", noise=noise, n_layer=COSTLY_LAYERS, n_ff=COSTLY_FF)
+
+
 def dflash_set(d: Path) -> dict[str, Path]:
     """The tiny llama targets and block drafters the tests share: {"noisy", "random_target",
     "dflash", "dflash_random", "dspark", "dspark_random", "dspark_noconf"}."""
     from tiny_models import build_target
 
-    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=0.006),
+    paths = {"noisy": build_target(d / "noisy.gguf", "noisy", noise=NOISE),
              "random_target": build_target(d / "random.gguf", "random")}
     paths["dflash"] = build_dflash(d / "dflash.gguf")
     paths["dflash_random"] = build_dflash(d / "dflash_random.gguf", kind="random")

@@ -202,11 +202,12 @@ def test_dspark_sampled_output_follows_the_target_s_distribution(df):
 
 def test_dflash_auto_leaves_a_garbage_block_drafter_off_and_drafts_good_blocks(df, tmp_path, monkeypatch):
     """Under auto: with the cost model calibrated on this machine, a drafter whose blocks are never
-    accepted is left off (a block of 8 full-vocabulary rows costs about ten target steps on this
-    CPU: no acceptance could pay for it, so it is not even probed; bench/block_drafters.py times it
-    against plain decoding); on a machine where a verify's and a block's rows are nearly free (a
-    GPU-like calibration), a drafter whose drafts are good drafts several tokens per block, one
-    drafter decode each."""
+    accepted is left off (a block of 8 full-vocabulary rows costs 3-4 target steps of the tiny
+    target on this CPU, DSpark's 8-10: no acceptance could pay for it, so it is not even probed;
+    bench/block_drafters.py times it against plain decoding); on a machine where a verify's and a
+    block's rows are nearly free (a GPU-like calibration), a drafter whose drafts are good drafts
+    several tokens per block, one drafter decode each (tests/test_block_auto.py: on a target costlier
+    than a block, calibrated here)."""
     from localspec.speculation.cost_cache import write_entry
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))

@@ -64,12 +64,12 @@ def unit_embeddings(n_vocab: int, seed: int = 0) -> np.ndarray:
     return e / np.linalg.norm(e, axis=1, keepdims=True)
 
 
-def add_shape(writer, n_layer: int, n_vocab: int) -> None:
+def add_shape(writer, n_layer: int, n_vocab: int, n_ff: int = N_FF) -> None:
     """The tiny targets' hyperparameters (context, widths, heads, norm, rope) on a GGUF writer."""
     writer.add_context_length(4096)
     writer.add_embedding_length(N_EMBD)
     writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -79,7 +79,9 @@ def add_shape(writer, n_layer: int, n_vocab: int) -> None:
 
 
 def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed: int = 0,
-                 n_layer: int = N_LAYER, noise: float = 0.35, chat_template: str | None = None) -> Path:
+                 n_layer: int = N_LAYER, noise: float = 0.35, chat_template: str | None = None,
+                 n_ff: int = N_FF) -> Path:
+    """A tiny target of ``kind`` (see above); ``n_layer`` and ``n_ff`` make a costlier one."""
     import gguf
 
     rng = np.random.default_rng(seed + 1)
@@ -88,7 +90,7 @@ def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed:
     n_vocab = _copy_tokenizer(writer, embedded_target(), skip=(K.KEY_CHAT_TEMPLATE,) if chat_template else ())
     if chat_template:
         writer.add_chat_template(chat_template)
-    add_shape(writer, n_layer, n_vocab)
+    add_shape(writer, n_layer, n_vocab, n_ff)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
     def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
@@ -104,9 +106,9 @@ def build_target(path: Path, kind: str = "repeat", *, arch: str = "llama", seed:
         writer.add_tensor(f"blk.{i}.attn_v.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD))
         writer.add_tensor(f"blk.{i}.attn_output.weight", rnd(N_EMBD, N_EMBD, scale=out_scale))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", rnd(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, N_FF, scale=out_scale))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", rnd(n_ff, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", rnd(n_ff, N_EMBD))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", rnd(N_EMBD, n_ff, scale=out_scale))
     write_gguf(writer)
     return path
 

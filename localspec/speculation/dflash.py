@@ -209,8 +209,15 @@ def BlockDrafter(info: GGUFInfo, target: Context, *, n_ctx: int, n_threads: int 
 
 def top_of_top_k(logits: np.ndarray, k: int = SAMPLER_TOP_K) -> tuple[int, float]:
     """The row's top token and its probability among the row's top ``k`` (draft-dflash's top-k
-    sampler; a tie goes to the lower id, as a stable sort of the row would have it)."""
+    sampler; a tie goes to the lower id, as a stable sort of the row would have it). The top ``k``
+    are found among the logits at or above the least of ``k`` slices' maxima (each slice's maximum
+    is a distinct logit, so at least ``k`` pass and the top ``k`` all do), in half the time of a
+    partition of the whole row (10 argmaxes: 1.4 of a 4.3 ms block on the tiny fixtures)."""
     best = int(np.argmax(logits))
+    top_logit, n = logits[best], len(logits)
+    if n > 4 * k:
+        near = logits[logits >= logits[:n - n % k].reshape(k, -1).max(axis=1).min()]
+        logits = near if len(near) >= k else logits   # (fewer: a NaN in the row)
     top = np.partition(logits, len(logits) - k)[-k:] if len(logits) > k else logits
-    total = float(np.exp(top - logits[best], dtype=np.float32).sum())
+    total = float(np.exp(top - top_logit, dtype=np.float32).sum())
     return best, 1.0 / total
