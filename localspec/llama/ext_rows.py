@@ -82,3 +82,68 @@ class ExtRows:
             pos.value = start_pos + i
             set_pos(batch, idx, pos_ref)
             set_out(batch, idx, True)
+
+
+class DirectRows:
+    """Rows of a drafter batch in a plain ``llama_batch`` whose arrays are numpy buffers, filled by
+    slice assignment and run by ONE C call (``llama_decode``, or ``llama_encode`` for embedding
+    rows alone) instead of four per row: llama.cpp turns such a batch into the same extended batch
+    (``llama_batch_compat``: a token id and an embedding row per row, its position, its sequence,
+    its output flag) and runs the same ``decode`` / ``encode`` on it. Rows must be ``width`` wide:
+    the context's ``n_embd_inp`` (token rows) or ``n_embd_inp_enc`` (embedding rows alone), which
+    is what the kind using it checks (:attr:`~localspec.speculation.drafter.DrafterKind.direct`)."""
+
+    def __init__(self, n_max: int, width: int, *, tokens: bool) -> None:
+        self.n_max, self.width = n_max, width
+        self.token = np.zeros(n_max, dtype=np.int32)
+        self.embd = np.zeros((n_max, width), dtype=np.float32)
+        self.pos = np.zeros(n_max, dtype=np.int32)
+        self.n_seq = np.ones(n_max, dtype=np.int32)
+        self.seq = np.zeros(n_max, dtype=np.int32)
+        self.out = np.zeros(n_max, dtype=np.int8)
+        seq_p = ctypes.POINTER(llama_cpp.llama_seq_id)
+        base = self.seq.ctypes.data
+        self._seq_ids = (seq_p * n_max)(*[ctypes.cast(base + 4 * i, seq_p) for i in range(n_max)])
+
+        def ptr(a: np.ndarray, t):
+            return ctypes.cast(a.ctypes.data, ctypes.POINTER(t))
+        self.batch = llama_cpp.llama_batch(0, ptr(self.token, llama_cpp.llama_token) if tokens else None,
+                                           ptr(self.embd, ctypes.c_float), ptr(self.pos, llama_cpp.llama_pos),
+                                           ptr(self.n_seq, ctypes.c_int32),
+                                           ctypes.cast(self._seq_ids, ctypes.POINTER(seq_p)),
+                                           ptr(self.out, ctypes.c_int8))
+
+    def rows(self, n: int) -> int:
+        """``n`` rows are what the next call reads (filled through the arrays); the last row's index."""
+        if not 0 < n <= self.n_max:
+            raise LocalspecError(f"internal: {n} drafter rows for a batch of {self.n_max}")
+        self.batch.n_tokens = n
+        return n - 1
+
+    def fill(self, seqs: Sequence[int], tokens: Sequence[int], embd: np.ndarray, positions: Sequence[int],
+             output: bool) -> int:
+        """Row ``i``: token ``tokens[i]`` with embedding row ``embd[i]``, in sequence ``seqs[i]`` at
+        ``positions[i]``, with its logits and state when ``output``. The last row's index."""
+        n = len(tokens)
+        idx = self.rows(n)
+        if embd.shape != (n, self.width):
+            raise LocalspecError(f"internal: drafter rows of shape {embd.shape}, expected ({n}, {self.width})")
+        if n == 1:   # a chain step: the hot path
+            self.token[0], self.seq[0], self.pos[0] = tokens[0], seqs[0], positions[0]
+            self.embd[0] = embd[0]
+            self.out[0] = output
+            return 0
+        self.token[:n], self.seq[:n], self.pos[:n] = tokens, seqs, positions
+        self.embd[:n] = embd
+        self.out[:n] = output
+        return idx
+
+    def fill_embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
+        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
+        ``start_pos + i``, with its output."""
+        n = embd.shape[0]
+        self.rows(n)
+        self.embd[:n] = embd
+        self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq[:n] = seq
+        self.out[:n] = 1
