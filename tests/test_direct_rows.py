@@ -1,7 +1,8 @@
 """The EAGLE drafter's rows through a plain llama_batch (llama.ext_rows.DirectRows: one
 llama_decode / llama_encode a batch) give bit for bit what the extended batch gives (four C calls
-a row and llama_process): the fc encode, a catch-up, chain steps and a batched step, on the
-shipped SmolLM2 pair."""
+a row and llama_process): the fc encode, a catch-up, chain steps, a batched step and a tree's
+branches, on the shipped SmolLM2 pair.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ def _drafts(eng, d, seq, toks: list[int]) -> list[np.ndarray]:
     d.ctx.seq_rm(0)
     eng.ctx.seq_rm(0)
     eng.ctx.decode(toks, 0, all_logits=False)
-    g = d.encode(d.features(n), seq)
+    feats = d.features(n)
+    # a chain's accepted rows (consecutive: read as a slice) and a tree's path (taken row by row)
+    assert np.array_equal(d.features(3, [1, 2, 3]), feats[1:4])
+    assert np.array_equal(d.features(2, [0, 2]), feats[[0, 2]])
+    g = d.encode(feats, seq)
     logits, state = seq.decode(toks[1:] + [toks[-1]], g, 0)
     out = [g.copy(), np.array(logits), state.copy()]
     pos = n
@@ -32,7 +37,14 @@ def _drafts(eng, d, seq, toks: list[int]) -> list[np.ndarray]:
         out += [np.array(logits), state.copy()]
         pos += 1
     (logits, state), = d.decode_steps([(seq, int(np.argmax(logits)), state, pos)])
-    return out + [np.array(logits), state.copy()]
+    out += [np.array(logits), state.copy()]
+    top = [int(t) for t in np.argsort(-logits)[:3]]   # three branches of a tree, in sequences 1..3
+    for s in (1, 2, 3):
+        seq.fork(0, s)
+    branches = seq.decode_branches(top, np.stack([state] * 3), pos + 1, [1, 2, 3])
+    for s in (1, 2, 3):
+        seq.forget(s)
+    return out + [a for branch in branches for a in branch]
 
 
 def test_direct_rows_give_the_extended_batch_s_results(smollm2):
@@ -48,7 +60,7 @@ def test_direct_rows_give_the_extended_batch_s_results(smollm2):
                 extended = _drafts(eng, d, seq, toks)
             finally:
                 d.direct = True
-            assert len(direct) == len(extended) == 11
+            assert len(direct) == len(extended) == 17
             for a, b in zip(direct, extended):
                 assert a.shape == b.shape and np.array_equal(a, b)
 

@@ -1,8 +1,13 @@
-"""Rows into a ``llama_batch_ext`` (the drafters' batches) with the least Python per row.
+"""Rows into the drafters' batches with the least Python per row: :class:`DirectRows`, a plain
+``llama_batch`` over numpy buffers that llama.cpp converts to the same extended batch (one C call a
+batch: the EAGLE kind's), and :class:`ExtRows`, the ``llama_batch_ext`` filled row by row (the
+other kinds', whose rows may differ from a plain batch's).
 
 The extended batch is an opaque C++ object: a row takes its C calls (add, embedding, position,
-output), and nothing can be written through a numpy view as the target's ``llama_batch`` can.
-What a row need not cost is the Python around those calls: a ``llama_embd`` struct and a ctypes
+output). ``llama_decode`` / ``llama_encode`` build one from a plain batch (``llama_batch_compat``,
+llama-batch.cpp: token and embedding row together, rows ``n_embd_inp`` or, encoding,
+``n_embd_inp_enc`` wide) and run the same ``decode`` / ``encode`` on it, so where a kind's rows
+have those widths a numpy-filled plain batch replaces the per-row calls. What a row need not cost is the Python around those calls: a ``llama_embd`` struct and a ctypes
 pointer built per row (``ndarray.ctypes.data_as``: tens of µs on a loaded 2-core machine). Here one
 struct per row width is kept and its data pointer rewritten in place (the row's address: the
 array's base plus the row's offset), the position goes through one ``c_int32`` passed by a kept
@@ -137,6 +142,15 @@ class DirectRows:
         self.embd[:n] = embd
         self.out[:n] = output
         return idx
+
+    def fill_one(self, seq: int, token: int, embd: np.ndarray, position: int) -> int:
+        """:meth:`fill` of one row with its output (a chain step); ``embd``: that row, 1-D or (1, width)."""
+        if embd.size != self.width:
+            raise LocalspecError(f"internal: a drafter row of shape {embd.shape}, expected {self.width} wide")
+        self.batch.n_tokens = 1
+        self.token[0], self.seq[0], self.pos[0], self.out[0] = token, seq, position, 1
+        self.embd[0] = embd.reshape(self.width)
+        return 0
 
     def fill_embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
         """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at

@@ -215,6 +215,10 @@ class ModelDrafter:
         outputs, then the last row alone, as llama.cpp's own loop does.
         """
         n = len(tokens)
+        if n == 1 and self.direct:   # a chain step (the hot path): one row, one C call
+            idx = self._direct.fill_one(who.seq, tokens[0], g, self.kind.position(who.seq, start_pos))
+            self._run_direct(self._direct, who)
+            return self.ctx.logits(idx), self.state(idx)
         g = np.ascontiguousarray(g, dtype=np.float32)
         if n > ALL_OUTPUT_ROWS:
             step = self.ctx.n_batch
