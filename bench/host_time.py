@@ -7,7 +7,7 @@
 On a GPU a target step of a small model takes ~4 ms and a drafter step ~0.3 ms (docs/gpu.md):
 whatever the host spends per cycle outside them (feature copies, the policy, sampling,
 bookkeeping) is paid on top, and llama.cpp's own loop is C++. This isolates that share. Every
-``llama_decode`` and ``llama_process`` (the target's and the drafter's compute) is timed in
+``llama_decode``, ``llama_encode`` and ``llama_process`` (the target's and the drafter's compute) is timed in
 process; a mode's host time is its generation wall time (after the prompt, as
 ``GenerationStats.generation_seconds``) less the time inside those calls, reported in µs per cycle
 (one target decode) and per drafted token. Everything else is host: Python, numpy, the ctypes
@@ -75,9 +75,9 @@ EAGLE_MODES = {"eagle-chain", "eagle-tree", "slots4-chain"}
 
 
 class NativeClock:
-    """Seconds inside llama.cpp's compute calls (``llama_decode``, ``llama_process``), process-wide."""
+    """Seconds inside llama.cpp's compute calls (``llama_decode``, ``llama_encode``, ``llama_process``), process-wide."""
 
-    NAMES = ("llama_decode", "llama_process")
+    NAMES = ("llama_decode", "llama_process", "llama_encode")
 
     def __init__(self) -> None:
         self.seconds = 0.0

@@ -1,8 +1,13 @@
-"""Rows into a ``llama_batch_ext`` (the drafters' batches) with the least Python per row.
+"""Rows into the drafters' batches with the least Python per row: :class:`DirectRows`, a plain
+``llama_batch`` over numpy buffers that llama.cpp converts to the same extended batch (one C call a
+batch: the EAGLE kind's), and :class:`ExtRows`, the ``llama_batch_ext`` filled row by row (the
+other kinds', whose rows may differ from a plain batch's).
 
 The extended batch is an opaque C++ object: a row takes its C calls (add, embedding, position,
-output), and nothing can be written through a numpy view as the target's ``llama_batch`` can.
-What a row need not cost is the Python around those calls: a ``llama_embd`` struct and a ctypes
+output). ``llama_decode`` / ``llama_encode`` build one from a plain batch (``llama_batch_compat``,
+llama-batch.cpp: token and embedding row together, rows ``n_embd_inp`` or, encoding,
+``n_embd_inp_enc`` wide) and run the same ``decode`` / ``encode`` on it, so where a kind's rows
+have those widths a numpy-filled plain batch replaces the per-row calls. What a row need not cost is the Python around those calls: a ``llama_embd`` struct and a ctypes
 pointer built per row (``ndarray.ctypes.data_as``: tens of µs on a loaded 2-core machine). Here one
 struct per row width is kept and its data pointer rewritten in place (the row's address: the
 array's base plus the row's offset), the position goes through one ``c_int32`` passed by a kept
@@ -82,3 +87,77 @@ class ExtRows:
             pos.value = start_pos + i
             set_pos(batch, idx, pos_ref)
             set_out(batch, idx, True)
+
+
+class DirectRows:
+    """Rows of a drafter batch in a plain ``llama_batch`` whose arrays are numpy buffers, filled by
+    slice assignment and run by ONE C call (``llama_decode``, or ``llama_encode`` for embedding
+    rows alone) instead of four per row: llama.cpp turns such a batch into the same extended batch
+    (``llama_batch_compat``: a token id and an embedding row per row, its position, its sequence,
+    its output flag) and runs the same ``decode`` / ``encode`` on it. Rows must be ``width`` wide:
+    the context's ``n_embd_inp`` (token rows) or ``n_embd_inp_enc`` (embedding rows alone), which
+    is what the kind using it checks (:attr:`~localspec.speculation.drafter.DrafterKind.direct`)."""
+
+    def __init__(self, n_max: int, width: int, *, tokens: bool) -> None:
+        self.n_max, self.width = n_max, width
+        self.token = np.zeros(n_max, dtype=np.int32)
+        self.embd = np.zeros((n_max, width), dtype=np.float32)
+        self.pos = np.zeros(n_max, dtype=np.int32)
+        self.n_seq = np.ones(n_max, dtype=np.int32)
+        self.seq = np.zeros(n_max, dtype=np.int32)
+        self.out = np.zeros(n_max, dtype=np.int8)
+        seq_p = ctypes.POINTER(llama_cpp.llama_seq_id)
+        base = self.seq.ctypes.data
+        self._seq_ids = (seq_p * n_max)(*[ctypes.cast(base + 4 * i, seq_p) for i in range(n_max)])
+
+        def ptr(a: np.ndarray, t):
+            return ctypes.cast(a.ctypes.data, ctypes.POINTER(t))
+        self.batch = llama_cpp.llama_batch(0, ptr(self.token, llama_cpp.llama_token) if tokens else None,
+                                           ptr(self.embd, ctypes.c_float), ptr(self.pos, llama_cpp.llama_pos),
+                                           ptr(self.n_seq, ctypes.c_int32),
+                                           ctypes.cast(self._seq_ids, ctypes.POINTER(seq_p)),
+                                           ptr(self.out, ctypes.c_int8))
+
+    def rows(self, n: int) -> int:
+        """``n`` rows are what the next call reads (filled through the arrays); the last row's index."""
+        if not 0 < n <= self.n_max:
+            raise LocalspecError(f"internal: {n} drafter rows for a batch of {self.n_max}")
+        self.batch.n_tokens = n
+        return n - 1
+
+    def fill(self, seqs: Sequence[int], tokens: Sequence[int], embd: np.ndarray, positions: Sequence[int],
+             output: bool) -> int:
+        """Row ``i``: token ``tokens[i]`` with embedding row ``embd[i]``, in sequence ``seqs[i]`` at
+        ``positions[i]``, with its logits and state when ``output``. The last row's index."""
+        n = len(tokens)
+        idx = self.rows(n)
+        if embd.shape != (n, self.width):
+            raise LocalspecError(f"internal: drafter rows of shape {embd.shape}, expected ({n}, {self.width})")
+        if n == 1:   # a chain step: the hot path
+            self.token[0], self.seq[0], self.pos[0] = tokens[0], seqs[0], positions[0]
+            self.embd[0] = embd[0]
+            self.out[0] = output
+            return 0
+        self.token[:n], self.seq[:n], self.pos[:n] = tokens, seqs, positions
+        self.embd[:n] = embd
+        self.out[:n] = output
+        return idx
+
+    def fill_one(self, seq: int, token: int, embd: np.ndarray, position: int) -> int:
+        """:meth:`fill` of one row with its output (a chain step); ``embd``: that row, 1-D or (1, width)."""
+        if embd.size != self.width:
+            raise LocalspecError(f"internal: a drafter row of shape {embd.shape}, expected {self.width} wide")
+        self.batch.n_tokens = 1
+        self.token[0], self.seq[0], self.pos[0], self.out[0] = token, seq, position, 1
+        self.embd[0] = embd.reshape(self.width)
+        return 0
+
+    def fill_embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
+        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
+        ``start_pos + i``, with its output."""
+        n = embd.shape[0]
+        self.rows(n)
+        self.embd[:n] = embd
+        self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq[:n] = seq
+        self.out[:n] = 1

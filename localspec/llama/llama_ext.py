@@ -175,8 +175,11 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
     """The inputs of target ``layers`` (each ``width`` wide) for the first ``n_rows`` rows of the
     context's last batch (or its batch rows ``rows``, in that order), side by side per row: what
     an EAGLE or block drafter reads after each target decode."""
+    lo = 0
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):   # a chain's rows: a slice
+        lo, n_rows, rows = rows[0], len(rows), None
     n_out = n_rows if rows is None else len(rows)
-    n_batch = n_rows if rows is None else max(rows) + 1
+    n_batch = lo + n_rows if rows is None else max(rows) + 1
     out = np.empty((n_out, len(layers) * width), dtype=np.float32)
     for k, lid in enumerate(layers):
         address = layer_inp_address(ctx, lid)
@@ -185,7 +188,7 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
         src = float_view(address, (n_batch, width), cache)
         block = out[:, k * width:(k + 1) * width]
         if rows is None:
-            block[:] = src[:n_rows]
+            block[:] = src[lo:n_batch]
         else:
-            np.take(src, rows, axis=0, out=block)
+            src.take(rows, axis=0, out=block)
     return out

@@ -71,26 +71,31 @@ class TokenOutput:
     def remaining(self) -> int:
         return self._max_tokens - len(self.tokens)
 
-    def emit(self, committed: Sequence[tuple[int, bool]], logprobs: Sequence | None = None) -> Iterator[TokenEvent]:
+    def emit(self, committed: Sequence[tuple[int, bool]], logprobs: Sequence | None = None) -> list[TokenEvent]:
         """A TokenEvent per ``(token, from_draft)`` until one ends the generation; ``logprobs``:
-        one :class:`~localspec.core.events.TokenLogprob` per committed token, or None."""
+        one :class:`~localspec.core.events.TokenLogprob` per committed token, or None. A list,
+        not a generator: once per cycle, usually one token (a generator's setup and two
+        resumptions cost more than the token)."""
+        events: list[TokenEvent] = []
+        model, stream, tokens = self._model, self._stream, self.tokens
         for i, (tok, from_draft) in enumerate(committed):
-            if self._model.is_eog(tok):
+            if model.is_eog(tok):
                 self.finish = "stop"
-                return
-            self.tokens.append(tok)
-            text = self._stream.push(self._model.piece(tok))
+                break
+            tokens.append(tok)
+            text = stream.push(model.piece(tok))
             if logprobs is None:
-                yield TokenEvent(text, tok, from_draft)
+                events.append(TokenEvent(text, tok, from_draft))
             else:
                 self.logprobs.append(logprobs[i])
-                yield TokenEvent(text, tok, from_draft, (logprobs[i],))
-            if self._stream.stopped:
+                events.append(TokenEvent(text, tok, from_draft, (logprobs[i],)))
+            if stream.stopped:
                 self.finish = "stop"
-                return
-            if len(self.tokens) >= self._max_tokens:
+                break
+            if len(tokens) >= self._max_tokens:
                 self.finish = "length"
-                return
+                break
+        return events
 
     def close(self) -> Iterator[TokenEvent]:
         """The text still held back (an incomplete character, a prefix of no stop string)."""

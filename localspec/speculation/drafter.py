@@ -26,7 +26,7 @@ import numpy as np
 from ..core.errors import LocalspecError
 from ..llama import llama_ext
 from ..llama.contexts import DRAFTER_TREE_SEQS
-from ..llama.ext_rows import ExtRows
+from ..llama.ext_rows import DirectRows, ExtRows
 from ..llama.llama_model import Context, Model
 from ..llama.process import llama_failure
 
@@ -50,6 +50,9 @@ class DrafterKind:
     cached = True
     first_pair = False
     block = False          # a block drafter: a draft of any depth is one decode (speculation.dflash)
+    # its rows (``n_embd`` wide, the context's n_embd_inp; encode rows n_embd_inp_enc) go in a plain
+    # llama_batch, one C call a decode (llama.ext_rows.DirectRows), not the extended batch's four a row
+    direct = False
     n_embd = 0
     sequence_class: type | None = None   # None: DrafterSequence
 
@@ -110,6 +113,9 @@ class ModelDrafter:
         self._own_model = own_model
         self._batch = llama_cpp.llama_batch_ext_init(ctx.ptr)
         self._rows = ExtRows(self._batch)
+        self.direct = kind.direct   # rows through DirectRows (False: the extended batch, as other kinds)
+        self._direct = DirectRows(ctx.n_batch, kind.n_embd, tokens=True) if kind.direct else None
+        self._direct_enc: DirectRows | None = None   # made at the first encode (its width: the features')
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
         self._sequences: dict[int, object] = {}
 
@@ -138,7 +144,16 @@ class ModelDrafter:
         shared among them)."""
         t0 = time.perf_counter()
         rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
-        spent = time.perf_counter() - t0
+        self._spent(time.perf_counter() - t0, who, rc)
+
+    def _run_direct(self, rows: DirectRows, who, *, encode: bool = False) -> None:
+        """:meth:`process` of the rows filled in ``rows`` (llama_decode / llama_encode: the same
+        decode / encode of the same rows, see :class:`~localspec.llama.ext_rows.DirectRows`)."""
+        t0 = time.perf_counter()
+        rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self.ctx.ptr, rows.batch)
+        self._spent(time.perf_counter() - t0, who, rc)
+
+    def _spent(self, spent: float, who, rc: int) -> None:
         if isinstance(who, list):
             for each in who:
                 each.seconds += spent / len(who)
@@ -146,6 +161,32 @@ class ModelDrafter:
             (who or self).seconds += spent
         if rc != 0:
             raise llama_failure(f"the drafter failed (llama_process code {rc})")
+
+    def _run_rows(self, seqs: list[int], tokens: list[int], g: np.ndarray, positions: list[int], output: bool,
+                  who) -> int:
+        """One decode of token rows (row ``i``: ``tokens[i]`` with ``g[i]``, in ``seqs[i]`` at
+        ``positions[i]``); the last row's index."""
+        direct = self._direct
+        if not self.direct or direct is None:
+            idx = self.clear().tokens(seqs, tokens, g, positions, output)
+            self.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
+            return idx
+        idx = direct.fill(seqs, tokens, g, positions, output)
+        self._run_direct(direct, who)
+        return idx
+
+    def encode_rows(self, who, embd: np.ndarray, start_pos: int) -> None:
+        """One encode of embedding rows alone (row ``i`` in ``who``'s sequence at ``start_pos + i``,
+        each with its output)."""
+        if not self.direct:
+            self.clear().embeddings(who.seq, embd, start_pos)
+            self.process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, who)
+            return
+        direct = self._direct_enc
+        if direct is None or direct.width != embd.shape[1]:
+            direct = self._direct_enc = DirectRows(self.ctx.n_batch, embd.shape[1], tokens=False)
+        direct.fill_embeddings(who.seq, embd, start_pos)
+        self._run_direct(direct, who, encode=True)
 
     def clear(self) -> ExtRows:
         """The batch, emptied, and its row filler."""
@@ -156,15 +197,13 @@ class ModelDrafter:
                      seqs: list[int] | None = None, who=None) -> int:
         """Rows at consecutive positions from ``start_pos`` in the sequence ``who``, or (``seqs``)
         each in its own sequence, all at ``start_pos``."""
-        rows, position = self.clear(), self.kind.position
+        position = self.kind.position
         n = len(tokens)
         if seqs is None:
             seqs, positions = [who.seq] * n, [position(who.seq, start_pos + i) for i in range(n)]
         else:
             positions = [position(s, start_pos) for s in seqs]
-        idx = rows.tokens(seqs, tokens, g, positions, output)
-        self.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, who)
-        return idx
+        return self._run_rows(seqs, tokens, g, positions, output, who)
 
     def decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, who) -> tuple[np.ndarray, np.ndarray]:
         """Write pairs (tokens[i], g[i]) at positions start_pos+i of sequence ``who``; return the
@@ -176,6 +215,10 @@ class ModelDrafter:
         outputs, then the last row alone, as llama.cpp's own loop does.
         """
         n = len(tokens)
+        if n == 1 and self.direct:   # a chain step (the hot path): one row, one C call
+            idx = self._direct.fill_one(who.seq, tokens[0], g, self.kind.position(who.seq, start_pos))
+            self._run_direct(self._direct, who)
+            return self.ctx.logits(idx), self.state(idx)
         g = np.ascontiguousarray(g, dtype=np.float32)
         if n > ALL_OUTPUT_ROWS:
             step = self.ctx.n_batch
@@ -199,9 +242,8 @@ class ModelDrafter:
         for start in range(0, len(rows), ALL_OUTPUT_ROWS):
             part = rows[start:start + ALL_OUTPUT_ROWS]
             states = np.stack([row[2] for row in part]).astype(np.float32, copy=False)
-            self.clear().tokens([row[0].seq for row in part], [row[1] for row in part], states,
-                                [position(row[0].seq, row[3]) for row in part], True)
-            self.process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, [row[0] for row in part])
+            self._run_rows([row[0].seq for row in part], [row[1] for row in part], states,
+                           [position(row[0].seq, row[3]) for row in part], True, [row[0] for row in part])
             # views: each chain reads its row before the next drafter decode (scheduler.drive_chains)
             out.extend((self.ctx.logits(j), self.state(j)) for j in range(len(part)))
         return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
@@ -52,6 +51,7 @@ class EagleKind(DrafterKind):
     on the fed-back state."""
 
     name = EAGLE
+    direct = True   # token rows n_embd wide (eagle3's n_embd_inp), encode rows its fc input (n_embd_inp_enc)
 
     def __init__(self, info: GGUFInfo, model: Model, target: Context) -> None:
         self.info, self.target = info, target
@@ -89,8 +89,7 @@ class EagleKind(DrafterKind):
         for start in range(0, n, step):
             chunk = np.ascontiguousarray(features[start:start + step], dtype=np.float32)
             m = chunk.shape[0]
-            d.clear().embeddings(who.seq, chunk, d.ctx.pos_max(who.seq) + 1)
-            d.process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, who)
+            d.encode_rows(who, chunk, d.ctx.pos_max(who.seq) + 1)
             address = llama_ext.nextn_address(d.ctx.ptr)
             if not address:
                 raise LocalspecError("the drafter encoder produced no output")
