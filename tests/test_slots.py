@@ -209,6 +209,25 @@ def test_a_prompt_sharing_a_few_tokens_more_with_a_kept_text_is_loaded_back(mode
         assert_lossless(sinks[0].done, sinks[2].done)
 
 
+def test_a_sampled_request_drafting_with_a_model_reads_its_prompt_again_rather_than_load_it(models):
+    """A load empties the drafter's sequence, so a seeded sampled request's drafts, and with them
+    its draws, would differ from the same request's on a fresh engine (serve's documented promise
+    for a fixed policy): such a prompt is read again, and its text is the first run's."""
+    system = [200 + j % 40 for j in range(30)]
+    a, b = system + [300 + j for j in range(12)], system + [400 + j for j in range(12)]
+    sampled = GenerationConfig(max_tokens=24, sampling=SamplingParams(temperature=0.9, seed=5),
+                               policy=PolicyConfig("fixed", 3, source="eagle"))
+    with Engine(models["noisy"], models["d_repeat"], n_ctx=512) as engine:
+        scheduler = engine.scheduler(prompt_cache=PromptCache(64 << 20))
+        sinks = [Collect() for _ in range(3)]
+        for prompt, sink in zip((a, b, a), sinks):
+            scheduler.admit(prompt, sampled, None, sink)
+            drain(scheduler)
+        assert len(scheduler.prompt_cache) >= 1
+        assert sinks[2].done.stats.prompt_cached < len(a) - 2          # not loaded: read again
+        assert sinks[2].done.tokens == sinks[0].done.tokens
+
+
 def test_a_load_is_worth_its_copy_unless_most_of_the_kept_text_is_of_no_use():
     from localspec.runtime.prompt_cache import worth_loading
 

@@ -214,7 +214,11 @@ class Scheduler:
                                                    observers=observers)
             try:
                 if self.prompt_cache is not None:   # the prompt starts at the slot's next step (Generation.plan)
-                    self._swap(slot, prompt)
+                    # a load empties the drafter's sequence (see _load): its drafts, and so a sampled text's
+                    # draws, would then differ from the same request's elsewhere; such a prompt is read again
+                    drafts_shape_text = (slot.drafter is not None and config.spec
+                                         and not config.sampling.greedy)
+                    self._swap(slot, prompt, load=not drafts_shape_text)
             except BaseException:
                 generation.close()
                 slot.verifier.forget()   # whatever the swap left in the sequence is not what kv_tokens says
@@ -243,13 +247,13 @@ class Scheduler:
             self._holding = False
             self.host.release()
 
-    def _swap(self, slot: Slot, prompt: list[int]) -> None:
+    def _swap(self, slot: Slot, prompt: list[int], *, load: bool = True) -> None:
         """Before ``slot`` takes ``prompt``: keep its text in the prompt cache if the prompt would
-        drop MIN_TOKENS of it or more, and load a kept text that shares more with the prompt where the
-        rows it saves pay for the copy (``prompt_cache.worth_loading``)."""
+        drop MIN_TOKENS of it or more, and (``load``) load a kept text that shares more with the
+        prompt where the rows it saves pay for the copy (``prompt_cache.worth_loading``)."""
         verifier, cache = slot.verifier, self.prompt_cache
         have = common_prefix(verifier.kv_tokens, prompt)
-        kept, length = cache.best(prompt)
+        kept, length = cache.best(prompt) if load else (None, 0)
         load = kept is not None and worth_loading(length - have, length, len(kept.tokens))
         if load:   # out of the cache before the slot's own text goes in (which may evict it): the slot holds it now
             cache.take(kept)
