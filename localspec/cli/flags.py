@@ -27,9 +27,10 @@ def _choice_enum(name: str, class_name: str) -> type[Enum]:
 Policy = _choice_enum("policy", "Policy")
 Source = _choice_enum("source", "Source")   # its words; the flag takes a comma list of them too (parsed as text)
 Tree = _choice_enum("tree", "Tree")
+KvLayout = _choice_enum("kv_layout", "KvLayout")
 # options parsed as a choice of words; a ``listed`` one (--source mtp,lookup) is parsed as text and
 # checked by the table (check_flags: one clear error naming the flag)
-CHOICES: dict[str, type[Enum]] = {"policy": Policy, "tree": Tree}
+CHOICES: dict[str, type[Enum]] = {"policy": Policy, "tree": Tree, "kv_layout": KvLayout}
 
 
 def flag_default(name: str, *, chat: bool = False) -> Any:

@@ -12,7 +12,6 @@ from typing import Optional
 
 import typer
 
-from ..core import options
 from ..core.errors import LocalspecError
 from ..store.models import apply_model_defaults, resolve
 from .app import app
@@ -101,7 +100,7 @@ def slots(engine) -> str:
 
 @app.command()
 @with_options("max_tokens", *SPEC_OPTIONS, "rows_match", "n_ctx", "threads", "gpu_layers", "parallel", "cache_ram",
-              max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
+              "kv_layout", max_tokens=dict(default=None, help="Default max_tokens of a request (default: up to the context's end)."),
               parallel=dict(default=None, help="Requests decoded together, each in its own slot of --ctx (default: "
                                                "4 if they fit the memory budget, else fewer)."))
 def serve(
@@ -128,10 +127,6 @@ def serve(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No request log (one line per request on stderr)."),
     expose_paths: bool = typer.Option(False, "--expose-paths",
                                       help="Show the model files' paths in /v1/models (default: their names)."),
-    kv_layout: str = typer.Option("auto", "--kv-layout",
-                                  help="The target's KV cache with several slots: streams (one per slot), unified "
-                                       "(one pool), or auto (streams, unless --rows-match or a Gemma 4 assistant "
-                                       "needs the pool)."),
     verbose: bool = VerboseOpt,
     **flags,
 ) -> None:
@@ -145,13 +140,11 @@ def serve(
     api_key = _given_api_key(api_key)
     keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
     check_flags(flags)
-    if kv_layout not in options.KV_LAYOUTS:
-        raise LocalspecError(f"--kv-layout must be one of {', '.join(options.KV_LAYOUTS)} (got '{kv_layout}')")
     body_limit = parse_size(max_body)
     if body_limit < 1024:
         raise LocalspecError("--max-body must be at least 1K")
     max_tokens, gpu_layers, parallel = flags.pop("max_tokens"), flags.pop("gpu_layers"), flags.pop("parallel")
-    cache_ram = flags.pop("cache_ram")
+    cache_ram, kv_layout = flags.pop("cache_ram"), flags.pop("kv_layout")
     settings = _model_settings(flags, is_default(cli), max_tokens=max_tokens, no_spec=no_spec)
     settings(resolved)
     sock = bind(host, port)

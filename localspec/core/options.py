@@ -307,6 +307,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     _int("gpu_layers", -1, flag="--gpu-layers", note="-1: all",
          help="Target layers to offload to the GPU (-1: all; default: from the memory plan)."),
     # serving (localspec serve)
+    Option("kv_layout", str, choices=KV_LAYOUTS, flag="--kv-layout", label="KV layout", default="auto",
+           help="The target's KV cache with several slots: streams (one per slot), unified (one pool), or auto "
+                "(streams, unless --rows-match or a Gemma 4 assistant needs the pool)."),
     _int("cache_ram", 0, flag="--cache-ram", label="prompt cache size", note="0: off", default=1024,
          help="MiB of memory for the prompts of slots that moved on, loaded again when a request "
               "repeats them (0: off)."),
