@@ -133,11 +133,6 @@ class DirectRows:
         idx = self.rows(n)
         if embd.shape != (n, self.width):
             raise LocalspecError(f"internal: drafter rows of shape {embd.shape}, expected ({n}, {self.width})")
-        if n == 1:   # a chain step: the hot path
-            self.token[0], self.seq[0], self.pos[0] = tokens[0], seqs[0], positions[0]
-            self.embd[0] = embd[0]
-            self.out[0] = output
-            return 0
         self.token[:n], self.seq[:n], self.pos[:n] = tokens, seqs, positions
         self.embd[:n] = embd
         self.out[:n] = output
