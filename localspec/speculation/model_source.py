@@ -81,6 +81,10 @@ class EagleSource(ModelSource):
                 draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
                                         drafter.seconds - t0 + policy.overhead)
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
+        if not batched and self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):
+            # alone, no confidence test, no grammar: the same drafts without the chain's layers
+            tokens = drafter.greedy(logits, state, n_past, k)
+            return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
         if batched:   # other slots' drafter decodes come before this chain's first draft: keep a copy
             logits = np.array(logits)
         chain = DraftChain(k, self._chain(k, logits, state, n_past, steps, t0), drafter)
@@ -108,8 +112,8 @@ class EagleSource(ModelSource):
                         break
                     grammar.accept(tok)
                 tokens.append(tok)
-                if len(tokens) < k:
-                    logits, state = yield tok, state, n_past + len(tokens) - 1
+                if len(tokens) < k:   # the k-th draft's step feeds nothing back (last: no state)
+                    logits, state = yield tok, state, n_past + len(tokens) - 1, len(tokens) == k - 1
                     steps += 1
         finally:
             if grammar is not None:
