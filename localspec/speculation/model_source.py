@@ -6,7 +6,9 @@ A cycle of a model source first writes the rows committed since its last draft (
 at most ``policy.catch_up_rows``), then drafts a tree (:mod:`.tree`, where the policy plans one,
 cut to its best expected rate under the cost model) or a greedy top-1 chain that stops under
 ``p_min`` confidence. A chain is a generator that yields each drafter step, so that a scheduler
-can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`). Under a
+can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`); a chain
+alone with no confidence test and no grammar is drafted in one loop of the drafter's
+(``greedy``: the same drafts, without the generator's per-step layers). Under a
 grammar the chain stops at the first token it forbids and a tree loses the nodes it forbids.
 
 Each files its cycles under its own name and statistics class (``eagle``, ``mtp``,
