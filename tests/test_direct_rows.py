@@ -36,7 +36,7 @@ def _drafts(eng, d, seq, toks: list[int]) -> list[np.ndarray]:
         logits, state = seq.decode([int(np.argmax(logits))], state[None, :], pos)
         out += [np.array(logits), state.copy()]
         pos += 1
-    (logits, state), = d.decode_steps([(seq, int(np.argmax(logits)), state, pos)])
+    (logits, state), = d.decode_steps([(seq, int(np.argmax(logits)), state, pos, False)])
     out += [np.array(logits), state.copy()]
     top = [int(t) for t in np.argsort(-logits)[:3]]   # three branches of a tree, in sequences 1..3
     for s in (1, 2, 3):
@@ -71,3 +71,102 @@ def test_direct_rows_refuse_rows_of_another_width():
         rows.fill([0], [1], np.zeros((1, 7), dtype=np.float32), [0], True)
     with pytest.raises(LocalspecError, match="rows for a batch of 4"):
         rows.fill([0] * 5, [1] * 5, np.zeros((5, 8), dtype=np.float32), list(range(5)), True)
+
+
+
+def _old_chain(seq, logits, state, pos: int, k: int) -> list[int]:
+    """A greedy chain as run_chain drove it before ModelDrafter.step and greedy: every step one
+    ``decode`` of one row, its state computed."""
+    tokens = [int(np.argmax(logits))]
+    while len(tokens) < k:
+        logits, state = seq.decode([tokens[-1]], state[None, :], pos + len(tokens) - 1)
+        tokens.append(int(np.argmax(logits)))
+    return tokens
+
+
+def _stepped_chain(seq, logits, state, pos: int, k: int) -> list[int]:
+    """The same chain through ``step`` (the general chain's path: its last step without a state)."""
+    tokens = [int(np.argmax(logits))]
+    while len(tokens) < k:
+        n = len(tokens)
+        logits, state = seq.step(tokens[-1], state, pos + n - 1, n == k - 1)
+        assert (state is None) == (n == k - 1)
+        tokens.append(int(np.argmax(logits)))
+    return tokens
+
+
+def test_greedy_and_stepped_chains_draft_what_the_decode_path_drafts(smollm2):
+    """ModelDrafter.greedy (one loop, states written into the batch row) and step (no state for
+    the last step) draft bit for bit what one decode per step drafts, with the same logits."""
+    with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
+        d, seq = eng.drafter, eng.drafters[0]
+        for text in ("The capital of France is Paris. The capital of Italy is",
+                     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n" * 2):
+            toks = eng.prompt_tokens(text)
+            n = len(toks)
+            d.ctx.seq_rm(0)
+            eng.ctx.seq_rm(0)
+            eng.ctx.decode(toks, 0, all_logits=False)
+            logits, state = seq.decode(toks[1:] + [toks[-1]], d.encode(d.features(n), seq), 0)
+            logits, state = np.array(logits), state.copy()
+            got = {}
+            for name, chain in (("old", _old_chain), ("greedy", seq.greedy), ("step", _stepped_chain)):
+                for k in (1, 2, 4, 6):
+                    d.ctx.seq_rm(n, seq=0)
+                    got[name, k] = chain(seq, logits, state, n, k) if name != "greedy" else chain(logits, state, n, k)
+            for k in (1, 2, 4, 6):
+                assert got["old", k] == got["greedy", k] == got["step", k]
+                assert len(got["old", k]) == k
+
+
+def _chain_drafts(eng, prompt: str, n: int) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """The drafts of a fixed EAGLE chain of 4 during a greedy generation (each with the chain's
+    ``k``: 4, or the room left near the end), and its output."""
+    from localspec.core.events import DoneEvent
+    from localspec.runtime.config import GenerationConfig
+    from localspec.runtime.sampling import SamplingParams
+    from localspec.speculation.model_source import EagleSource
+    from localspec.speculation.policy import PolicyConfig
+
+    drafts, propose = [], EagleSource.propose
+
+    def recorded(self, k, *args, **kw):
+        draft = propose(self, k, *args, **kw)
+        drafts.append((k, list(draft.tokens)))
+        return draft
+
+    EagleSource.propose = recorded
+    try:
+        eng.clear_cache()
+        cfg = GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0),
+                               policy=PolicyConfig("fixed", 4, tree="off", source="eagle", p_min=0.0))
+        done = [e for e in eng.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+    finally:
+        EagleSource.propose = propose
+    return drafts, list(done.tokens)
+
+
+def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monkeypatch):
+    """A generation's chains (ModelDrafter.greedy) skip the fed-back state of their last step
+    (never read): the drafts and the output are those of the full path (each step through decode,
+    its state computed)."""
+    from localspec.speculation.drafter import DrafterSequence, ModelDrafter
+
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
+        states, state = [], ModelDrafter.state
+
+        def counted(self, idx, out=None):
+            states.append(idx)
+            return state(self, idx, out)
+
+        monkeypatch.setattr(ModelDrafter, "state", counted)
+        lean, lean_out = _chain_drafts(eng, prompt, 40)
+        lean_states = len(states)
+        monkeypatch.setattr(DrafterSequence, "greedy", _old_chain)   # the path before: every state computed
+        states.clear()
+        full, full_out = _chain_drafts(eng, prompt, 40)
+        assert lean == full and lean_out == full_out
+        reached = sum(len(d) == k > 1 for k, d in full)   # chains that took their last step
+        assert reached > 0
+        assert len(states) - lean_states == reached   # one state fewer for each

@@ -147,6 +147,11 @@ class DirectRows:
         self.embd[0] = embd.reshape(self.width)
         return 0
 
+    def refill_one(self, token: int, position: int) -> None:
+        """After :meth:`fill_one`: the same row with another token and position (its embedding
+        row, ``embd[0]``, rewritten in place by the caller)."""
+        self.token[0], self.pos[0] = token, position
+
     def fill_embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
         """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
         ``start_pos + i``, with its output."""

@@ -159,6 +159,12 @@ def nextn_ith_address(ctx: Any, i: int) -> int:
     return _address_fn("llama_get_embeddings_nextn_ith")(ctx, i) or 0
 
 
+def nextn_ith_getter() -> Any:
+    """The C function behind :func:`nextn_ith_address`, ``(ctx, i) -> address or None``, bound
+    once by a caller that reads a state every drafter step."""
+    return _address_fn("llama_get_embeddings_nextn_ith")
+
+
 def float_view(address: int, shape: tuple[int, ...], cache: dict) -> Any:
     """A float32 numpy view of ``shape`` at ``address``, kept in ``cache`` (valid while llama.cpp
     keeps that buffer: read it before the next decode)."""

@@ -111,6 +111,12 @@ class AssistantSequence:
     def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
         return self.drafter.decode_rows(tokens, g, start_pos, self)
 
+    def step(self, token: int, state: np.ndarray, pos: int, last: bool = False):
+        return self.drafter.step(self, token, state, pos, last)   # its decode: the kind is not direct
+
+    def greedy(self, logits: np.ndarray, state: np.ndarray, pos: int, k: int) -> list[int]:
+        return self.drafter.greedy(self, logits, state, pos, k)
+
     def begin(self, prompt: list[int], keep: int) -> None:
         self.reset(keep)
 

@@ -69,9 +69,10 @@ class DrafterKind:
         """Where the pair of position ``pos`` of sequence ``seq`` goes in the drafter's context."""
         return pos + self.shift
 
-    def state(self, src: np.ndarray) -> np.ndarray:
-        """The state to feed back, from the view of the one llama.cpp returned."""
-        return src.copy()
+    def state(self, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The state to feed back, from the view of the one llama.cpp returned (into ``out``
+        where given)."""
+        return src.copy() if out is None else np.copyto(out, src) or out
 
     def write(self, who: "DrafterSequence", tokens: list[int], g: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """A catch-up's committed pairs from ``start``: the last row's logits and state."""
@@ -114,9 +115,12 @@ class ModelDrafter:
         self._batch = llama_cpp.llama_batch_ext_init(ctx.ptr)
         self._rows = ExtRows(self._batch)
         self.direct = kind.direct   # rows through DirectRows (False: the extended batch, as other kinds)
+        # a chain step is one row of decode_rows (no decode of the kind's own): step takes it directly
+        self._plain_decode = type(kind).decode is DrafterKind.decode and kind.sequence_class is None
         self._direct = DirectRows(ctx.n_batch, kind.n_embd, tokens=True) if kind.direct else None
         self._direct_enc: DirectRows | None = None   # made at the first encode (its width: the features')
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
+        self._nextn_ith = llama_ext.nextn_ith_getter()   # a state's address, read every step
         self._sequences: dict[int, object] = {}
 
     def for_sequence(self, seq: int):
@@ -215,10 +219,8 @@ class ModelDrafter:
         outputs, then the last row alone, as llama.cpp's own loop does.
         """
         n = len(tokens)
-        if n == 1 and self.direct:   # a chain step (the hot path): one row, one C call
-            idx = self._direct.fill_one(who.seq, tokens[0], g, self.kind.position(who.seq, start_pos))
-            self._run_direct(self._direct, who)
-            return self.ctx.logits(idx), self.state(idx)
+        if n == 1 and self.direct:   # one row, one C call (a chain step's own path: step)
+            return self._direct_step(who, tokens[0], g, start_pos, False)
         g = np.ascontiguousarray(g, dtype=np.float32)
         if n > ALL_OUTPUT_ROWS:
             step = self.ctx.n_batch
@@ -229,10 +231,69 @@ class ModelDrafter:
         idx = self._decode_rows(tokens, g, start_pos, output=True, who=who)
         return self.ctx.logits(idx), self.state(idx)
 
-    def decode_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def step(self, who, token: int, state: np.ndarray, pos: int, last: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """One chain step of the sequence ``who``: the pair (``token``, ``state``) at ``pos``; its
+        logits (a view, valid until the next drafter decode) and the state to feed back, None where
+        ``last`` (the chain's last step: that state is never read, and computing it is the largest
+        piece of a step's Python). Kinds with a decode of their own (MTP's chained heads) go
+        through it, their state computed."""
+        if self.direct and self._plain_decode:
+            return self._direct_step(who, token, state, pos, last)
+        return who.decode([token], state[None, :], pos)
+
+    def _direct_step(self, who, token: int, g: np.ndarray, pos: int, last: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """One row through :class:`DirectRows` and one ``llama_decode``, timed to ``who``."""
+        direct = self._direct
+        idx = direct.fill_one(who.seq, token, g, self.kind.position(who.seq, pos))
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.ctx.ptr, direct.batch)
+        who.seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise llama_failure(f"the drafter failed (llama_decode code {rc})")
+        return self.ctx.logits(idx), None if last else self.state(idx)
+
+    def greedy(self, who, logits: np.ndarray, state: np.ndarray, pos: int, k: int) -> list[int]:
+        """A greedy chain of ``k`` drafts of the sequence ``who`` alone, no confidence test, no
+        grammar: the first from ``logits`` (with ``state``, the pair of the token at ``pos``), each
+        next one from a :meth:`step` on the last: the drafts of the general chain
+        (:meth:`~.model_source.EagleSource._chain` driven by ``run_chain``), without its per-step
+        layers; a direct kind's steps run in one loop that writes each fed-back state straight
+        into the next step's batch row."""
+        if k < 1:
+            return []
+        tokens = [int(logits.argmax())]
+        if self.direct and self._plain_decode:
+            return self._greedy_direct(who, tokens, state, pos, k)
+        while len(tokens) < k:
+            n = len(tokens)
+            logits, state = self.step(who, tokens[-1], state, pos + n - 1, n == k - 1)
+            tokens.append(int(logits.argmax()))
+        return tokens
+
+    def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
+        """:meth:`greedy`'s steps through :class:`DirectRows`: one row, refilled in place (token,
+        position; the state written into it by the kind), one ``llama_decode`` each."""
+        direct, position, seq, ptr = self._direct, self.kind.position, who.seq, self.ctx.ptr
+        row, decode, clock, logits_of = direct.embd[0], llama_cpp.llama_decode, time.perf_counter, self.ctx.logits
+        direct.fill_one(seq, tokens[0], state, position(seq, pos))
+        while len(tokens) < k:
+            t0 = clock()
+            rc = decode(ptr, direct.batch)
+            who.seconds += clock() - t0
+            if rc != 0:
+                raise llama_failure(f"the drafter failed (llama_decode code {rc})")
+            logits = logits_of(0)
+            if len(tokens) < k - 1:   # the next step's state, straight into its row
+                self.state(0, row)
+            tokens.append(int(logits.argmax()))
+            if len(tokens) < k:
+                direct.refill_one(tokens[-1], position(seq, pos + len(tokens) - 1))
+        return tokens
+
+    def decode_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """The next chain step of several sequences (slots): (sequence, token, fed-back state,
-        position) each; per row its logits (a view: read them before the next drafter decode)
-        and its next state."""
+        position, last) each; per row its logits (a view: read them before the next drafter
+        decode) and its next state (None for a chain's ``last`` step, see :meth:`step`)."""
         return self.kind.decode_steps(self, rows)
 
     def batched_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -245,15 +306,15 @@ class ModelDrafter:
             self._run_rows([row[0].seq for row in part], [row[1] for row in part], states,
                            [position(row[0].seq, row[3]) for row in part], True, [row[0] for row in part])
             # views: each chain reads its row before the next drafter decode (scheduler.drive_chains)
-            out.extend((self.ctx.logits(j), self.state(j)) for j in range(len(part)))
+            out.extend((self.ctx.logits(j), None if row[4] else self.state(j)) for j, row in enumerate(part))
         return out
 
-    def state(self, idx: int) -> np.ndarray:
-        """The fed-back state of output row ``idx`` of the last decode."""
-        address = llama_ext.nextn_ith_address(self.ctx.ptr, idx)
+    def state(self, idx: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The fed-back state of output row ``idx`` of the last decode (into ``out`` where given)."""
+        address = self._nextn_ith(self.ctx.ptr, idx)
         if not address:
             raise LocalspecError("the drafter returned no hidden state")
-        return self.kind.state(llama_ext.float_view(address, (self.n_embd,), self.views))
+        return self.kind.state(llama_ext.float_view(address, (self.n_embd,), self.views), out)
 
     # -- draft trees (speculation.tree) --------------------------------------------------------
     def fork(self, src: int, dst: int) -> None:
@@ -312,6 +373,15 @@ class DrafterSequence:
         """Write pairs (tokens[i], g[i]) at positions start_pos+i of this sequence; the last row's
         logits and fed-back state."""
         return self.kind.decode(self, tokens, g, start_pos)
+
+    def step(self, token: int, state: np.ndarray, pos: int, last: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """One chain step (:meth:`ModelDrafter.step`): the logits and the state to feed back
+        (None where ``last``: the chain's last step)."""
+        return self.drafter.step(self, token, state, pos, last)
+
+    def greedy(self, logits: np.ndarray, state: np.ndarray, pos: int, k: int) -> list[int]:
+        """A greedy chain of ``k`` drafts alone (:meth:`ModelDrafter.greedy`)."""
+        return self.drafter.greedy(self, logits, state, pos, k)
 
     def rm(self, p: int) -> None:
         """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""

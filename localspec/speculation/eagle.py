@@ -96,12 +96,13 @@ class EagleKind(DrafterKind):
             out[start:start + m] = llama_ext.float_view(address, (m, self.n_embd), d.views)
         return out
 
-    def state(self, src: np.ndarray) -> np.ndarray:
-        """EAGLE-3's pre-norm state as it is; EAGLE-3.1's after ``output_norm``."""
+    def state(self, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """EAGLE-3's pre-norm state as it is; EAGLE-3.1's after ``output_norm`` (into ``out``
+        where given: the next step's batch row)."""
         if self.out_norm is None:
-            return src.copy()
+            return src.copy() if out is None else np.copyto(out, src) or out
         x = float(np.dot(src, src))
-        state = np.multiply(src, self.out_norm)
+        state = np.multiply(src, self.out_norm, out=out)
         state *= 1.0 / math.sqrt(x / self.n_embd + self.out_norm_eps)   # a Python float: no numpy scalars
         return state
 

@@ -6,7 +6,9 @@ A cycle of a model source first writes the rows committed since its last draft (
 at most ``policy.catch_up_rows``), then drafts a tree (:mod:`.tree`, where the policy plans one,
 cut to its best expected rate under the cost model) or a greedy top-1 chain that stops under
 ``p_min`` confidence. A chain is a generator that yields each drafter step, so that a scheduler
-can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`). Under a
+can run the steps of several slots in one drafter decode (:class:`~.sources.DraftChain`); a chain
+alone with no confidence test and no grammar is drafted in one loop of the drafter's
+(``greedy``: the same drafts, without the generator's per-step layers). Under a
 grammar the chain stops at the first token it forbids and a tree loses the nodes it forbids.
 
 Each files its cycles under its own name and statistics class (``eagle``, ``mtp``,
@@ -81,6 +83,10 @@ class EagleSource(ModelSource):
                 draft_tree = tree.prune(draft_tree, self.calibration, policy.cost.verify,
                                         drafter.seconds - t0 + policy.overhead)
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
+        if not batched and self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):
+            # alone, no confidence test, no grammar: the same drafts without the chain's layers
+            tokens = drafter.greedy(logits, state, n_past, k)
+            return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
         if batched:   # other slots' drafter decodes come before this chain's first draft: keep a copy
             logits = np.array(logits)
         chain = DraftChain(k, self._chain(k, logits, state, n_past, steps, t0), drafter)
@@ -108,8 +114,8 @@ class EagleSource(ModelSource):
                         break
                     grammar.accept(tok)
                 tokens.append(tok)
-                if len(tokens) < k:
-                    logits, state = yield tok, state, n_past + len(tokens) - 1
+                if len(tokens) < k:   # the k-th draft's step feeds nothing back (last: no state)
+                    logits, state = yield tok, state, n_past + len(tokens) - 1, len(tokens) == k - 1
                     steps += 1
         finally:
             if grammar is not None:

@@ -130,7 +130,7 @@ class MtpKind(DrafterKind):
         if self.heads == 1:
             return d.batched_steps(rows)
         out = []
-        for who, tok, state, pos in rows:
+        for who, tok, state, pos, _last in rows:
             logits, nxt = who.decode([tok], np.asarray(state, dtype=np.float32)[None, :], pos)
             out.append((np.array(logits), nxt))
         return out

@@ -56,7 +56,9 @@ class Draft:
 
 
 # A model chain under way: it yields each drafter step it needs, (token, fed-back state,
-# position), is sent back (logits, state), and returns its Draft (see DraftStep.draft's ``batched``)
+# position, last), is sent back (logits, state), and returns its Draft (see DraftStep.draft's
+# ``batched``); ``last``: the chain drafts no further step after this one, so the state sent back
+# is None (never computed: see ModelDrafter.step)
 Chain = Generator[tuple, tuple, Draft]
 
 
@@ -66,16 +68,16 @@ class DraftChain:
 
     k: int
     steps: Chain
-    drafter: object     # the drafter sequence whose ``decode`` runs each step alone (a DrafterSequence)
+    drafter: object     # the drafter sequence whose ``step`` runs each step alone (a DrafterSequence)
 
 
 def run_chain(chain: DraftChain) -> Draft:
     """Drive a chain alone: each drafter step one decode of one row."""
-    gen, drafter = chain.steps, chain.drafter
+    gen, step = chain.steps, chain.drafter.step
     try:
-        tok, state, pos = next(gen)
+        tok, state, pos, last = next(gen)
         while True:
-            tok, state, pos = gen.send(drafter.decode([tok], state[None, :], pos))
+            tok, state, pos, last = gen.send(step(tok, state, pos, last))
     except StopIteration as stop:
         return stop.value
 
