@@ -33,6 +33,9 @@ from ..core.errors import LocalspecError
 from .verifier import Verified
 
 
+_NONE: tuple[list[int], int, str] = ([], 0, "")   # no text proposal (read only)
+
+
 class DraftStep:
     """The draft sources of one generation under its policy: ``lookup`` is the generation's
     history (the prompt and the output so far; None: no text source drafts), ``drafter`` its
@@ -64,7 +67,9 @@ class DraftStep:
         a model chain comes back undriven (:class:`DraftChain`), for a scheduler that runs the
         drafter steps of several slots in one drafter decode."""
         policy, model = self.policy, self.model
-        proposal, cls, origin = self._proposal(room)
+        proposal, cls, origin = self._proposal(room) if self.texts else _NONE
+        if not proposal and policy.rest(room):   # no text match, no probe due: a plain step, nothing weighed
+            return Draft()
         candidates = [Proposal(origin, cls, len(proposal))] if proposal else []
         if model is not None:
             candidates.append(model.proposal())
