@@ -256,6 +256,7 @@ class DraftPolicy:
         # by a weighing that left it off, 0 when the next cycle must weigh it (see :meth:`rest`)
         self._wake = 0
         self.rested = 0              # cycles that rested (no proposal built, nothing weighed)
+        self._resting = False        # this cycle rested (observe only counts it)
 
     @property
     def eagle(self) -> bool:
@@ -293,26 +294,28 @@ class DraftPolicy:
         chosen, k = self.choose(room, proposals)
         return (chosen.source if chosen is not None else None), k
 
-    def rest(self, room: int) -> bool:
+    def rest(self, room: int | None = None) -> bool:
         """Whether this cycle is a plain step that weighs nothing, asked instead of :meth:`choose`
-        where no text proposal is on offer (at most once a cycle; ``room`` as choose's): ``auto``
-        rests while its model source cannot draft before a probe is due (its rows are not recorded,
-        so it has no backlog, and :meth:`_plan_model` would only advance its probe clock, which a
-        rested cycle does), where a shared batch's rows are dear, and with no model source. The
-        decisions are choose's, to the cycle; with a garbage drafter every cycle but the probe
-        clock's rechecks rests (docs/speculation.md, "Resting")."""
+        where no text proposal is on offer (at most once a cycle; ``room`` as choose's, None: not
+        known yet, taken as some): ``auto`` rests while its model source cannot draft before a
+        probe is due (its rows are not recorded, so it has no backlog, and :meth:`_plan_model`
+        would only advance its probe clock, which a rested cycle does), where a shared batch's
+        rows are dear, and with no model source. The decisions are choose's, to the cycle (but for
+        a cycle with no room, whose clock choose does not advance); with a garbage drafter every
+        cycle but the probe clock's rechecks rests. :meth:`observe` then only counts the cycle
+        (docs/speculation.md, "Resting")."""
         if self.fixed:
             return False
-        if self.model is not None and min(self.config.draft_max, room, options.DRAFT_MAX) > 0:
+        if self.model is not None and (room is None or min(self.config.draft_max, room, options.DRAFT_MAX) > 0):
             if self.batch_rows and self.cost is not None and not self._rows_nearly_free():
                 self.wants_features = False   # as choose
-                self.rested += 1
-                return True
-            probe = self._probes.get(self.model)
-            if probe is None or probe.since + 1 >= self._wake:
-                return False
-            probe.since += 1
+            else:
+                probe = self._probes.get(self.model)
+                if probe is None or probe.since + 1 >= self._wake:
+                    return False
+                probe.since += 1
         self.rested += 1
+        self._resting = True
         return True
 
     def step_price(self, k: int) -> float:
@@ -553,6 +556,9 @@ class DraftPolicy:
         cost model about the whole batch."""
         key = source or "plain"
         self.choices[key] = self.choices.get(key, 0) + 1
+        resting, self._resting = self._resting, False
+        if resting and (batch or 1) == 1:   # a rested plain step: as spec-off's, the cost model and overhead do not hear it
+            return
         cost = self.cost
         model = source is not None and (source == self.model or source == TREE)
         if cost is not None and not cost_observed:
