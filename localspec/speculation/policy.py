@@ -22,7 +22,9 @@ lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up
 (128) tokens, where one long verify costs far less per token than single steps (SmolLM2 Q4_0 on
 2 CPU cores: V(64) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
 not chosen it is probed now and then, one draft deep, at intervals that double after each probe
-that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
+that does not pay. While drafting, the drafter stops under ``p_min`` confidence. Where nothing can
+draft before a probe is due and no text source has a match, a cycle **rests** (:meth:`DraftPolicy.rest`):
+a plain step that builds no proposal and weighs nothing, as spec-off decoding's.
 """
 
 from __future__ import annotations
