@@ -258,7 +258,6 @@ class DraftPolicy:
         # by a weighing that left it off, 0 when the next cycle must weigh it (see :meth:`rest`)
         self._wake = 0
         self.rested = 0              # cycles that rested (no proposal built, nothing weighed)
-        self._resting = False        # this cycle rested (observe only counts it)
 
     @property
     def eagle(self) -> bool:
@@ -304,8 +303,8 @@ class DraftPolicy:
         would only advance its probe clock, which a rested cycle does), where a shared batch's
         rows are dear, and with no model source. The decisions are choose's, to the cycle (but for
         a cycle with no room, whose clock choose does not advance); with a garbage drafter every
-        cycle but the probe clock's rechecks rests. :meth:`observe` then only counts the cycle
-        (docs/speculation.md, "Resting")."""
+        cycle but the probe clock's rechecks rests. :meth:`observe` hears it as any plain step (the
+        cost model's live figures learn from them) (docs/speculation.md, "Resting")."""
         if self.fixed:
             return False
         if self.model is not None and (room is None or min(self.config.draft_max, room, options.DRAFT_MAX) > 0):
@@ -317,7 +316,6 @@ class DraftPolicy:
                     return False
                 probe.since += 1
         self.rested += 1
-        self._resting = True
         return True
 
     def step_price(self, k: int) -> float:
@@ -558,9 +556,6 @@ class DraftPolicy:
         cost model about the whole batch."""
         key = source or "plain"
         self.choices[key] = self.choices.get(key, 0) + 1
-        resting, self._resting = self._resting, False
-        if resting and (batch or 1) == 1:   # a rested plain step: as spec-off's, the cost model and overhead do not hear it
-            return
         cost = self.cost
         model = source is not None and (source == self.model or source == TREE)
         if cost is not None and not cost_observed:
