@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_models import build_costly_target, build_dflash
+from dflash_models import NOISE, build_costly_target, build_dflash
 from localspec import Engine
 from localspec.core.events import DoneEvent
 from localspec.runtime.config import GenerationConfig
+from localspec.runtime.sampling import SamplingParams
+from localspec.speculation import policy as policy_module
 from localspec.speculation.policy import PolicyConfig
+from tiny_models import build_target
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown"
+STORY = "Once upon a time there was a little house in the woods, and"
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +61,41 @@ def test_dflash_auto_leaves_a_garbage_block_drafter_off_on_the_costly_target(cos
     assert auto.tokens == plain.tokens
     cycles, drafted, accepted = auto.stats.sources.get("dflash", [0, 0, 0])
     assert cycles <= 3 and drafted <= 8, (auto.stats.sources, auto.stats.policy_choices)
+
+
+def test_auto_rests_while_a_garbage_block_drafter_cannot_draft(tmp_path, monkeypatch):
+    """On the tiny target (a step of ~1 ms, where weighing the sources every cycle cost 3-6%),
+    ``auto`` with a garbage DFlash drafter rests: most cycles build no proposal and weigh
+    nothing (``DraftPolicy.choose`` is asked only when the probe clock is due), as spec-off
+    decoding does; greedy and seeded sampled text equal spec-off's (a rested cycle draws what
+    a plain step draws)."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    target = build_target(tmp_path / "noisy.gguf", "noisy", noise=NOISE)
+    drafter = build_dflash(tmp_path / "dflash_random.gguf", kind="random")
+    weighed, policies = [0], []
+    choose = policy_module.DraftPolicy.choose
+
+    def counted(self, room, proposals):
+        weighed[0] += 1
+        if self not in policies:
+            policies.append(self)
+        return choose(self, room, proposals)
+
+    monkeypatch.setattr(policy_module.DraftPolicy, "choose", counted)
+    n = 160
+    with Engine(target, drafter, n_ctx=512, n_threads=1) as engine:
+        engine.cost_model()
+        for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=11)):
+            out = {}
+            for spec in (False, True):
+                engine.clear_cache()
+                weighed[0], policies[:] = 0, []
+                cfg = GenerationConfig(max_tokens=n, spec=spec, sampling=sampling,
+                                       policy=PolicyConfig("auto", source="dflash"))
+                out[spec] = [e for e in engine.generate(STORY, cfg) if isinstance(e, DoneEvent)][0]
+            auto = out[True]
+            assert auto.tokens == out[False].tokens, sampling
+            assert auto.stats.drafted == 0, auto.stats.sources
+            rested = policies[0].rested
+            cycles = auto.stats.cycles
+            assert cycles >= 100 and rested >= cycles // 2 and weighed[0] + rested == cycles, (cycles, rested, weighed[0])

@@ -10,7 +10,7 @@ from localspec import CycleEvent, DoneEvent, Engine, GenerationConfig, Localspec
 from localspec.core.paths import user_dir
 from localspec.speculation.costmodel import CostModel, load_or_calibrate
 from localspec.speculation.lookup import NgramLookup, ShadowScore
-from localspec.speculation.policy import Acceptance, DraftPolicy, lookup_class
+from localspec.speculation.policy import Acceptance, DraftPolicy, Learned, Proposal, lookup_class
 from engine_checks import PROMPTS, assert_lossless, propose, run
 from tiny_models import build_drafter, build_target
 
@@ -349,3 +349,32 @@ def test_idle_drafter_skips_feature_copies_and_resumes_losslessly(tiny, monkeypa
 def test_bad_source():
     with pytest.raises(LocalspecError, match="draft source"):
         GenerationConfig(policy=PolicyConfig(source="magic"))
+
+
+@pytest.mark.parametrize("block_ms, accepts", [(0.5, True), (0.5, False), (1.5, True), (1.5, False), (3.0, True), (20.0, False)])
+def test_resting_decides_as_weighing_every_cycle(block_ms, accepts):
+    """``DraftPolicy.rest`` skips weighing only where the weighing would change nothing: a policy
+    that rests and one that weighs every cycle make the same choice each cycle, with the same
+    probe clock and the same rows recorded (a block drafter that pays or not, whose probes are
+    accepted or not), over enough cycles for the probe interval to double to its cap."""
+    def proposal(pol, backlog):
+        return Proposal("dflash", pol.model_cls, 8, lambda k: block_ms * 1e-3, backlog)
+
+    cost = CostModel({b: 1e-3 * (1 + 0.15 * (b - 1)) for b in range(1, 65)}, block_ms * 1e-3)
+    weighs, rests = (DraftPolicy(PolicyConfig("auto", source="dflash"), cost, model="dflash", learned=Learned())
+                     for _ in range(2))
+    backlog = {weighs: 1, rests: 1}
+    for cycle in range(1200):
+        seen = []
+        for pol in (weighs, rests):
+            if pol is rests and pol.rest(100):
+                chosen, k = None, 0
+            else:
+                chosen, k = pol.choose(100, [proposal(pol, backlog[pol])])
+            if chosen is not None:
+                pol.eagle_acc.observe(k, k if accepts else 0)
+            backlog[pol] = 1 if pol.wants_features else 0   # the committed rows recorded, or dropped
+            probe = pol._probes.get("dflash")
+            seen.append((chosen is not None, k, pol.wants_features, probe and (probe.since, probe.interval)))
+        assert seen[0] == seen[1], (cycle, seen)
+    assert accepts or rests.rested > 600, rests.rested   # a drafter that never pays: most cycles rest

@@ -33,6 +33,9 @@ from ..core.errors import LocalspecError
 from .verifier import Verified
 
 
+_NONE: tuple[list[int], int, str] = ([], 0, "")   # no text proposal (read only)
+
+
 class DraftStep:
     """The draft sources of one generation under its policy: ``lookup`` is the generation's
     history (the prompt and the output so far; None: no text source drafts), ``drafter`` its
@@ -64,7 +67,9 @@ class DraftStep:
         a model chain comes back undriven (:class:`DraftChain`), for a scheduler that runs the
         drafter steps of several slots in one drafter decode."""
         policy, model = self.policy, self.model
-        proposal, cls, origin = self._proposal(room)
+        proposal, cls, origin = self._proposal(room) if self.texts else _NONE
+        if not proposal and self.texts and policy.rest(room):   # no text match, no probe due: nothing weighed
+            return Draft()
         candidates = [Proposal(origin, cls, len(proposal))] if proposal else []
         if model is not None:
             candidates.append(model.proposal())
@@ -76,6 +81,13 @@ class DraftStep:
         if chosen.model:
             return model.propose(k, room, n_past, batched)
         return Draft(proposal[:k], origin, confidence=[1.0] * min(k, len(proposal)))
+
+    def rests(self) -> bool:
+        """Whether this cycle is a plain step with nothing to ask, decided before its room is
+        (the generation then plans spec-off's one row): no text source here and the policy rests
+        (:meth:`DraftPolicy.rest`). With text sources :meth:`draft` asks them first and rests where
+        none has a match (their index grows every commit: a match can come on any cycle)."""
+        return not self.texts and self.policy.rest()
 
     def _proposal(self, room: int) -> tuple[list[int], int, str]:
         """The text sources' proposal with the longest match (the earlier source's on a tie), its

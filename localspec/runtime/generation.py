@@ -176,6 +176,9 @@ class Generation:
             return None
         self.policy.batch_rows = batch_rows
         self._t_cycle = time.perf_counter()
+        if not verifier.uncached and self.drafting.rests():   # the policy rests: spec-off's one row, nothing asked
+            self._work = StepRow(batch.add(verifier.seq, [verifier.last], verifier.n_past, all_logits=False))
+            return None
         self._alone = batch.rows == 0 and batch.promised == 0
         limit = min(batch.rows_left(), batch.outputs_left()) - reserve - 1 - len(verifier.uncached)
         if reserve:   # a fair share of the batch's logit rows: the slots after this one may draft too

@@ -22,7 +22,9 @@ lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up
 (128) tokens, where one long verify costs far less per token than single steps (SmolLM2 Q4_0 on
 2 CPU cores: V(64) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
 not chosen it is probed now and then, one draft deep, at intervals that double after each probe
-that does not pay. While drafting, the drafter stops under ``p_min`` confidence.
+that does not pay. While drafting, the drafter stops under ``p_min`` confidence. Where nothing can
+draft before a probe is due and no text source has a match, a cycle **rests** (:meth:`DraftPolicy.rest`):
+a plain step that builds no proposal and weighs nothing, as spec-off decoding's.
 """
 
 from __future__ import annotations
@@ -252,6 +254,10 @@ class DraftPolicy:
         self.batch_rows = 0
         # cycles by source name: plain, the model source, its trees, then each text source's
         self.choices = dict.fromkeys(("plain", *((self.model,) if self.model else ()), TREE, *surface_names()), 0)
+        # the model source's probe clock value (``_Probe.since``) before which it cannot draft: set
+        # by a weighing that left it off, 0 when the next cycle must weigh it (see :meth:`rest`)
+        self._wake = 0
+        self.rested = 0              # cycles that rested (no proposal built, nothing weighed)
 
     @property
     def eagle(self) -> bool:
@@ -288,6 +294,29 @@ class DraftPolicy:
             proposals.append(Proposal(self.model, self.model_cls, options.DRAFT_MAX, self.step_price, backlog))
         chosen, k = self.choose(room, proposals)
         return (chosen.source if chosen is not None else None), k
+
+    def rest(self, room: int | None = None) -> bool:
+        """Whether this cycle is a plain step that weighs nothing, asked instead of :meth:`choose`
+        where no text proposal is on offer (at most once a cycle; ``room`` as choose's, None: not
+        known yet, taken as some): ``auto`` rests while its model source cannot draft before a
+        probe is due (its rows are not recorded, so it has no backlog, and :meth:`_plan_model`
+        would only advance its probe clock, which a rested cycle does), where a shared batch's
+        rows are dear, and with no model source. The decisions are choose's, to the cycle (but for
+        a cycle with no room, whose clock choose does not advance); with a garbage drafter every
+        cycle but the probe clock's rechecks rests. :meth:`observe` hears it as any plain step (the
+        cost model's live figures learn from them) (docs/speculation.md, "Resting")."""
+        if self.fixed:
+            return False
+        if self.model is not None and (room is None or min(self.config.draft_max, room, options.DRAFT_MAX) > 0):
+            if self.batch_rows and self.cost is not None and not self._rows_nearly_free():
+                self.wants_features = False   # as choose
+            else:
+                probe = self._probes.get(self.model)
+                if probe is None or probe.since + 1 >= self._wake:
+                    return False
+                probe.since += 1
+        self.rested += 1
+        return True
 
     def step_price(self, k: int) -> float:
         """``k`` drafter steps at the cost model's drafter step, one for a block drafter (the
@@ -341,6 +370,7 @@ class DraftPolicy:
                 rate = (1.0 + acc[k]) / (self._verify(self.verify_rows(k + 1)) + p.price(k + rows) + o)
                 if rate > best_rate and rate > short_bar:
                     best_rate, best, mine = rate, (p, k), k
+        self._wake = 0
         if mine is not None:
             probe.since, probe.interval = 0, self.config.probe_every
             self.wants_features = True
@@ -355,6 +385,8 @@ class DraftPolicy:
         # cycles (rows older than that are not written anyway); copying them every other
         # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
         self.wants_features = could or best[0] is p
+        if not self.wants_features:   # no rows recorded: nothing changes before near, or could's recheck
+            self._wake = probe.could[0] + PROBE_RECHECK if near else probe.interval - CATCH_UP_ROWS
         return best_rate, best
 
     def _plan_lookup(self, room: int, p: Proposal, best_rate: float, short_bar: float,
