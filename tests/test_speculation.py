@@ -280,7 +280,7 @@ def test_both_sources_mixed_are_lossless(tiny):
                 assert_lossless(plain, run(engine, prompt, max_tokens=48, policy=policy))
 
 
-def test_auto_uses_the_drafter_where_it_pays_and_records_sources(tiny, background_calibration):
+def test_auto_uses_the_drafter_where_it_pays_and_records_sources(tiny, background_calibration, patient_calibration):
     # a perfect drafter and lookup on a repeating target: auto speculates and reports per source
     with Engine(tiny["repeat"], tiny["d_repeat"], n_ctx=1024) as engine:
         events = list(engine.generate("Hello world", GenerationConfig(max_tokens=80)))

@@ -22,8 +22,10 @@ def calibrate(verifier: TargetVerifier, drafter: ModelDrafter | None,
               cancel=None) -> tuple[dict[int, float], float | None, float | None, bool]:
     """Time target decodes of each batch size (logits for every row) after a short context, one
     drafter step and one step of ``tree.WIDTH`` branches: (seconds by batch size, drafter step,
-    branch step / drafter step, complete). Leaves both caches empty. ``cancel`` (``is_set()``: a
-    ``threading.Event``, or the background calibration's stop) ends it at the next decode."""
+    branch step / drafter step, complete). Complete: every run planned was taken on a machine
+    that kept still (:func:`cost_measure.trusted`), the figures worth caching. Leaves both caches
+    empty. ``cancel`` (``is_set()``: a ``threading.Event``, or the background calibration's
+    stop) ends it at the next decode."""
     deadline = time.perf_counter() + cost_measure.BUDGET_SECONDS
 
     def stop() -> bool:  # an oversubscribed machine can make decodes 100x slower: keep what we have
@@ -61,9 +63,9 @@ def _time_verify(verifier: TargetVerifier, stop) -> tuple[dict[int, float], bool
 
     for _ in range(WARM_STEPS):  # the first single steps after a large batch run slow (cold caches)
         verify(1)
-    verify_costs = cost_measure.measure(verify, sizes, stop=stop, settle=lambda: verify(1))
+    runs = cost_measure.measure_runs(verify, sizes, stop=stop, settle=lambda: verify(1))
     ctx.seq_rm(0)
-    return verify_costs, len(verify_costs) == len(sizes), tok
+    return cost_measure.curve(runs), cost_measure.trusted(runs, sizes) is None, tok
 
 
 def _time_drafter(d: ModelDrafter, tok: int) -> tuple[float, float]:

@@ -13,7 +13,11 @@ warm on a busy machine). Now:
   exists: the sizes measured so far (an interrupted calibration, this engine only), else a guess
   (:func:`localspec.speculation.costmodel.prior`) that its own cycles correct;
 - the calibration starts again once the engine has been idle for ``IDLE_SECONDS``, until one
-  completes; that one is cached, as before, and replaces the engine's model between generations.
+  completes; that one is cached, as before, and replaces the engine's model between generations;
+- one cut by its time budget or taken while another process held the cores
+  (:func:`localspec.speculation.cost_measure.trusted`) serves this engine uncached, and is taken
+  again after ``BUSY_RETRY_SECONDS`` (``BUSY_TRIES`` in all): cached, its stalls would steer every
+  later start (a curve with V(5) > V(6) made 4 slots draft where plain decoding was faster).
 
 ``$LOCALSPEC_CALIBRATION=off`` turns the background calibration off (a shared or battery-powered
 machine, a test suite): a cached calibration is still read, and without one the engine plans with
@@ -35,6 +39,8 @@ from ..speculation import costmodel
 
 IDLE_SECONDS = 0.5    # the engine idle this long before a calibration (re)starts: not between two requests
 RETRY_SECONDS = 2.0   # after an interrupted one, at least this long before the next try
+BUSY_RETRY_SECONDS = 60.0   # after one taken on a busy machine (not cached), this long before the next ...
+BUSY_TRIES = 3              # ... up to this many calibrations in all: the machine may stay busy
 ENV = "LOCALSPEC_CALIBRATION"   # "background" (the default) or "off"
 STATES = ("off", "cached", "waiting", "running", "interrupted", "done", "budget", "failed")
 
@@ -69,6 +75,7 @@ class Calibrator:
         self._measure, self._install, self._make_model = measure, install, make_model
         self._wanted = threading.Event()   # a generation waits for the engine
         self._closing = threading.Event()
+        self._ended = threading.Event()    # a calibration ended with figures for the engine, or failed
         self._thread: threading.Thread | None = None
         self.holding = False               # the calibration holds the engine's lock now
         self.state = "off"
@@ -109,11 +116,14 @@ class Calibrator:
         self._lock.release()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the calibration to end (complete, or given up); whether it has."""
+        """Wait for a calibration to end (complete, given up, or measured on a busy machine: its
+        retry a minute later is not waited for); whether one has."""
         thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while thread is not None and thread.is_alive() and not self._ended.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            self._ended.wait(0.05)
         return True
 
     def close(self) -> None:
@@ -131,13 +141,15 @@ class Calibrator:
         return {"off": "", "cached": "calibrated (cached)", "waiting": "calibration pending (drafting on a guess)",
                 "running": "calibrating in the background", "done": "calibrated",
                 "interrupted": "calibration paused for a request (drafting on a guess)",
-                "budget": "calibrated in part (a busy machine: over its time budget, not cached)",
+                "budget": "calibrated on a busy machine (not cached)",
                 "failed": "calibration failed (drafting on a guess)"}[self.state]
 
     # -- the thread -----------------------------------------------------------------------------
     def _set(self, state: str) -> None:
         self.state = state
         self.log.append(state)
+        if state in ("done", "budget", "failed"):
+            self._ended.set()
         for listener in list(self.listeners):
             try:
                 listener(state)
@@ -156,9 +168,15 @@ class Calibrator:
                 self._set("failed")
                 return
             self._release()
-            if complete or not stopped:   # done, or cut by its time budget: the sizes measured serve
-                self._set("done" if complete else "budget")
+            if complete:
+                self._set("done")
                 return
+            if not stopped:   # a busy machine: what it measured serves until a later one is trusted
+                self._set("budget")
+                if self.log.count("budget") >= BUSY_TRIES:
+                    return
+                self.released_at = max(self.released_at, time.monotonic() + BUSY_RETRY_SECONDS - IDLE_SECONDS)
+                continue
             self._set("interrupted")
             self.released_at = max(self.released_at, time.monotonic() + RETRY_SECONDS - IDLE_SECONDS)
 

@@ -130,5 +130,32 @@ def write_entry(cache: Path, key: str, entry: dict) -> None:
             data = read_cache(cache) if cache.is_file() else {"version": CACHE_VERSION, "entries": {}}
         except (OSError, ValueError):   # a cache of the wrong shape is replaced
             data = {"version": CACHE_VERSION, "entries": {}}
+        data["entries"] = _sound(data["entries"])
         data["entries"][key] = entry
         atomic_write(cache, json.dumps(data, indent=1, allow_nan=False))
+
+
+def drop_entry(cache: Path, key: str) -> None:
+    """Remove ``key``'s entry (one that cannot be a measurement), keeping every other key's, under
+    the lock: a calibration not trusted enough to replace it must not leave it to the next start."""
+    with _locked(cache):
+        try:
+            data = read_cache(cache)
+        except (OSError, ValueError):   # a file of the wrong shape: the next write replaces it
+            return
+        if key in data["entries"]:
+            data["entries"] = _sound({k: e for k, e in data["entries"].items() if k != key})
+            atomic_write(cache, json.dumps(data, indent=1, allow_nan=False))
+
+
+def _sound(entries: dict) -> dict:
+    """The entries that are measurements (:func:`entry_figures`): one holding NaN or an absurd
+    curve, left by another key's run or written by hand, would fail strict JSON and every write."""
+    out = {}
+    for key, entry in entries.items():
+        try:
+            entry_figures(entry)
+        except ValueError:
+            continue
+        out[key] = entry
+    return out

@@ -29,6 +29,10 @@ SPREAD = 1.25          # this (a decode slowed by another process, a reference s
 BUDGET_SECONDS = 12.0  # calibration stops here (the sizes measured so far; not cached)
 # by this much (llama.cpp's CPU flash attention: V(64) ~ 0.5 V(63)); elsewhere a dip is noise, pooled
 DROP = 0.8
+KERNEL_MIN = 32        # ... and only from this many rows: a drop below it is a stall of the sizes before
+                       # it (a calibration on a busy machine gave V(13) = 115 ms, V(14) = 84 ms)
+UNSETTLED = 0.15       # more sizes than this share still unsettled after every extra round: a busy
+                       # machine (idle: none; beside another 2-thread process, 7 and 8 of 26 sizes)
 # a cached curve is corrupt (dropped, calibrated again) when between two measured sizes a < b ...
 FLOOR = 0.3            # ... V(b) < FLOOR * V(a) (more rows never cost a third of fewer), or ...
 CEIL = 2.0             # ... V(b) / V(a) > CEIL * b / a (a row never costs twice what it costs in a
@@ -39,8 +43,34 @@ MIN_SECONDS, MAX_SECONDS = 1e-7, 600.0
 def measure(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             stop: Callable[[], bool] | None = None, settle: Callable[[], None] | None = None) -> dict[int, float]:
     """Seconds of ``run(b)`` for each batch size, robust and fitted: :func:`measure_runs`, then
-    :func:`robust_costs`, :func:`fit_curve` and :func:`plausible`."""
-    return plausible(fit_curve(robust_costs(measure_runs(run, sizes, repeats, stop, settle))))
+    :func:`curve`."""
+    return curve(measure_runs(run, sizes, repeats, stop, settle))
+
+
+def curve(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int, float]:
+    """The seconds by batch size that runs of :func:`measure_runs` give: :func:`robust_costs`,
+    :func:`fit_curve` and :func:`plausible`."""
+    return plausible(fit_curve(robust_costs(runs)))
+
+
+def planned(b: int, repeats: int = REPEATS) -> int:
+    """The timed runs :func:`measure_runs` plans for a batch of ``b`` (fewer above 9 and 32 rows)."""
+    return repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE)
+
+
+def trusted(runs: dict[int, list[tuple[float, float | None]]], sizes, repeats: int = REPEATS) -> str | None:
+    """Why these runs cannot be cached as this machine's figures (None: they can): a size without
+    every run planned for it (a calibration cut by its time budget: a size measured once has its
+    stall for a figure), or over ``UNSETTLED`` of the sizes whose runs still disagree after every
+    extra round (:func:`_unsettled`: another process preempting llama.cpp's threads, which stalls
+    a batch for seconds while one-token steps pass, so no reference corrects it)."""
+    short = [b for b in sizes if len(runs.get(b, ())) < planned(b, repeats)]
+    if short:
+        return f"{len(short)} of {len(list(sizes))} batch sizes not measured in full"
+    unsettled = [b for b in sizes if _unsettled(runs[b])]
+    if len(unsettled) > UNSETTLED * len(list(sizes)):
+        return f"{len(unsettled)} of {len(list(sizes))} batch sizes timed inconsistently: a busy machine"
+    return None
 
 
 def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
@@ -68,8 +98,7 @@ def measure_runs(run: Callable[[int], None], sizes, repeats: int = REPEATS,
             settle()
             refs.append(time.perf_counter() - t0)
 
-    rounds = [[b for b in sizes if r < (repeats if b <= 9 else min(repeats, REPEATS_MID if b <= 32 else REPEATS_LARGE))]
-              for r in range(repeats)]
+    rounds = [[b for b in sizes if r < planned(b, repeats)] for r in range(repeats)]
     for r in range(repeats + EXTRA_ROUNDS):
         if r >= repeats:   # sizes whose runs disagree: more runs, so that their figure holds
             rounds.append([b for b in sizes if b in out and _unsettled(_referenced(out[b], refs))])
@@ -123,17 +152,19 @@ def robust_costs(runs: dict[int, list[tuple[float, float | None]]]) -> dict[int,
 
 def fit_curve(costs: dict[int, float]) -> dict[int, float]:
     """A monotone curve through ``costs`` (seconds by batch size): non-decreasing total cost in
-    rows (isotonic regression, pool adjacent violators), except where a larger size costs under
-    ``DROP`` times the measured size below it, and so does the size above it: a kernel switch (a
-    CPU's flash attention at 64 rows: 72 rows cost less than 63 too), which stays, and the policy
-    pads to it (:meth:`CostModel.rows_for`), so what verifying ``b`` rows costs, padded, never
-    falls by more than the padding margin. One size alone below is noise, pooled."""
+    rows (isotonic regression, pool adjacent violators), except where a size of ``KERNEL_MIN`` rows
+    or more costs under ``DROP`` times both measured sizes below it, and so does the size above
+    it: a kernel switch (a CPU's flash attention at 64 rows: 72 rows cost less than 63 and 56 too),
+    which stays, and the policy pads to it (:meth:`CostModel.rows_for`), so what verifying ``b``
+    rows costs, padded, never falls by more than the padding margin. Any other dip is noise, pooled."""
     sizes = sorted(costs)
     out: dict[int, float] = {}
     segment: list[int] = []
     for i, (a, b) in enumerate(zip([None] + sizes, sizes)):
         after = sizes[i + 1] if i + 1 < len(sizes) else None
-        if segment and after is not None and max(costs[b], costs[after]) <= DROP * costs[a]:
+        before = sizes[i - 2] if i >= 2 else None
+        if (segment and after is not None and before is not None and b >= KERNEL_MIN
+                and max(costs[b], costs[after]) <= DROP * min(costs[a], costs[before])):
             out.update(_isotonic(segment, costs))
             segment = []
         segment.append(b)

@@ -405,6 +405,10 @@ def cached(key: str, cache: Path, note: Callable[[str], None] | None = None) -> 
     except ValueError as exc:
         if note is not None:
             note(f"{cache}: ignored ({exc}); calibrating again")
+        try:
+            cost_cache.drop_entry(cache, key)
+        except OSError:   # a cache only (e.g. a read-only user directory)
+            pass
         return None
     if figures is None:
         return None
