@@ -262,6 +262,8 @@ class ModelDrafter:
         if k < 1:
             return []
         tokens = [int(logits.argmax())]
+        if k == 1:
+            return tokens
         if self.direct and self._plain_decode:
             return self._greedy_direct(who, tokens, state, pos, k)
         while len(tokens) < k:

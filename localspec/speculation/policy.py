@@ -307,10 +307,8 @@ class DraftPolicy:
         cost model's live figures learn from them) (docs/speculation.md, "Resting")."""
         if self.fixed:
             return False
-        if self.model is not None and (room is None or min(self.config.draft_max, room, options.DRAFT_MAX) > 0):
-            if self.batch_rows and self.cost is not None and not self._rows_nearly_free():
-                self.wants_features = False   # as choose
-            else:
+        if self.model is not None and (room is None or self._depth_limit(room) > 0):
+            if not (self.cost is not None and self._batch_too_dear()):
                 probe = self._probes.get(self.model)
                 if probe is None or probe.since + 1 >= self._wake:
                     return False
@@ -329,7 +327,7 @@ class DraftPolicy:
         weighed by its class's live acceptance against its price and the verify it needs; the
         best beats plain decoding by a margin or nothing drafts. A model source not chosen is
         probed now and then (its acceptance is learned only by drafting)."""
-        k_max = min(self.config.draft_max, room, options.DRAFT_MAX)
+        k_max = self._depth_limit(room)
         if k_max <= 0 or not self.active:
             return None, 0
         texts = [p for p in proposals if not p.model and p.depth] if self.lookup else []
@@ -340,8 +338,7 @@ class DraftPolicy:
             return (texts[0], min(k_max, texts[0].depth)) if texts else (None, 0)
         if self.cost is None:
             return None, 0
-        if self.batch_rows and not self._rows_nearly_free():
-            self.wants_features = False   # nothing drafts here: the drafter's rows are not worth copying
+        if self._batch_too_dear():
             return None, 0
         plain = 1.0 / (self._verify(1) + self.overhead)
         best_rate, short_bar = MARGIN * plain, SHORT_MARGIN * plain
@@ -351,6 +348,19 @@ class DraftPolicy:
         for model in models:
             best_rate, best = self._plan_model(model, k_max, best_rate, short_bar, best)
         return best
+
+    def _depth_limit(self, room: int) -> int:
+        """The deepest draft this cycle may verify: the configured depth, the room left, the cap."""
+        return min(self.config.draft_max, room, options.DRAFT_MAX)
+
+    def _batch_too_dear(self) -> bool:
+        """Whether this slot shares a batch whose rows are not nearly free (:meth:`_rows_nearly_free`):
+        nothing drafts then, so the drafter's rows are not worth copying either (:meth:`choose`
+        and :meth:`rest` decide it alike)."""
+        if self.batch_rows and not self._rows_nearly_free():
+            self.wants_features = False
+            return True
+        return False
 
     def _plan_model(self, p: Proposal, k_max: int, best_rate: float, short_bar: float,
                     best: tuple) -> tuple[float, tuple]:
