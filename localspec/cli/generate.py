@@ -184,6 +184,9 @@ def _finish_calibration(engine) -> None:
         print("note: measuring this machine's decode costs, once per model (after the reply; "
               "Ctrl-C skips it)", file=sys.stderr)
         engine.calibrator.wait(CALIBRATION_WAIT)
+        if engine.calibrator.state == "budget":
+            print("note: the machine was too busy for figures worth keeping; measured again next time",
+                  file=sys.stderr)
 
 
 CALIBRATION_WAIT = 60.0   # seconds at most (the calibration's own budget is cost_measure.BUDGET_SECONDS)
