@@ -23,11 +23,13 @@ except ImportError:   # not POSIX: writes stay atomic, concurrent saves may drop
 from ..core.atomic import atomic_write
 from .cost_measure import MAX_SECONDS, MIN_SECONDS, check_curve, fit_curve, plausible
 
-CACHE_VERSION = 8      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
+CACHE_VERSION = 9      # 2: the drafter's cost of a step of tree branches; 3: sizes up to 128; 4: 1..17, 56, 63, 72;
                        # 5: bands learned against one-token steps (4's live saves could bend the curve);
                        # 6: sizes above 32 the fastest of 2 runs; 7: weights read into huge pages
                        # (one-token steps 5-13% faster, so every V(k) / V(1) moved); 8: medians of
-                       # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve)
+                       # paired runs, fitted monotone (fit_curve), figures checked at load (check_curve);
+                       # 9: only trusted calibrations (cost_measure.trusted): 8 cached budget-cut ones,
+                       # stalls for figures (on this VM 7 of 26 entries had V(k+1) < V(k) below 32 rows)
 
 
 def file_key(path: Path | None) -> str:
