@@ -199,7 +199,8 @@ def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
     """ModelDrafter.catch_ups of four slots (one fc encode of every slot's committed rows, one
     decode of their pairs, each in its sequence at its positions: a prompt each, one of them
     longer than an all-outputs group; then two rows each) gives bit for bit each slot's catch-up
-    alone (its rows written in the same order, so in the same cells)."""
+    alone (its rows written in the same order, so in the same cells; every group has several
+    rows: a lone row alone goes through ggml's one-row product, see ModelDrafter.decode_groups)."""
     with Engine(smollm2, DRAFTER, n_ctx=256, parallel=4) as eng:
         d = eng.drafter
         assert d.kind.shares_catch_up

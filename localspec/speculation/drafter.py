@@ -228,9 +228,10 @@ class ModelDrafter:
         writes all but its last row without outputs, ``n_batch`` rows a decode, as llama.cpp's
         own loop does. Whole groups (a long one's last row) share decodes of every row marked,
         as many rows as one decode outputs, in order: each row lands in the cells it takes
-        alone, and comes out bit for bit as it does alone (a row's cell changes the rounding of
-        its attention). A decode's seconds go to its group's sequence, or are shared among its
-        groups'."""
+        alone (a row's cell changes the rounding of its attention), and a group of several rows
+        comes out bit for bit as it does alone; a one-row group alone goes through ggml's
+        one-row product (another summation order: ~1e-5 apart, as a batched chain step is). A
+        decode's seconds go to its group's sequence, or are shared among its groups'."""
         limit, out, part, rows = self.ctx.n_outputs_max, [], [], 0
         for group in groups:   # in order: each row lands in the cells it takes alone
             n = len(group[1])
@@ -294,8 +295,11 @@ class ModelDrafter:
             who, rows = asks[0]
             return [who.catch_up(rows)]
         if not self.kind.shares_catch_up:   # each its own decodes: the earlier ones' logits copied
-            out = [who.catch_up(rows) for who, rows in asks]
-            return [(np.array(logits), state) for logits, state in out[:-1]] + out[-1:]
+            out = []
+            for i, (who, rows) in enumerate(asks):
+                logits, state = who.catch_up(rows)
+                out.append((np.array(logits) if i < len(asks) - 1 else logits, state))
+            return out
         taken = [who.take(rows) for who, rows in asks]
         encoded = self.kind.encode_groups(self, [(who, feats) for (who, _), (_, feats, _) in zip(asks, taken)])
         return self.decode_groups([(who, tokens, g, start)
