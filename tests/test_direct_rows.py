@@ -173,19 +173,19 @@ def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monk
         assert len(states) - lean_states == reached   # one state fewer for each
 
 
-def _two_catch_ups(eng, prompts: list[list[int]], catch_ups) -> list[np.ndarray]:
+def _three_catch_ups(eng, prompts: list[list[int]], catch_ups) -> list[np.ndarray]:
     """Each prompt in its slot's target sequence, its rows recorded by the slot's drafter
-    sequence and caught up (``catch_ups``: every slot's at once), then two more rows each, caught
-    up again: every slot's logits and state of both catch-ups."""
+    sequence and caught up (``catch_ups``: every slot's at once); then two more rows each, caught
+    up; then the prompt again after them: every slot's logits and state of the three catch-ups."""
     from localspec.runtime.batch import Batch
 
     seqs, out = eng.drafters[:len(prompts)], []
     for i, toks in enumerate(prompts):
         eng.ctx.seq_rm(0, seq=i)
         seqs[i].reset(0)
-    for again in (False, True):
+    for again in range(3):
         for i, toks in enumerate(prompts):
-            part, pos = (toks[:2], len(toks)) if again else (toks, 0)
+            part, pos = [(toks, 0), (toks[:2], len(toks)), (toks, len(toks) + 2)][again]
             batch = Batch(eng.ctx)
             batch.add(i, part, pos, all_logits=False)
             batch.decode()
@@ -198,7 +198,8 @@ def _two_catch_ups(eng, prompts: list[list[int]], catch_ups) -> list[np.ndarray]
 def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
     """ModelDrafter.catch_ups of four slots (one fc encode of every slot's committed rows, one
     decode of their pairs, each in its sequence at its positions: a prompt each, one of them
-    longer than an all-outputs group; then two rows each) gives bit for bit each slot's catch-up
+    longer than an all-outputs group; then two rows each; then the prompts again, after the
+    pairs each sequence holds) gives bit for bit each slot's catch-up
     alone (its rows written in the same order, so in the same cells; every group has several
     rows: a lone row alone goes through ggml's one-row product, see ModelDrafter.decode_groups)."""
     with Engine(smollm2, DRAFTER, n_ctx=256, parallel=4) as eng:
@@ -215,12 +216,14 @@ def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
             return encode_rows(*args)
 
         d.encode_rows = counted
-        alone = _two_catch_ups(eng, prompts, lambda asks: [tuple(map(np.copy, who.catch_up(rows))) for who, rows in asks])
-        assert len(encodes) == 8
+        alone = _three_catch_ups(eng, prompts, lambda asks: [tuple(map(np.copy, who.catch_up(rows))) for who, rows in asks])
+        assert len(encodes) == 12
         encodes.clear()
-        shared = _two_catch_ups(eng, prompts, d.catch_ups)
-        rows = sum(map(len, prompts))   # one encode a round for the four slots (n_batch rows each)
-        assert len(encodes) == -(-rows // d.ctx.n_batch) + 1 < 8
-        assert len(alone) == len(shared) == 16
+        shared = _three_catch_ups(eng, prompts, d.catch_ups)
+        # one encode a round for the four slots, n_batch rows each (a long round: several, each
+        # sequence's rows in every one of them after the pairs it holds)
+        rows = sum(map(len, prompts))
+        assert rows > d.ctx.n_batch and len(encodes) == 2 * -(-rows // d.ctx.n_batch) + 1 < 12
+        assert len(alone) == len(shared) == 24
         for a, b in zip(alone, shared):
             assert a.shape == b.shape and np.array_equal(a, b)
