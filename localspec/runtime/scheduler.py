@@ -22,8 +22,9 @@ Every :meth:`Scheduler.step` is ONE ``llama_decode`` of every active slot's rows
   admission, add their rows (one row each, plus a draft where it pays against the whole batch: the
   policy prices k more rows as V(R + k) - V(R) on a batch of R rows; a model drafter's chain is
   promised its rows, not drafted yet); the prompts being prefilled are listed, in order of arrival;
-- **run** (:meth:`Scheduler.run`): the drafter's decodes (the slots' chains together, one drafter
-  decode per depth for all of them: :func:`drive_chains`) and their rows, the prompts' chunks in
+- **run** (:meth:`Scheduler.run`): the drafter's decodes (the slots' chains together: one drafter
+  encode and decode of every slot's committed rows, then one drafter decode per depth for all of
+  them: :func:`drive_chains`) and their rows, the prompts' chunks in
   the rows left (a long prompt never holds the streaming slots back for more than one batch), then
   the target's one decode;
 - **settle** (:meth:`Scheduler.settle`): each generation accepts what its rows decided; each slot's

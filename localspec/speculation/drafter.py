@@ -277,10 +277,15 @@ class ModelDrafter:
         positions: list[int] = []
         ends: list[int] = []
         for who, toks, _, start in groups:
-            seq, n = who.seq, len(toks)
-            seqs += [seq] * n
-            tokens += toks
-            positions += [position(seq, start + i) for i in range(n)]
+            seq = who.seq
+            if len(toks) == 1:   # a chain step's row (the most frequent)
+                seqs.append(seq)
+                tokens.append(toks[0])
+                positions.append(position(seq, start))
+            else:
+                seqs += [seq] * len(toks)
+                tokens += toks
+                positions += [position(seq, start + i) for i in range(len(toks))]
             ends.append(len(tokens) - 1)
         g = groups[0][2] if len(groups) == 1 else np.concatenate([group[2] for group in groups])
         return seqs, tokens, np.ascontiguousarray(g, dtype=np.float32), positions, ends
