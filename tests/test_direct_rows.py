@@ -1,7 +1,8 @@
 """The EAGLE drafter's rows through a plain llama_batch (llama.ext_rows.DirectRows: one
 llama_decode / llama_encode a batch) give bit for bit what the extended batch gives (four C calls
 a row and llama_process): the fc encode, a catch-up, chain steps, a batched step and a tree's
-branches, on the shipped SmolLM2 pair.
+branches, on the shipped SmolLM2 pair; several slots' catch-ups in one encode and decode give
+what each gives alone.
 """
 
 from __future__ import annotations
@@ -170,3 +171,59 @@ def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monk
         reached = sum(len(d) == k > 1 for k, d in full)   # chains that took their last step
         assert reached > 0
         assert len(states) - lean_states == reached   # one state fewer for each
+
+
+def _three_catch_ups(eng, prompts: list[list[int]], catch_ups) -> list[np.ndarray]:
+    """Each prompt in its slot's target sequence, its rows recorded by the slot's drafter
+    sequence and caught up (``catch_ups``: every slot's at once); then two more rows each, caught
+    up; then the prompt again after them: every slot's logits and state of the three catch-ups."""
+    from localspec.runtime.batch import Batch
+
+    seqs, out = eng.drafters[:len(prompts)], []
+    for i, toks in enumerate(prompts):
+        eng.ctx.seq_rm(0, seq=i)
+        seqs[i].reset(0)
+    for again in range(3):
+        for i, toks in enumerate(prompts):
+            part, pos = [(toks, 0), (toks[:2], len(toks)), (toks, len(toks) + 2)][again]
+            batch = Batch(eng.ctx)
+            batch.add(i, part, pos, all_logits=False)
+            batch.decode()
+            seqs[i].observe(part[1:] + [toks[0]], len(part), pos)
+        got = catch_ups([(seq, None) for seq in seqs])
+        out += [a for logits, state in got for a in (np.array(logits), state.copy())]
+    return out
+
+
+def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
+    """ModelDrafter.catch_ups of four slots (one fc encode of every slot's committed rows, one
+    decode of their pairs, each in its sequence at its positions: a prompt each, one of them
+    longer than an all-outputs group; then two rows each; then the prompts again, after the
+    pairs each sequence holds) gives bit for bit each slot's catch-up
+    alone (its rows written in the same order, so in the same cells; every group has several
+    rows: a lone row alone goes through ggml's one-row product, see ModelDrafter.decode_groups)."""
+    with Engine(smollm2, DRAFTER, n_ctx=256, parallel=4) as eng:
+        d = eng.drafter
+        assert d.kind.shares_catch_up
+        prompts = [eng.prompt_tokens(t) for t in ("The capital of France is Paris. The capital of Italy is",
+                                                  "def add(a, b):\n    return a + b\n",
+                                                  "Once upon a time, there was a",
+                                                  "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+        encodes, encode_rows = [], d.encode_rows
+
+        def counted(*args):
+            encodes.append(args)
+            return encode_rows(*args)
+
+        d.encode_rows = counted
+        alone = _three_catch_ups(eng, prompts, lambda asks: [tuple(map(np.copy, who.catch_up(rows))) for who, rows in asks])
+        assert len(encodes) == 12
+        encodes.clear()
+        shared = _three_catch_ups(eng, prompts, d.catch_ups)
+        # one encode a round for the four slots, n_batch rows each (a long round: several, each
+        # sequence's rows in every one of them after the pairs it holds)
+        rows = sum(map(len, prompts))
+        assert rows > d.ctx.n_batch and len(encodes) == 2 * -(-rows // d.ctx.n_batch) + 1 < 12
+        assert len(alone) == len(shared) == 24
+        for a, b in zip(alone, shared):
+            assert a.shape == b.shape and np.array_equal(a, b)

@@ -304,6 +304,58 @@ def test_a_seeded_sampled_request_repeats_whatever_the_other_traffic(models):
         f"token {same} drawn differently from the same distribution: the crowd moved the request's random stream"
 
 
+EAGLE_DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
+
+
+def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shared: bool):
+    """The prompts through four slots drafting EAGLE chains: each slot's drafts in order, the
+    drafter's encodes, and each prompt's DoneEvent. ``shared``: the slots' catch-ups in one
+    encode and decode a step (else each alone: the per-slot path)."""
+    from localspec.runtime.generation import Generation
+    from localspec.speculation.drafter import ModelDrafter
+    from localspec.speculation.eagle import EagleKind
+
+    drafts, encodes = [], []
+    add_rows, encode_rows = Generation.add_rows, ModelDrafter.encode_rows
+    monkeypatch.setattr(Generation, "add_rows",
+                        lambda self, batch, draft: drafts.append((self.verifier.seq, list(draft.tokens)))
+                        or add_rows(self, batch, draft))
+    monkeypatch.setattr(ModelDrafter, "encode_rows", lambda self, *a: encodes.append(len(a[0])) or encode_rows(self, *a))
+    if not shared:
+        monkeypatch.setattr(EagleKind, "shares_catch_up", False)
+    try:
+        with Engine(target, EAGLE_DRAFTER, n_ctx=256, parallel=4) as engine:
+            sinks = {p: Collect() for p in prompts}
+            drain(engine.scheduler(), [(p, config, sinks[p]) for p in prompts], prepare=engine.prepare)
+    finally:
+        monkeypatch.undo()
+    return drafts, encodes, {p: sinks[p].done for p in prompts}
+
+
+def test_four_slots_catch_up_together_and_draft_what_each_catch_up_alone_drafts(smollm2, monkeypatch):
+    """Four slots drafting EAGLE chains with the shipped SmolLM2 pair (greedy, fixed depth 4):
+    each step writes every slot's committed rows in one drafter encode and one decode
+    (ModelDrafter.catch_ups), and every slot's drafts, accepted drafts and output are those of
+    the per-slot path (each slot's catch-up its own encode and decode), the output that of plain
+    decoding."""
+    prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
+               "The capital of France is Paris. The capital of Italy is",
+               "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+               "Count with me: one, two, three, four, five, six,"]
+    config = GenerationConfig(max_tokens=40, policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
+    plain = solo(smollm2, prompts, n_ctx=256, max_tokens=40)
+    per_slot, per_slot_encodes, per_slot_done = _eagle_slots(smollm2, prompts, config, monkeypatch, shared=False)
+    shared, shared_encodes, shared_done = _eagle_slots(smollm2, prompts, config, monkeypatch, shared=True)
+    assert shared == per_slot and sum(len(d) for _, d in shared) > 0
+    for p in prompts:
+        assert shared_done[p].tokens == per_slot_done[p].tokens
+        assert shared_done[p].stats.sources == per_slot_done[p].stats.sources
+        assert_lossless(plain[p], shared_done[p])
+    assert sum(per_slot_done[p].stats.sources["eagle"][2] for p in prompts) > 0   # drafts were accepted
+    # the same rows encoded, in about a quarter of the encodes
+    assert sum(shared_encodes) == sum(per_slot_encodes) and len(shared_encodes) < len(per_slot_encodes) / 2
+
+
 def test_the_engine_alone_and_a_scheduler_of_one_agree(models):
     """generate() and a one-slot scheduler run the same loop: same tokens, same cycles."""
     with Engine(models["repeat"], n_ctx=512) as engine:

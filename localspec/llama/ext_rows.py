@@ -72,19 +72,19 @@ class ExtRows:
                 set_out(batch, idx, True)
         return idx
 
-    def embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
-        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
-        ``start_pos + i``, with its output."""
+    def embeddings(self, seqs: Sequence[int], embd: np.ndarray, positions: Sequence[int]) -> None:
+        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in sequence ``seqs[i]``
+        at ``positions[i]``, with its output."""
         batch, pos, pos_ref = self.batch, self._pos, self._pos_ref
         struct, address, base, stride = self._staged(embd)
         add, set_pos = llama_cpp.llama_batch_ext_add_embd, llama_cpp.llama_batch_ext_set_pos
         set_out = llama_cpp.llama_batch_ext_set_output_embd
         for i in range(embd.shape[0]):
             address.value = base + i * stride
-            idx = add(batch, seq, struct)
+            idx = add(batch, int(seqs[i]), struct)
             if idx < 0:
                 raise LocalspecError(f"internal: drafter encode batch rejected a row ({idx})")
-            pos.value = start_pos + i
+            pos.value = int(positions[i])
             set_pos(batch, idx, pos_ref)
             set_out(batch, idx, True)
 
@@ -152,12 +152,12 @@ class DirectRows:
         row, ``embd[0]``, rewritten in place by the caller)."""
         self.token[0], self.pos[0] = token, position
 
-    def fill_embeddings(self, seq: int, embd: np.ndarray, start_pos: int) -> None:
-        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in ``seq`` at
-        ``start_pos + i``, with its output."""
+    def fill_embeddings(self, seqs: Sequence[int], embd: np.ndarray, positions: Sequence[int]) -> None:
+        """Row ``i``: embedding row ``embd[i]`` alone (the encoder's input), in sequence
+        ``seqs[i]`` at ``positions[i]``, with its output."""
         n = embd.shape[0]
         self.rows(n)
         self.embd[:n] = embd
-        self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-        self.seq[:n] = seq
+        self.pos[:n] = positions
+        self.seq[:n] = seqs
         self.out[:n] = 1

@@ -27,7 +27,7 @@ from ..speculation.model_source import allowed_chain, allowed_tree  # noqa: F401
 from ..speculation.policy import DraftPolicy
 from ..speculation.prediction import PredictionSource
 from ..speculation.recall import Recall
-from ..speculation.sources import (Chain, Draft, DraftChain, Proposal, SourceContext, TextSource,  # noqa: F401
+from ..speculation.sources import (CatchUp, Chain, Draft, DraftChain, Proposal, SourceContext, TextSource,  # noqa: F401
                                    model_source, run_chain, text_sources, wants)
 from ..core.errors import LocalspecError
 from .verifier import Verified

@@ -22,8 +22,9 @@ Every :meth:`Scheduler.step` is ONE ``llama_decode`` of every active slot's rows
   admission, add their rows (one row each, plus a draft where it pays against the whole batch: the
   policy prices k more rows as V(R + k) - V(R) on a batch of R rows; a model drafter's chain is
   promised its rows, not drafted yet); the prompts being prefilled are listed, in order of arrival;
-- **run** (:meth:`Scheduler.run`): the drafter's decodes (the slots' chains together, one drafter
-  decode per depth for all of them: :func:`drive_chains`) and their rows, the prompts' chunks in
+- **run** (:meth:`Scheduler.run`): the drafter's decodes (the slots' chains together: one drafter
+  encode and decode of every slot's committed rows, then one drafter decode per depth for all of
+  them: :func:`drive_chains`) and their rows, the prompts' chunks in
   the rows left (a long prompt never holds the streaming slots back for more than one batch), then
   the target's one decode;
 - **settle** (:meth:`Scheduler.settle`): each generation accepts what its rows decided; each slot's
@@ -46,7 +47,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 from ..core.errors import LocalspecError
 from ..core.events import Event
 from .batch import Batch
-from .drafting import Draft, DraftChain
+from .drafting import CatchUp, Draft, DraftChain
 from .config import GenerationConfig
 from .generation import Generation, GenerationObserver
 from .prompt_cache import MIN_TOKENS, Kept, PromptCache, common_prefix, worth_loading
@@ -67,8 +68,9 @@ class SlotHost:
     context (its batches, a slot's saved cells), one verifier and drafter sequence per slot, how
     to open a generation, the engine's claim (``claim``: take it from a background calibration,
     False when a generation holds it; ``release``), the thread count's tick (once a step),
-    ``record_batch(rows, seconds)`` (a batch of several slots, timed once for the cost model) and
-    the drafter's decode of every slot's next chain step (None: no model drafter)."""
+    ``record_batch(rows, seconds)`` (a batch of several slots, timed once for the cost model),
+    the drafter's decode of every slot's next chain step and its catch-up of every slot's
+    committed rows (None: no model drafter)."""
 
     ctx: object
     verifiers: Sequence[TargetVerifier]
@@ -79,6 +81,7 @@ class SlotHost:
     tick: Callable[[], None]
     record_batch: Callable[[int, float], None]
     draft_steps: Callable | None = None
+    catch_ups: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,7 @@ class Scheduler:
         for the cost model."""
         batch, failed = plan.batch, plan.failed
         if plan.chains:
-            for slot, draft in drive_chains(self.host.draft_steps, plan.chains):
+            for slot, draft in drive_chains(self.host.draft_steps, plan.chains, self.host.catch_ups):
                 try:
                     slot.generation.add_rows(batch, draft)
                 except Exception as exc:
@@ -420,10 +423,13 @@ def _admitted(slot: Slot) -> int:
     return slot.admitted
 
 
-def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]]) -> list[tuple[Slot, Draft]]:
-    """The slots' model-drafter chains drafted together: each round, one drafter decode
-    (``draft_steps``: the drafter's ``decode_steps``) of every chain's next step (each in its
-    slot's drafter sequence, which the decode's time is shared among)."""
+def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]],
+                 catch_ups: Callable) -> list[tuple[Slot, Draft]]:
+    """The slots' model-drafter chains drafted together: first every chain's catch-up
+    (``catch_ups``: the drafter's ``catch_ups``, one encode and one decode of every slot's
+    committed rows), then each round one drafter decode (``draft_steps``: the drafter's
+    ``decode_steps``) of every chain's next step (each in its slot's drafter sequence, which the
+    decode's time is shared among)."""
     done: list[tuple[Slot, Draft]] = []
     waiting: list[tuple[Slot, DraftChain, tuple]] = []
 
@@ -437,7 +443,10 @@ def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]]) -
         advance(slot, chain, None)
     while waiting:
         rounds, waiting = waiting, []
-        results = draft_steps([(chain.drafter, *step) for _, chain, step in rounds])
+        if type(rounds[0][2]) is CatchUp:   # every chain starts with its catch-up: the first round
+            results = catch_ups([(chain.drafter, step.rows) for _, chain, step in rounds])
+        else:
+            results = draft_steps([(chain.drafter, *step) for _, chain, step in rounds])
         for (slot, chain, _), result in zip(rounds, results):
             advance(slot, chain, result)
     return done

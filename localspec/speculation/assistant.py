@@ -100,13 +100,19 @@ class AssistantSequence:
         self._last, self._fresh = None, False
 
     def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The first draft: (token, target state) at ``pos0``, no other row written."""
+        """The first draft: (token, target state) at ``pos0``, no other row written (several
+        slots' in one decode: :meth:`~.drafter.ModelDrafter.catch_ups`)."""
+        return self.decode(*self.take(max_rows))
+
+    def take(self, max_rows: int | None = None) -> tuple[list[int], np.ndarray, int]:
+        """The catch-up's one row, (token, target state, its position less the shift), its
+        sequence's draft rows anchored at ``pos0``."""
         if self._last is None:
             raise LocalspecError("internal: the assistant has no committed row to draft from")
         tok, h, pos0 = self._last
         self._fresh = False
         self.kind.anchors[self.seq] = pos0
-        return self.decode([tok], h, pos0 - self.shift)
+        return [tok], h, pos0 - self.shift
 
     def decode(self, tokens: list[int], g: np.ndarray, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
         return self.drafter.decode_rows(tokens, g, start_pos, self)

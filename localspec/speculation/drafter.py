@@ -30,7 +30,7 @@ from ..llama.ext_rows import DirectRows, ExtRows
 from ..llama.llama_model import Context, Model
 from ..llama.process import llama_failure
 
-# Up to this many rows, a drafter batch asks for every row's output (see ModelDrafter.decode_rows).
+# Up to this many rows, a drafter batch asks for every row's output (see ModelDrafter.decode_groups).
 ALL_OUTPUT_ROWS = 16
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
 TREE_SEQS = DRAFTER_TREE_SEQS   # tree.MAX_WIDTH: the drafter context's settings (llama.contexts) hold them
@@ -64,6 +64,17 @@ class DrafterKind:
     def encode(self, d: "ModelDrafter", features: np.ndarray, who: "DrafterSequence") -> np.ndarray:
         """The ``g`` rows paired with the committed tokens: the features as they are."""
         return np.ascontiguousarray(features, dtype=np.float32)
+
+    def encode_groups(self, d: "ModelDrafter", groups: list[tuple["DrafterSequence", np.ndarray]]) -> list[np.ndarray]:
+        """:meth:`encode` of several sequences' features (a kind with an encode graph runs them
+        all in one)."""
+        return [self.encode(d, features, who) for who, features in groups]
+
+    @property
+    def shares_catch_up(self) -> bool:
+        """Whether several sequences' catch-ups may share one encode and one decode
+        (:meth:`ModelDrafter.catch_ups`): where a catch-up is a plain :meth:`write` of its rows."""
+        return type(self).write is DrafterKind.write and type(self).decode is DrafterKind.decode
 
     def position(self, seq: int, pos: int) -> int:
         """Where the pair of position ``pos`` of sequence ``seq`` goes in the drafter's context."""
@@ -179,17 +190,17 @@ class ModelDrafter:
         self._run_direct(direct, who)
         return idx
 
-    def encode_rows(self, who, embd: np.ndarray, start_pos: int) -> None:
-        """One encode of embedding rows alone (row ``i`` in ``who``'s sequence at ``start_pos + i``,
-        each with its output)."""
+    def encode_rows(self, seqs: np.ndarray, embd: np.ndarray, positions: np.ndarray, who) -> None:
+        """One encode of embedding rows alone (row ``i`` in sequence ``seqs[i]`` at
+        ``positions[i]``, each with its output); its seconds to ``who`` (see :meth:`process`)."""
         if not self.direct:
-            self.clear().embeddings(who.seq, embd, start_pos)
+            self.clear().embeddings(seqs, embd, positions)
             self.process(llama_cpp.LLAMA_PROCESS_TYPE_ENCODE, who)
             return
         direct = self._direct_enc
         if direct is None or direct.width != embd.shape[1]:
             direct = self._direct_enc = DirectRows(self.ctx.n_batch, embd.shape[1], tokens=False)
-        direct.fill_embeddings(who.seq, embd, start_pos)
+        direct.fill_embeddings(seqs, embd, positions)
         self._run_direct(direct, who, encode=True)
 
     def clear(self) -> ExtRows:
@@ -197,39 +208,107 @@ class ModelDrafter:
         llama_cpp.llama_batch_ext_clear(self._batch)
         return self._rows
 
-    def _decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, output: bool,
-                     seqs: list[int] | None = None, who=None) -> int:
-        """Rows at consecutive positions from ``start_pos`` in the sequence ``who``, or (``seqs``)
-        each in its own sequence, all at ``start_pos``."""
-        position = self.kind.position
-        n = len(tokens)
-        if seqs is None:
-            seqs, positions = [who.seq] * n, [position(who.seq, start_pos + i) for i in range(n)]
-        else:
-            positions = [position(s, start_pos) for s in seqs]
-        return self._run_rows(seqs, tokens, g, positions, output, who)
-
     def decode_rows(self, tokens: list[int], g: np.ndarray, start_pos: int, who) -> tuple[np.ndarray, np.ndarray]:
         """Write pairs (tokens[i], g[i]) at positions start_pos+i of sequence ``who``; return the
-        last row's logits (over the target vocabulary) and the state to feed back to the next step.
+        last row's logits (over the target vocabulary) and the state to feed back to the next step
+        (:meth:`decode_groups` of one sequence)."""
+        if len(tokens) == 1 and self.direct:   # one row, one C call (a chain step's own path: step)
+            return self._direct_step(who, tokens[0], g, start_pos, False)
+        return self.decode_groups([(who, tokens, g, start_pos)])[0]
+
+    def decode_groups(self, groups: list[tuple], lasts: list[bool] | None = None) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Pairs of several sequences in as few drafter decodes as llama.cpp's outputs allow: a
+        group is (sequence, tokens, g rows, start), the pair (tokens[j], g[j]) at start + j of
+        that sequence; per group its last row's logits (a view, valid until the next drafter
+        decode) and fed-back state (None where ``lasts[i]``: a chain's last step, see :meth:`step`).
 
         llama.cpp's eagle3 DECODE graph does not select output rows: with only the last row
-        marked, it hands back row 0's logits and state. So short batches mark every row (a few
-        extra rows of logits), and long ones (prompt chunks) write all but the last row without
-        outputs, then the last row alone, as llama.cpp's own loop does.
-        """
-        n = len(tokens)
-        if n == 1 and self.direct:   # one row, one C call (a chain step's own path: step)
-            return self._direct_step(who, tokens[0], g, start_pos, False)
+        marked, it hands back row 0's logits and state. So a group of up to ALL_OUTPUT_ROWS rows
+        has every row marked (a few extra rows of logits); a longer one (a prompt, a backlog)
+        writes all but its last row without outputs, ``n_batch`` rows a decode, as llama.cpp's
+        own loop does. Whole groups (a long one's last row) share decodes of every row marked,
+        as many rows as one decode outputs, in order: each row lands in the cells it takes
+        alone (a row's cell changes the rounding of its attention), and a group of several rows
+        comes out bit for bit as it does alone; a one-row group alone goes through ggml's
+        one-row product (another summation order: ~1e-5 apart, as a batched chain step is). A
+        decode's seconds go to its group's sequence, or are shared among its groups'."""
+        limit, out, part, rows = self.ctx.n_outputs_max, [], [], 0
+        for group in groups:   # in order: each row lands in the cells it takes alone
+            n = len(group[1])
+            if part and (n > ALL_OUTPUT_ROWS or rows + n > limit):
+                self._outputs(part, lasts, out, copy=True)
+                part, rows = [], 0
+            if n > ALL_OUTPUT_ROWS:
+                group, n = self._lead(group), 1
+            part.append(group)
+            rows += n
+        self._outputs(part, lasts, out, copy=False)
+        return out
+
+    def _outputs(self, part: list[tuple], lasts: list[bool] | None, out: list, *, copy: bool) -> None:
+        """One decode of whole groups, every row marked; each group's last row's logits (a copy
+        where ``copy``: a later decode reuses the output rows) and state appended to ``out``."""
+        seqs, tokens, g, positions, ends = self._lined_up(part)
+        self._run_rows(seqs, tokens, g, positions, True, part[0][0] if len(part) == 1 else [p[0] for p in part])
+        logits_of, state, at = self.ctx.logits, self.state, len(out)
+        for i, j in enumerate(ends):
+            logits = logits_of(j)
+            out.append((np.array(logits) if copy else logits,
+                        None if lasts is not None and lasts[at + i] else state(j)))
+
+    def _lead(self, group: tuple) -> tuple:
+        """A long group's rows but its last, without outputs, ``n_batch`` rows a decode; the
+        group of its last row (:meth:`decode_groups`)."""
+        who, tokens, g, start = group
+        n, step, position, seq = len(tokens), self.ctx.n_batch, self.kind.position, who.seq
         g = np.ascontiguousarray(g, dtype=np.float32)
-        if n > ALL_OUTPUT_ROWS:
-            step = self.ctx.n_batch
-            for i in range(0, n - 1, step):
-                j = min(i + step, n - 1)
-                self._decode_rows(tokens[i:j], g[i:j], start_pos + i, output=False, who=who)
-            tokens, g, start_pos = tokens[-1:], g[-1:], start_pos + n - 1
-        idx = self._decode_rows(tokens, g, start_pos, output=True, who=who)
-        return self.ctx.logits(idx), self.state(idx)
+        for i in range(0, n - 1, step):
+            j = min(i + step, n - 1)
+            self._run_rows([seq] * (j - i), tokens[i:j], g[i:j], [position(seq, start + p) for p in range(i, j)],
+                           False, who)
+        return who, tokens[-1:], g[-1:], start + n - 1
+
+    def _lined_up(self, groups: list[tuple]) -> tuple[list[int], list[int], np.ndarray, list[int], list[int]]:
+        """The groups' rows side by side: sequences, tokens, g rows, positions in the drafter's
+        context, and each group's last row's index."""
+        position = self.kind.position
+        seqs: list[int] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        ends: list[int] = []
+        for who, toks, _, start in groups:
+            seq = who.seq
+            if len(toks) == 1:   # a chain step's row (the most frequent)
+                seqs.append(seq)
+                tokens.append(toks[0])
+                positions.append(position(seq, start))
+            else:
+                seqs += [seq] * len(toks)
+                tokens += toks
+                positions += [position(seq, start + i) for i in range(len(toks))]
+            ends.append(len(tokens) - 1)
+        g = groups[0][2] if len(groups) == 1 else np.concatenate([group[2] for group in groups])
+        return seqs, tokens, np.ascontiguousarray(g, dtype=np.float32), positions, ends
+
+    def catch_ups(self, asks: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The catch-ups of several sequences (``(sequence, max_rows)`` each, see
+        :meth:`DrafterSequence.catch_up`): where the kind allows (:attr:`DrafterKind.shares_catch_up`),
+        ONE encode of every sequence's committed rows and ONE decode of their pairs, each row in
+        its own sequence at its own position (:meth:`decode_groups`), else one after another.
+        Per sequence its last row's logits (a view, valid until the next drafter decode) and state."""
+        if len(asks) == 1:   # alone: its own catch-up, the same decodes
+            who, rows = asks[0]
+            return [who.catch_up(rows)]
+        if not self.kind.shares_catch_up:   # each its own decodes: the earlier ones' logits copied
+            out = []
+            for i, (who, rows) in enumerate(asks):
+                logits, state = who.catch_up(rows)
+                out.append((np.array(logits) if i < len(asks) - 1 else logits, state))
+            return out
+        taken = [who.take(rows) for who, rows in asks]
+        encoded = self.kind.encode_groups(self, [(who, feats) for (who, _), (_, feats, _) in zip(asks, taken)])
+        return self.decode_groups([(who, tokens, g, start)
+                                   for (who, _), (tokens, _, start), g in zip(asks, taken, encoded)])
 
     def step(self, who, token: int, state: np.ndarray, pos: int, last: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """One chain step of the sequence ``who``: the pair (``token``, ``state``) at ``pos``; its
@@ -298,18 +377,12 @@ class ModelDrafter:
         decode) and its next state (None for a chain's ``last`` step, see :meth:`step`)."""
         return self.kind.decode_steps(self, rows)
 
-    def batched_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`decode_steps` in one drafter decode per ``ALL_OUTPUT_ROWS`` rows; each decode's
-        seconds are shared among its sequences."""
-        out, position = [], self.kind.position
-        for start in range(0, len(rows), ALL_OUTPUT_ROWS):
-            part = rows[start:start + ALL_OUTPUT_ROWS]
-            states = np.stack([row[2] for row in part]).astype(np.float32, copy=False)
-            self._run_rows([row[0].seq for row in part], [row[1] for row in part], states,
-                           [position(row[0].seq, row[3]) for row in part], True, [row[0] for row in part])
-            # views: each chain reads its row before the next drafter decode (scheduler.drive_chains)
-            out.extend((self.ctx.logits(j), None if row[4] else self.state(j)) for j, row in enumerate(part))
-        return out
+    def batched_steps(self, rows: list[tuple]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """:meth:`decode_steps` as :meth:`decode_groups` of one row each: one drafter decode per
+        ``ALL_OUTPUT_ROWS`` rows, its seconds shared among its sequences; each chain reads its
+        logits before the next drafter decode (scheduler.drive_chains)."""
+        return self.decode_groups([(who, [tok], state[None], pos) for who, tok, state, pos, _ in rows],
+                                  [row[4] for row in rows])
 
     def state(self, idx: int, out: np.ndarray | None = None) -> np.ndarray:
         """The fed-back state of output row ``idx`` of the last decode (into ``out`` where given)."""
@@ -337,7 +410,9 @@ class ModelDrafter:
             raise LocalspecError(f"internal: {len(tokens)} branches exceed {ALL_OUTPUT_ROWS} rows")
         if not self.kind.cached:   # nothing is cached: every branch is a row of the drafting sequence
             seqs = [0 if who is None else who.seq] * len(tokens)
-        self._decode_rows(tokens, np.ascontiguousarray(g, dtype=np.float32), pos, True, seqs, who)
+        position = self.kind.position
+        self._run_rows(seqs, tokens, np.ascontiguousarray(g, dtype=np.float32), [position(s, pos) for s in seqs], True,
+                       who)
         return [(np.array(self.ctx.logits(i)), self.state(i)) for i in range(len(tokens))]
 
     def close(self) -> None:
@@ -355,7 +430,7 @@ class ModelDrafter:
 class DrafterSequence:
     """One sequence of a drafter's context (a slot's): the target rows recorded for it and not
     yet written, how far its pairs are written, its own clock. Its public methods are the ones a
-    generation uses: ``observe``, ``drop_pending``, ``pending``, ``catch_up``, ``decode``,
+    generation uses: ``observe``, ``drop_pending``, ``pending``, ``catch_up`` (``take``), ``decode``,
     ``begin``, ``reset``, and the tree's ``fork``, ``forget``, ``decode_branches``."""
 
     def __init__(self, drafter: ModelDrafter, seq: int) -> None:
@@ -424,12 +499,19 @@ class DrafterSequence:
 
     def catch_up(self, max_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Write the recorded pairs (dropping the speculative entries after them) and return the
-        logits and fed-back state for the first draft of the next cycle.
+        logits and fed-back state for the first draft of the next cycle (several sequences'
+        together: :meth:`ModelDrafter.catch_ups`).
 
         Every drafter row costs about one drafting step (llama.cpp's graphs compute the vocabulary
         logits of every row), so after a long stretch of plain decoding ``max_rows`` writes only
         the most recent rows, and the drafter forgets the older ones (it attends to what is
         there; drafts only get a little worse, never the output)."""
+        tokens, feats, start = self.take(max_rows)
+        return self.kind.write(self, tokens, self.drafter.encode(feats, self), start)
+
+    def take(self, max_rows: int | None = None) -> tuple[list[int], np.ndarray, int]:
+        """A catch-up's rows, taken from the recorded ones: (tokens, features, first position),
+        the speculative pairs after the written ones dropped (see :meth:`catch_up`)."""
         if self._pending_start is None:
             raise LocalspecError("internal: the drafter has no committed rows to draft from")
         feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
@@ -442,9 +524,8 @@ class DrafterSequence:
         # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
         # drafter then attends to the recent rows only
         self.rm(start if start <= self.written_until else 0)
-        g = self.drafter.encode(feats, self)
         self.written_until = start + len(tokens)
-        return self.kind.write(self, tokens, g, start)
+        return tokens, feats, start
 
     def begin(self, prompt: list[int], keep: int) -> None:
         """A generation of ``prompt`` starts, its pairs below ``keep`` kept from the last one."""

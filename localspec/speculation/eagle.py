@@ -83,18 +83,41 @@ class EagleKind(DrafterKind):
 
     def encode(self, d: ModelDrafter, features: np.ndarray, who: DrafterSequence) -> np.ndarray:
         """fc over target features: one ``g`` row per feature row, after the pairs of ``who``."""
+        return self.encode_groups(d, [(who, features)])[0]
+
+    def encode_groups(self, d: ModelDrafter, groups: list[tuple[DrafterSequence, np.ndarray]]) -> list[np.ndarray]:
+        """fc over several sequences' target features in one encode (``n_batch`` rows a chunk);
+        per group its ``g`` rows. The fc graph reads rows one at a time, but llama.cpp wants each
+        sequence's rows of an encode right after the pairs it holds: in every chunk they start
+        there again (an encode writes nothing)."""
+        one = len(groups) == 1
+        features = groups[0][1] if one else np.concatenate([f for _, f in groups])
         n = features.shape[0]
+        seqs = np.empty(n, dtype=np.int32)
+        positions = np.empty(n, dtype=np.int32)
+        spans, at = [], 0
+        for who, f in groups:
+            seqs[at:at + len(f)] = who.seq
+            spans.append((at, at + len(f), d.ctx.pos_max(who.seq) + 1))
+            at += len(f)
         out = np.empty((n, self.n_embd), dtype=np.float32)
+        payer = groups[0][0] if one else [who for who, _ in groups]
         step = d.ctx.n_batch
         for start in range(0, n, step):
-            chunk = np.ascontiguousarray(features[start:start + step], dtype=np.float32)
-            m = chunk.shape[0]
-            d.encode_rows(who, chunk, d.ctx.pos_max(who.seq) + 1)
+            end = min(start + step, n)
+            for lo, hi, first in spans:
+                a, b = max(lo, start), min(hi, end)
+                if a < b:
+                    positions[a:b] = np.arange(first, first + b - a, dtype=np.int32)
+            chunk = np.ascontiguousarray(features[start:end], dtype=np.float32)
+            d.encode_rows(seqs[start:end], chunk, positions[start:end], payer)
             address = llama_ext.nextn_address(d.ctx.ptr)
             if not address:
                 raise LocalspecError("the drafter encoder produced no output")
-            out[start:start + m] = llama_ext.float_view(address, (m, self.n_embd), d.views)
-        return out
+            out[start:end] = llama_ext.float_view(address, (end - start, self.n_embd), d.views)
+        if one:
+            return [out]
+        return np.split(out, [hi for _, hi, _ in spans[:-1]])
 
     def state(self, src: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """EAGLE-3's pre-norm state as it is; EAGLE-3.1's after ``output_norm`` (into ``out``

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from . import tree
-from .sources import Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
+from .sources import CatchUp, Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
 
 # a drafter's acceptance prior (first draft, later drafts), before it drafted on this engine
 DRAFTER_PRIOR = (0.5, 0.6)
@@ -66,15 +66,17 @@ class EagleSource(ModelSource):
 
     def propose(self, k: int, room: int, n_past: int, batched: bool = False) -> Draft | DraftChain:
         """Feed the drafter the rows committed since its last draft, then a tree or a chain of
-        at most ``k`` tokens after the token at ``n_past`` (``room``: free cells)."""
+        at most ``k`` tokens after the token at ``n_past`` (``room``: free cells). A chain's
+        catch-up is its first step (:class:`~.sources.CatchUp`): ``batched``, the scheduler runs
+        every slot's in one drafter encode and decode."""
         policy, drafter = self.policy, self.drafter
         k = min(k, drafter.max_depth or k)   # chained MTP heads: one head per draft (speculation.mtp)
         t0 = drafter.seconds
         rows = policy.catch_up_rows
         steps = drafter.pending if rows is None else min(drafter.pending, rows)
-        logits, state = drafter.catch_up(rows)
         shape = policy.tree_plan(k, room)
         if shape is not None:
+            logits, state = drafter.catch_up(rows)
             draft_tree = allowed_tree(self.grammar, tree.build(drafter, logits, state, n_past, depth=k,
                                                                width=shape[0], max_nodes=shape[1]))
             if not len(draft_tree):
@@ -85,19 +87,20 @@ class EagleSource(ModelSource):
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
         if not batched and self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):
             # alone, no confidence test, no grammar: the same drafts without the chain's layers
+            logits, state = drafter.catch_up(rows)
             tokens = drafter.greedy(logits, state, n_past, k)
             return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
-        if batched:   # other slots' drafter decodes come before this chain's first draft: keep a copy
-            logits = np.array(logits)
-        chain = DraftChain(k, self._chain(k, logits, state, n_past, steps, t0), drafter)
+        chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter)
         return chain if batched else run_chain(chain)
 
-    def _chain(self, k: int, logits, state, n_past: int, steps: int, t0: float) -> Chain:
-        """Greedy top-1 drafts from the catch-up's logits until ``k``, ``p_min`` or the grammar
-        stops them; each further drafter step is yielded to the driver."""
+    def _chain(self, k: int, catch_up: CatchUp, n_past: int, steps: int, t0: float) -> Chain:
+        """The catch-up (the first step yielded), then greedy top-1 drafts from its logits until
+        ``k``, ``p_min`` or the grammar stops them; each further drafter step is yielded to the
+        driver."""
         policy, drafter = self.policy, self.drafter
         tokens: list[int] = []
         confidence: list[float] = []
+        logits, state = yield catch_up
         grammar = self.grammar.clone() if self.grammar is not None else None
         try:
             sure = policy.fixed or policy.config.p_min <= 0.0   # no confidence test: no softmax

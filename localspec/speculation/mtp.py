@@ -86,6 +86,12 @@ class MtpKind(DrafterKind):
     def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
         return target_states(self.target, self.n_embd, n_rows, rows)
 
+    @property
+    def shares_catch_up(self) -> bool:
+        """One head: its slots' catch-ups in one decode (a plain write of their rows). Chained
+        heads: each slot's alone (its rows written under every head, its draft prefix kept)."""
+        return self.heads == 1
+
     def begin_sequence(self, who: DrafterSequence) -> None:
         who.chain = None   # chained heads: (draft prefix tokens, their states, its first position)
 

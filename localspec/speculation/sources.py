@@ -24,7 +24,7 @@ acceptance table keeps), and what a draft of ``k`` tokens costs (:meth:`DraftSou
 line there.
 
 The types every driver shares live here too: :class:`Draft` (what a cycle sends to
-verification), :class:`DraftChain` (a model chain not yet driven) and :func:`run_chain`.
+verification), :class:`DraftChain` (a model chain not yet driven, its :class:`CatchUp` first) and :func:`run_chain`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,17 @@ class Draft:
 # A model chain under way: it yields each drafter step it needs, (token, fed-back state,
 # position, last), is sent back (logits, state), and returns its Draft (see DraftStep.draft's
 # ``batched``); ``last``: the chain drafts no further step after this one, so the state sent back
-# is None (never computed: see ModelDrafter.step)
+# is None (never computed: see ModelDrafter.step). Its first yield may be a CatchUp instead.
 Chain = Generator[tuple, tuple, Draft]
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """A chain's first step where its drafter sequence has committed rows to write first: its
+    catch-up of at most ``rows`` rows (None: all), sent back (logits, state) as a step is; a
+    driver runs several slots' together (``ModelDrafter.catch_ups``)."""
+
+    rows: int | None
 
 
 @dataclass
@@ -75,7 +84,10 @@ def run_chain(chain: DraftChain) -> Draft:
     """Drive a chain alone: each drafter step one decode of one row."""
     gen, step = chain.steps, chain.drafter.step
     try:
-        tok, state, pos, last = next(gen)
+        first = next(gen)
+        if type(first) is CatchUp:
+            first = gen.send(chain.drafter.catch_up(first.rows))
+        tok, state, pos, last = first
         while True:
             tok, state, pos, last = gen.send(step(tok, state, pos, last))
     except StopIteration as stop:
