@@ -261,6 +261,34 @@ def test_a_draft_is_priced_against_the_prompts_waiting_in_its_step(models):
     assert seen[0] == (0, 0) and seen[1] == (1, 1), seen
 
 
+def test_a_slot_alone_just_after_shared_steps_prices_its_draft_as_shared(models):
+    """Right after steps of several slots, the clients whose answers just ended are sending their
+    next requests: a slot alone for those few steps (SHARED_GRACE) prices its draft as in a shared
+    batch, so that no deep draft verified as if alone holds their first tokens (at 4 clients: an
+    80-row lookup draft, TTFT 0.3 s); after them, and for a slot that was alone all along, alone."""
+    from localspec.runtime.scheduler import SHARED_GRACE
+
+    with Engine(models["repeat"], n_ctx=512, parallel=2) as engine:
+        scheduler = engine.scheduler()
+        long, short = Collect(), Collect()
+        scheduler.admit(engine.prepare(PROMPTS[0]), GenerationConfig(max_tokens=40), None, long)
+        scheduler.admit(engine.prepare(PROMPTS[1]), GenerationConfig(max_tokens=3), None, short)
+        scheduler.step()    # both prompts
+        slot = next(s for s in scheduler.slots if s.busy and s.generation.config.max_tokens == 40)
+        plan = slot.generation.plan
+        seen: list[tuple[int, int]] = []
+
+        def recording(batch, reserve=0, *, batched=False, batch_rows=0):
+            seen.append((scheduler.active, batch_rows))
+            return plan(batch, reserve, batched=batched, batch_rows=batch_rows)
+
+        slot.generation.plan = recording
+        drain(scheduler)
+    alone = [rows for active, rows in seen if active == 1]
+    assert any(active == 2 for active, _ in seen) and len(alone) > SHARED_GRACE, seen
+    assert all(rows >= 1 for rows in alone[:SHARED_GRACE - 1]) and alone[-1] == 0, seen
+
+
 def test_the_prompt_cache_keeps_the_newest_texts_within_its_budget():
     from localspec.runtime.prompt_cache import Kept
 
