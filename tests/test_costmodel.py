@@ -441,3 +441,41 @@ def test_an_entry_that_cannot_be_a_measurement_never_blocks_a_write(tmp_path):
     assert set(json.loads(cache.read_text())["entries"]) == {"kept", "new"}
     cost_cache.drop_entry(cache, "new")
     assert set(json.loads(cache.read_text())["entries"]) == {"kept"}
+
+
+def test_queued_one_token_steps_read_as_steps_observed_at_once():
+    """``observe_step`` (a plain step's seconds, queued and folded in before the next read) leaves
+    the model in the state ``observe_verify(1, ...)`` would have, whatever comes between: wide
+    verifies, drafter steps, every kind of read, stretches longer than ``FOLD_EVERY``, a re-key."""
+    rng = random.Random(7)
+    now, later = CostModel(dict(CAL), 0.002), CostModel(dict(CAL), 0.002)
+    sizes = sorted(CAL)
+    for i in range(3000):
+        r = rng.random()
+        if r < 0.8:   # mostly plain steps, a machine whose load drifts
+            s = CAL[1] * (1.0 + 0.5 * math.sin(i / 97.0)) * rng.uniform(0.9, 1.2)
+            now.observe_verify(1, s)
+            later.observe_step(s)
+            continue
+        if r < 0.9:
+            b = rng.choice(sizes[1:])
+            s = CAL[b] * rng.uniform(0.8, 1.4)
+            now.observe_verify(b, s)
+            later.observe_verify(b, s)
+        elif r < 0.93:
+            s = 0.006 * rng.uniform(0.8, 1.3)
+            now.observe_drafter(3, s)
+            later.observe_drafter(3, s)
+        elif r < 0.99:
+            b = rng.randint(1, 140)
+            assert (later.verify(b), later.rows_for(b), later.cheapest_batch(), later.drafter_step, later.level) == \
+                (now.verify(b), now.rows_for(b), now.cheapest_batch(), now.drafter_step, now.level), i
+        else:
+            assert later.live() == now.live() and later.curve() == now.curve(), i
+    assert later.live() == now.live() and later.corrected == now.corrected
+    for _ in range(costmodel.FOLD_EVERY + 5):   # a long plain stretch, folded by FOLD_EVERY at most
+        now.observe_verify(1, CAL[1] * 1.3)
+        later.observe_step(CAL[1] * 1.3)
+    later.rekey("other")
+    now.rekey("other")
+    assert later.live() == now.live()

@@ -378,3 +378,32 @@ def test_resting_decides_as_weighing_every_cycle(block_ms, accepts):
             seen.append((chosen is not None, k, pol.wants_features, probe and (probe.since, probe.interval)))
         assert seen[0] == seen[1], (cycle, seen)
     assert accepts or rests.rested > 600, rests.rested   # a drafter that never pays: most cycles rest
+
+
+def test_could_pay_rechecks_back_off_and_a_source_that_turns_good_is_found_again():
+    """A block drafter that cannot pay even with better acceptance is weighed less and less often
+    (the cached could-pay answer kept 8, 16, 32, then at most RECHECK_MAX cycles), and once its
+    blocks turn cheap (the load on its core went away) it is probed within RECHECK_MAX cycles."""
+    from localspec.speculation import policy as P
+
+    cost = CostModel({b: 1e-3 * (1 + 0.15 * (b - 1)) for b in range(1, 65)}, 20e-3)
+    price = [20e-3]
+    pol = DraftPolicy(PolicyConfig("auto", source="dflash"), cost, model="dflash", learned=Learned())
+    weighed, backlog, probed = [], 1, None
+    for cycle in range(1000):
+        if cycle == 600:
+            price[0] = 0.2e-3
+        if pol.rest(100):
+            backlog = 0
+            continue
+        weighed.append(cycle)
+        chosen, _ = pol.choose(100, [Proposal("dflash", pol.model_cls, 8, lambda k: price[0], backlog)])
+        backlog = 1 if pol.wants_features else 0
+        if chosen is not None:
+            probed = cycle
+            break
+    before = [c for c in weighed if c < 600]
+    gaps = [b - a for a, b in zip(before, before[1:])]
+    assert gaps[:4] == [8, 16, 32, 64] and set(gaps[4:]) == {P.RECHECK_MAX}, gaps
+    assert len(before) <= 600 // P.RECHECK_MAX + 5   # every PROBE_RECHECK cycles before: 75
+    assert probed is not None and probed - 600 <= P.RECHECK_MAX + 1, (probed, weighed[-5:])

@@ -332,8 +332,7 @@ class Generation:
         self.drafting.commit([tok], pos, [decoded.offset])
         self.sampler.commit((tok,))
         self.stats.record_cycle(0, 0)
-        self.policy.observe(None, 0, 0, verify_seconds=seconds, drafter_seconds=0.0,
-                            cycle_seconds=time.perf_counter() - t_cycle, batch=1, cost_observed=self._shared)
+        self.policy.observe_plain(seconds, time.perf_counter() - t_cycle, self._shared)
         return [(tok, False)], _PLAIN
 
     def _observe(self, verified: Verified) -> float:

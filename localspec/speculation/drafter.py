@@ -490,7 +490,8 @@ class DrafterSequence:
     def drop_pending(self) -> None:
         """Forget the recorded rows (the next ``observe`` may start at any later position; the
         drafter's cache then restarts from there, see catch_up)."""
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        if self._pending_start is not None:   # none recorded (most rested cycles): nothing to renew
+            self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
         self.kind.forgot(self, -1)
 
     @property

@@ -59,7 +59,8 @@ SHORT_MARGIN = 1.15
 PROBE_MAX = 256        # longest interval (cycles) between two drafter probes
 CATCH_UP_ROWS = 16     # auto: rows written to the drafter after plain stretches (see DrafterSequence.catch_up)
 OPTIMISM = 0.25        # a probe is worth it only if acceptance this much better would pay
-PROBE_RECHECK = 8      # ... asked again after this many cycles
+PROBE_RECHECK = 8      # ... asked again after this many cycles, doubled while it says no ...
+RECHECK_MAX = 64       # ... up to this (a source that turns good is found within RECHECK_MAX cycles)
 CARRY = 4.0            # observations per position carried from one generation to the next
 TREE_DRAFT_RATIO = 1.5   # auto: trees only where a drafter step of WIDTH branches costs at most this
 TREE_VERIFY_RATIO = 1.5  # ... and verifying a full tree at most this, times the chain's cost
@@ -219,13 +220,15 @@ class Learned:
 
 class _Probe:
     """A model source's probing clock: cycles since it drafted, the interval before the next
-    probe (doubled after each that did not pay), the cached could-pay answer."""
+    probe (doubled after each that did not pay), the cached could-pay answer and the cycles it
+    is kept (doubled while it stays no, see :meth:`DraftPolicy._probe_pays`)."""
 
-    __slots__ = ("since", "interval", "could")
+    __slots__ = ("since", "interval", "could", "recheck")
 
     def __init__(self, interval: int) -> None:
         self.since, self.interval = 0, interval
         self.could: tuple[int, bool] | None = None   # (since when asked, _probe_could_pay's answer)
+        self.recheck = PROBE_RECHECK
 
 
 class DraftPolicy:
@@ -396,7 +399,7 @@ class DraftPolicy:
         # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
         self.wants_features = could or best[0] is p
         if not self.wants_features:   # no rows recorded: nothing changes before near, or could's recheck
-            self._wake = probe.could[0] + PROBE_RECHECK if near else probe.interval - CATCH_UP_ROWS
+            self._wake = probe.could[0] + probe.recheck if near else probe.interval - CATCH_UP_ROWS
         return best_rate, best
 
     def _plan_lookup(self, room: int, p: Proposal, best_rate: float, short_bar: float,
@@ -468,12 +471,18 @@ class DraftPolicy:
         return max(0, min(cap, room, MAX_DEPTH))
 
     def _probe_pays(self, p: Proposal, probe: _Probe, k_max: int, o: float) -> bool:
-        """:meth:`_probe_could_pay`, asked again only every ``PROBE_RECHECK`` cycles (its inputs move
+        """:meth:`_probe_could_pay`, asked again only every ``probe.recheck`` cycles (its inputs move
         slowly; a drafter that never pays was asked every cycle: about a tenth of auto's Python time
-        per cycle, under cProfile)."""
+        per cycle, under cProfile). While the answer stays no, the wait doubles up to
+        ``RECHECK_MAX`` (a garbage block drafter on the tiny fixtures: each answer is a weighing,
+        70 µs against a 1 ms step, every 8 cycles); a yes, or a clock reset by a draft, starts it
+        again at ``PROBE_RECHECK``."""
         could = probe.could
-        if could is None or not 0 <= probe.since - could[0] < PROBE_RECHECK:
-            could = probe.could = (probe.since, self._probe_could_pay(p, k_max, o))
+        if could is None or not 0 <= probe.since - could[0] < probe.recheck:
+            pays = self._probe_could_pay(p, k_max, o)
+            again = could is not None and not could[1] and not pays and probe.since > could[0]
+            probe.recheck = min(2 * probe.recheck, RECHECK_MAX) if again else PROBE_RECHECK
+            could = probe.could = (probe.since, pays)
         return could[1]
 
     def _probe_could_pay(self, p: Proposal, k_max: int, o: float) -> bool:
@@ -575,5 +584,17 @@ class DraftPolicy:
         if model and drafted:  # a tree counts as a chain of its depth
             self.eagle_acc.observe(depth or drafted, accepted)
         extra = cycle_seconds - verify_seconds - drafter_seconds
+        if extra > 0:
+            self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra
+
+    def observe_plain(self, verify_seconds: float, cycle_seconds: float, cost_observed: bool = False) -> None:
+        """After a plain step (one row, nothing drafted): what :meth:`observe` does with it, in
+        the fewest steps (most cycles of most text; every rested one)."""
+        choices = self.choices
+        choices["plain"] += 1
+        cost = self.cost
+        if cost is not None and not cost_observed:
+            cost.observe_step(verify_seconds)   # learned before the cost model is next read
+        extra = cycle_seconds - verify_seconds
         if extra > 0:
             self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra
