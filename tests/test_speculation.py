@@ -407,3 +407,21 @@ def test_could_pay_rechecks_back_off_and_a_source_that_turns_good_is_found_again
     assert gaps[:4] == [8, 16, 32, 64] and set(gaps[4:]) == {P.RECHECK_MAX}, gaps
     assert len(before) <= 600 // P.RECHECK_MAX + 5   # every PROBE_RECHECK cycles before: 75
     assert probed is not None and probed - 600 <= P.RECHECK_MAX + 1, (probed, weighed[-5:])
+
+
+def test_a_block_drafter_is_probed_at_the_depth_that_would_pay():
+    """A block costs one drafter decode at any depth: where one block costs more than a target
+    step, a one-deep draft never pays, so the probe of a block drafter drafts the depth whose
+    optimistic rate pays best (and teaches every position of it); a chain drafter's stays one deep."""
+    cost = CostModel({b: 1e-3 * (1 + 0.01 * (b - 1)) for b in range(1, 65)}, 1.5e-3)   # rows nearly free
+    depths = {}
+    for block in (True, False):
+        pol = DraftPolicy(PolicyConfig("auto", source="dflash"), cost, model="dflash", learned=Learned())
+        pol.block = block
+        price = (lambda k: 1.5e-3) if block else (lambda k: 0.45e-3 * k)
+        for _ in range(200):
+            chosen, k = pol.choose(100, [Proposal("dflash", pol.model_cls, 8, price, 1)])
+            if chosen is not None:
+                depths[block] = k
+                break
+    assert depths[False] == 1 and depths[True] > 1, depths

@@ -227,7 +227,7 @@ class _Probe:
 
     def __init__(self, interval: int) -> None:
         self.since, self.interval = 0, interval
-        self.could: tuple[int, bool] | None = None   # (since when asked, _probe_could_pay's answer)
+        self.could: tuple[int, int] | None = None   # (since when asked, _probe_could_pay's depth)
         self.recheck = PROBE_RECHECK
 
 
@@ -390,14 +390,14 @@ class DraftPolicy:
             return best_rate, best
         probe.since += 1
         near = probe.since >= probe.interval - CATCH_UP_ROWS
-        could = near and self._probe_pays(p, probe, k_max, o)
+        could = self._probe_pays(p, probe, k_max, o) if near else 0   # the depth to probe (0: none)
         if could and p.backlog > 0 and probe.since >= probe.interval:
             probe.since, probe.interval = 0, min(2 * probe.interval, PROBE_MAX)
-            best = (p, 1)
+            best = (p, could)
         # features are only worth copying when the drafter may draft within CATCH_UP_ROWS
         # cycles (rows older than that are not written anyway); copying them every other
         # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
-        self.wants_features = could or best[0] is p
+        self.wants_features = could > 0 or best[0] is p
         if not self.wants_features:   # no rows recorded: nothing changes before near, or could's recheck
             self._wake = probe.could[0] + probe.recheck if near else probe.interval - CATCH_UP_ROWS
         return best_rate, best
@@ -470,7 +470,7 @@ class DraftPolicy:
         cap = max(cfg.draft_max, cfg.lookup_max) if long else cfg.draft_max
         return max(0, min(cap, room, MAX_DEPTH))
 
-    def _probe_pays(self, p: Proposal, probe: _Probe, k_max: int, o: float) -> bool:
+    def _probe_pays(self, p: Proposal, probe: _Probe, k_max: int, o: float) -> int:
         """:meth:`_probe_could_pay`, asked again only every ``probe.recheck`` cycles (its inputs move
         slowly; a drafter that never pays was asked every cycle: about a tenth of auto's Python time
         per cycle, under cProfile). While the answer stays no, the wait doubles up to
@@ -485,18 +485,24 @@ class DraftPolicy:
             could = probe.could = (probe.since, pays)
         return could[1]
 
-    def _probe_could_pay(self, p: Proposal, k_max: int, o: float) -> bool:
+    def _probe_could_pay(self, p: Proposal, k_max: int, o: float) -> int:
         """Would the model source pay with clearly better acceptance than measured? If not even
-        that (a slow drafter, a costly verify), probing it only costs time."""
+        that (a slow drafter, a costly verify), probing it only costs time: 0. Else the depth to
+        probe: 1 for a chain (each draft is a drafter step), and for a block drafter the depth
+        that pays best at that acceptance (a block costs one decode at any depth, and a one-deep
+        probe can neither show a block paying nor teach the positions after the first)."""
         cost = self.cost
-        plain = SHORT_MARGIN / (cost.verify(1) + o)
-        run, total = 1.0, 0.0
+        best_rate = SHORT_MARGIN / (cost.verify(1) + o)
+        run, total, depth = 1.0, 0.0, 0
         for i, r in enumerate(self.lookup_acc[p.cls].rates()[:k_max]):
             run *= min(1.0, r + OPTIMISM)
             total += run
-            if (1.0 + total) / (cost.verify(i + 2) + p.price(i + 1) + o) > plain:
-                return True
-        return False
+            rate = (1.0 + total) / (cost.verify(i + 2) + p.price(i + 1) + o)
+            if rate > best_rate:
+                if not self.block:
+                    return 1
+                depth, best_rate = i + 1, rate
+        return depth
 
     def worthwhile_prefix(self, confidence: list[float]) -> int:
         """How many of a block's drafts to verify, from per-draft acceptance estimates (DSpark's
