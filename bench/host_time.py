@@ -22,9 +22,9 @@ hits them alike; the best of ``--repeats`` runs):
 - ``eagle-chain``: a fixed EAGLE chain of 4 (``--source eagle --tree off``);
 - ``eagle-tree``: a fixed EAGLE tree (``--tree on``);
 - ``auto``: the default policy;
-- ``slots4-plain`` / ``slots4-chain``: four requests at once in one engine of four slots (the
-  scheduler of ``serve --parallel 4``), plain or EAGLE chains; per step (one decode of every
-  slot's rows) and per slot-cycle.
+- ``slots4-plain`` / ``slots4-chain`` / ``slots4-auto``: four requests at once in one engine of
+  four slots (the scheduler of ``serve --parallel 4``), plain, EAGLE chains or the default policy
+  (what a served C = 4 level runs); per step (one decode of every slot's rows) and per slot-cycle.
 ``--native`` adds llama.cpp's ``llama-speculative-simple`` on the same prompts (built once from the
 pinned sdist, as bench/peer_llamacpp.py builds it): ``plain`` (ngram-mod that never matches) and
 ``ngram-mod``, its host time read from its own timings: the decode loop's wall time less the
@@ -59,7 +59,7 @@ from localspec.store.models import resolve
 
 BENCH = Path(__file__).resolve().parent
 MODES = ("plain", "lookup", "recall", "prediction", "eagle-chain", "eagle-tree", "auto", "slots4-plain",
-         "slots4-chain")
+         "slots4-chain", "slots4-auto")
 CONFIGS = {
     "plain": dict(spec=False),
     "lookup": dict(policy=PolicyConfig("fixed", 4, source="lookup")),
@@ -70,6 +70,7 @@ CONFIGS = {
     "auto": dict(),
     "slots4-plain": dict(spec=False),
     "slots4-chain": dict(policy=PolicyConfig("fixed", 4, source="eagle", tree="off")),
+    "slots4-auto": dict(),
 }
 EAGLE_MODES = {"eagle-chain", "eagle-tree", "slots4-chain"}
 

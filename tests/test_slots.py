@@ -18,6 +18,7 @@ from localspec.runtime.prompt_cache import PromptCache
 from localspec.speculation.cost_measure import fit_curve
 from localspec.speculation.costmodel import CostModel
 from localspec.speculation.policy import LOOKUP, DraftPolicy, PolicyConfig, lookup_class
+from localspec.speculation.sources import Proposal
 from tiny_models import noisy_and_repeat
 
 LOOKUP4 = PolicyConfig("fixed", 4)
@@ -444,6 +445,24 @@ def test_speculation_turns_off_as_the_batch_grows_where_rows_cost_what_they_cost
     for match in (4, 8, 32):
         depths = [_plan(CPU, n, match) for n in (1, 2, 4, 8, 16)]
         assert depths[0] > 0 and depths[1:] == [0, 0, 0, 0], (match, depths)
+
+
+@pytest.mark.parametrize("curve", ["GPU", "CPU"])
+def test_a_slot_rests_before_asking_its_text_sources_exactly_where_no_text_match_could_draft(curve):
+    """``DraftPolicy.rest_shared`` (asked before the text sources are) rests a shared slot only where
+    :meth:`DraftPolicy.choose` drafts no text match of any length, and never a slot alone: on the
+    CPU curve every shared step rests, on the GPU curve none does."""
+    costs = {"GPU": GPU, "CPU": CPU}[curve]
+    for slots in (1, 2, 4, 8):
+        for match in (2, 8, 32):
+            asked, rests = (DraftPolicy(PolicyConfig(), CostModel(costs), lookup=True) for _ in range(2))
+            for pol in (asked, rests):
+                pol.overhead, pol.batch_rows = 0.0002, slots - 1
+            chosen, k = asked.choose(64, [Proposal(LOOKUP, lookup_class(match), 32)])
+            rested = rests.rest_shared()
+            assert not (rested and chosen is not None), (curve, slots, match, k)
+            assert rested == (curve == "CPU" and slots > 1), (curve, slots, match)
+            assert rests.rested == int(rested)
 
 
 def test_alone_the_batch_price_is_the_calibrated_curve():

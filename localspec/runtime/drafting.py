@@ -85,9 +85,12 @@ class DraftStep:
     def rests(self) -> bool:
         """Whether this cycle is a plain step with nothing to ask, decided before its room is
         (the generation then plans spec-off's one row): no text source here and the policy rests
-        (:meth:`DraftPolicy.rest`). With text sources :meth:`draft` asks them first and rests where
-        none has a match (their index grows every commit: a match can come on any cycle)."""
-        return not self.texts and self.policy.rest()
+        (:meth:`DraftPolicy.rest`). With text sources, only a shared batch too dear for any draft
+        rests here (:meth:`DraftPolicy.rest_shared`); otherwise :meth:`draft` asks them first and
+        rests where none has a match (their index grows every commit: a match can come on any cycle)."""
+        if self.texts:
+            return self.policy.rest_shared()
+        return self.policy.rest()
 
     def _proposal(self, room: int) -> tuple[list[int], int, str]:
         """The text sources' proposal with the longest match (the earlier source's on a tie), its

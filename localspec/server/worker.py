@@ -22,8 +22,9 @@ import sys
 import threading
 import traceback
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..formats.chat_format import Message
 from ..runtime.engine import Engine, GenerationConfig, PromptTooLong
@@ -58,20 +59,36 @@ class Failed:
 
 
 class _Mailbox:
-    """Items from the engine thread to one event loop's queues. The first item posted while none
-    waits wakes the loop (``call_soon_threadsafe``: a write to its self-pipe); those posted before it
-    runs ride along, in order: a step of 4 slots wakes the loop once, not 4 times."""
+    """Items from the engine thread to one event loop's queues. An item posted while no wake-up is
+    on its way wakes the loop (``call_soon_threadsafe``: a write to its self-pipe); those posted
+    before it runs ride along, in order. During a scheduler step the posts are held
+    (:func:`held_posts`) and the loop is woken once at its end: a step of 4 slots wakes it once,
+    and the loop never takes the GIL between two slots' settles (docs/server.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: list[tuple[asyncio.Queue, object]] = []
         self.lock = threading.Lock()
+        self.woken = False    # a wake-up is on its way: what is posted now rides along
+        self.held = False     # a step is running: wake at its end (release)
 
     def post(self, events: asyncio.Queue, item) -> None:
         with self.lock:
             self.items.append((events, item))
-            if len(self.items) > 1:   # a wake-up is on its way
+            if self.woken or self.held:
                 return
+            self.woken = True
+        self._wake()
+
+    def release(self) -> None:
+        with self.lock:
+            self.held = False
+            if self.woken or not self.items:
+                return
+            self.woken = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:   # the loop is closed (shutdown): nobody is listening
@@ -79,18 +96,36 @@ class _Mailbox:
 
     def _drain(self) -> None:
         with self.lock:
-            items, self.items = self.items, []
+            items, self.items, self.woken = self.items, [], False
         for events, item in items:
             events.put_nowait(item)
 
 
 _mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()   # a loop's first job adds its mailbox while the engine thread lists them
+
+
+@contextmanager
+def held_posts() -> Iterator[None]:
+    """Hold every loop's posts while the block runs (the engine thread's step), then wake each
+    loop that has items once."""
+    with _mailboxes_lock:
+        boxes = list(_mailboxes.values())
+    for box in boxes:
+        with box.lock:
+            box.held = True
+    try:
+        yield
+    finally:
+        for box in boxes:
+            box.release()
 
 
 def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
-    box = _mailboxes.get(loop)
-    if box is None:
-        box = _mailboxes[loop] = _Mailbox(loop)
+    with _mailboxes_lock:
+        box = _mailboxes.get(loop)
+        if box is None:
+            box = _mailboxes[loop] = _Mailbox(loop)
     return box
 
 
@@ -324,7 +359,8 @@ class EngineWorker:
         """One scheduler step; a failure ends every running job with an error (the traceback of
         a bug to the server's log only)."""
         try:
-            self.scheduler.step()
+            with held_posts():
+                self.scheduler.step()
         except LocalspecError as exc:
             message = str(exc)   # bound here: the name exc ends with this block
             self._fail_all(lambda job: bad_request(message, param=job.param))

@@ -64,12 +64,13 @@ def trusted(runs: dict[int, list[tuple[float, float | None]]], sizes, repeats: i
     stall for a figure), or over ``UNSETTLED`` of the sizes whose runs still disagree after every
     extra round (:func:`_unsettled`: another process preempting llama.cpp's threads, which stalls
     a batch for seconds while one-token steps pass, so no reference corrects it)."""
+    sizes = list(sizes)
     short = [b for b in sizes if len(runs.get(b, ())) < planned(b, repeats)]
     if short:
-        return f"{len(short)} of {len(list(sizes))} batch sizes not measured in full"
+        return f"{len(short)} of {len(sizes)} batch sizes not measured in full"
     unsettled = [b for b in sizes if _unsettled(runs[b])]
-    if len(unsettled) > UNSETTLED * len(list(sizes)):
-        return f"{len(unsettled)} of {len(list(sizes))} batch sizes timed inconsistently: a busy machine"
+    if len(unsettled) > UNSETTLED * len(sizes):
+        return f"{len(unsettled)} of {len(sizes)} batch sizes timed inconsistently: a busy machine"
     return None
 
 

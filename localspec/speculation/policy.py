@@ -319,6 +319,16 @@ class DraftPolicy:
         self.rested += 1
         return True
 
+    def rest_shared(self) -> bool:
+        """Whether ``auto`` rests whatever the text sources hold: this slot shares a batch too dear
+        for any draft (:meth:`_batch_too_dear`; :meth:`choose` then drafts nothing, a text match
+        included), so no source is asked and no proposal scored. At 4 served slots on a CPU that is
+        every step, and asking cost ~70 µs a slot (docs/speculation.md, "Resting")."""
+        if self.fixed or self.cost is None or not self._batch_too_dear():
+            return False
+        self.rested += 1
+        return True
+
     def step_price(self, k: int) -> float:
         """``k`` drafter steps at the cost model's drafter step, one for a block drafter (the
         price :meth:`plan` gives its model source; :meth:`choose` takes the source's own)."""
