@@ -15,6 +15,7 @@ from localspec import Engine
 from localspec.core.events import DoneEvent
 from localspec.runtime.config import GenerationConfig
 from localspec.runtime.sampling import SamplingParams
+from localspec.speculation import costmodel
 from localspec.speculation import policy as policy_module
 from localspec.speculation.policy import PolicyConfig
 from tiny_models import build_target
@@ -83,6 +84,19 @@ def test_auto_rests_while_a_garbage_block_drafter_cannot_draft(tmp_path, monkeyp
         return choose(self, room, proposals)
 
     monkeypatch.setattr(policy_module.DraftPolicy, "choose", counted)
+    told = {"at once": 0, "queued": 0}   # how the cycles' seconds reach the cost model
+    observe_verify, observe_step = costmodel.CostModel.observe_verify, costmodel.CostModel.observe_step
+
+    def at_once(self, b, seconds):
+        told["at once"] += 1
+        observe_verify(self, b, seconds)
+
+    def queued(self, seconds):
+        told["queued"] += 1
+        observe_step(self, seconds)
+
+    monkeypatch.setattr(costmodel.CostModel, "observe_verify", at_once)
+    monkeypatch.setattr(costmodel.CostModel, "observe_step", queued)
     n = 160
     with Engine(target, drafter, n_ctx=512, n_threads=1) as engine:
         engine.cost_model()
@@ -91,6 +105,7 @@ def test_auto_rests_while_a_garbage_block_drafter_cannot_draft(tmp_path, monkeyp
             for spec in (False, True):
                 engine.clear_cache()
                 weighed[0], policies[:] = 0, []
+                told.update({"at once": 0, "queued": 0})
                 cfg = GenerationConfig(max_tokens=n, spec=spec, sampling=sampling,
                                        policy=PolicyConfig("auto", source="dflash"))
                 out[spec] = [e for e in engine.generate(STORY, cfg) if isinstance(e, DoneEvent)][0]
@@ -102,3 +117,5 @@ def test_auto_rests_while_a_garbage_block_drafter_cannot_draft(tmp_path, monkeyp
             assert cycles >= 100 and rested >= cycles // 2 and weighed[0] + rested == cycles, (cycles, rested, weighed[0])
             # the could-pay rechecks back off (8, 16, 32, 64 cycles): a handful of weighings, not one in 8
             assert weighed[0] <= 2 + cycles // 32, (cycles, weighed[0])
+            # every cycle's seconds queued for the cost model (folded in before it is read), none told at once
+            assert told == {"at once": 0, "queued": cycles}, (told, cycles)
