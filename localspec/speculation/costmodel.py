@@ -203,7 +203,7 @@ class CostModel:
         """A one-token step's seconds, as :meth:`observe_verify` takes them, but queued and folded
         in (in order, by :meth:`_fold`) before the model is next read or told anything else, or
         once ``FOLD_EVERY`` wait: every reader sees what it would have seen, and the steps of a
-        plain stretch are learned in one warm loop instead of one cold call per step (about 5 µs
+        plain stretch are learned in one warm loop instead of one cold call per step (3-5 µs
         each in a loop, 20-30 µs each right after a decode on a loaded 2-core machine: 2-3% of
         a 1 ms step; docs/speculation.md, DFlash / DSpark)."""
         queued = self._queued

@@ -21,8 +21,8 @@ nothing beats it by a margin. ``draft_max`` caps the drafter and lookup drafts o
 lookup match of ``LONG_MATCH`` tokens or more (a copy, a loop) may be drafted up to ``lookup_max``
 (128) tokens, where one long verify costs far less per token than single steps (SmolLM2 Q4_0 on
 2 CPU cores: V(64) ~ 14 V(1)). The drafter's acceptance is only learned by drafting, so while it is
-not chosen it is probed now and then, one draft deep, at intervals that double after each probe
-that does not pay. While drafting, the drafter stops under ``p_min`` confidence. Where nothing can
+not chosen it is probed now and then, one draft deep (a block drafter: as deep as would pay best),
+at intervals that double after each probe that does not pay. While drafting, the drafter stops under ``p_min`` confidence. Where nothing can
 draft before a probe is due and no text source has a match, a cycle **rests** (:meth:`DraftPolicy.rest`):
 a plain step that builds no proposal and weighs nothing, as spec-off decoding's.
 """
@@ -403,7 +403,7 @@ class DraftPolicy:
         could = self._probe_pays(p, probe, k_max, o) if near else 0   # the depth to probe (0: none)
         if could and p.backlog > 0 and probe.since >= probe.interval:
             probe.since, probe.interval = 0, min(2 * probe.interval, PROBE_MAX)
-            best = (p, could)
+            best = (p, min(could, k_max))   # (could was cached at an earlier cycle's room)
         # features are only worth copying when the drafter may draft within CATCH_UP_ROWS
         # cycles (rows older than that are not written anyway); copying them every other
         # cycle, as an empty backlog once asked for, cost plain-looking text 1-2%
