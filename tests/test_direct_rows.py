@@ -227,3 +227,32 @@ def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
         assert len(alone) == len(shared) == 24
         for a, b in zip(alone, shared):
             assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_a_shared_decode_reads_its_rows_from_one_block_as_row_by_row(smollm2):
+    """A decode shared by several slots (their catch-ups, then a chain step of each) hands every
+    slot its row's logits and fed-back state read from one view of the decode's rows
+    (Context.logits_block, the drafter's states likewise): the values llama.cpp gives row by row."""
+    from localspec.runtime.batch import Batch
+
+    with Engine(smollm2, DRAFTER, n_ctx=256, parallel=4) as eng:
+        d, seqs = eng.drafter, eng.drafters[:4]
+        prompts = [eng.prompt_tokens(t) for t in ("The capital of France is Paris. The capital of Italy is",
+                                                  "def add(a, b):\n    return a + b\n",
+                                                  "Once upon a time, there was a", "1, 2, 3, 4, 5, 6")]
+        for i, toks in enumerate(prompts):
+            eng.ctx.seq_rm(0, seq=i)
+            seqs[i].reset(0)
+            batch = Batch(eng.ctx)
+            batch.add(i, toks, 0, all_logits=False)
+            batch.decode()
+            seqs[i].observe(toks[1:] + [toks[0]], len(toks), 0)
+        caught = [(int(np.argmax(logits)), state.copy()) for logits, state in d.catch_ups([(s, None) for s in seqs])]
+        got = d.batched_steps([(seq, tok, state, len(toks), False)
+                               for seq, (tok, state), toks in zip(seqs, caught, prompts)])
+        block = d.ctx.logits_block(4)
+        assert block.shape == (4, d.ctx.model.n_vocab)
+        for j, (logits, state) in enumerate(got):
+            assert np.array_equal(block[j], d.ctx.logits(j)) and np.array_equal(logits, d.ctx.logits(j))
+            assert np.array_equal(state, d.state(j))
+        assert len({int(np.argmax(logits)) for logits, _ in got}) > 1   # four slots, four rows of their own

@@ -27,6 +27,9 @@ from .weights_memory import HugePageLoad, read_weights
 # int (llama-cpp-python's binding returns a float pointer, which costs a ctypes.cast per call).
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, llama_cpp.llama_context_p_ctypes, ctypes.c_int32)(
     ("llama_get_logits_ith", llama_cpp.llama_cpp._lib))
+# llama_get_logits likewise: every output row of the last batch, contiguous in batch order (llama.h)
+_all_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, llama_cpp.llama_context_p_ctypes)(
+    ("llama_get_logits", llama_cpp.llama_cpp._lib))
 
 MAX_THREADS = options.MAX_THREADS   # GGML_MAX_N_THREADS
 
@@ -406,6 +409,24 @@ class Context:
                 self._views.clear()
             ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+        return view
+
+    def logits_block(self, n_rows: int) -> np.ndarray | None:
+        """The logits of the last batch's first ``n_rows`` output rows as one ``(n_rows, n_vocab)``
+        view (one C call for all: llama.h keeps them contiguous in batch order), valid until the next
+        decode; None where the batch went in re-ordered (streams: read :meth:`logits` row by row)."""
+        if self._sent_at is not None:
+            return None
+        address = _all_logits_address(self._ctx)
+        if not address:
+            raise llama_failure("llama.cpp returned no logits")
+        key = (address, n_rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_vocab))
         return view
 
     def token_rows(self, n_rows: int, rows: list[int] | None) -> tuple[int, list[int] | None]:

@@ -250,11 +250,28 @@ class ModelDrafter:
         where ``copy``: a later decode reuses the output rows) and state appended to ``out``."""
         seqs, tokens, g, positions, ends = self._lined_up(part)
         self._run_rows(seqs, tokens, g, positions, True, part[0][0] if len(part) == 1 else [p[0] for p in part])
-        logits_of, state, at = self.ctx.logits, self.state, len(out)
+        at = len(out)
+        wants = [lasts is None or not lasts[at + i] for i in range(len(ends))]
+        logits, states = self._rows_read(len(tokens), ends, wants)
         for i, j in enumerate(ends):
-            logits = logits_of(j)
-            out.append((np.array(logits) if copy else logits,
-                        None if lasts is not None and lasts[at + i] else state(j)))
+            out.append((np.array(logits[j]) if copy else logits[j],
+                        self.kind.state(states[j]) if wants[i] else None))
+
+    def _rows_read(self, n_rows: int, ends: list[int], wants: list[bool]) -> tuple:
+        """The logits and the pre-norm states of a decode whose ``n_rows`` rows were all outputs,
+        indexable by row: for several groups one ``(n_rows, width)`` view of each (two C calls
+        in all, llama.cpp keeps output rows contiguous in batch order), for one its row's alone."""
+        ctx = self.ctx
+        block = ctx.logits_block(n_rows) if len(ends) > 1 else None
+        if block is None:
+            return ({j: ctx.logits(j) for j in ends},
+                    {j: self._state_view(j) for j, w in zip(ends, wants) if w})
+        if not any(wants):
+            return block, None
+        address = llama_ext.nextn_address(ctx.ptr)
+        if not address:
+            raise LocalspecError("the drafter returned no hidden state")
+        return block, llama_ext.float_view(address, (n_rows, self.n_embd), self.views)
 
     def _lead(self, group: tuple) -> tuple:
         """A long group's rows but its last, without outputs, ``n_batch`` rows a decode; the
@@ -386,10 +403,14 @@ class ModelDrafter:
 
     def state(self, idx: int, out: np.ndarray | None = None) -> np.ndarray:
         """The fed-back state of output row ``idx`` of the last decode (into ``out`` where given)."""
+        return self.kind.state(self._state_view(idx), out)
+
+    def _state_view(self, idx: int) -> np.ndarray:
+        """Output row ``idx``'s pre-norm state as llama.cpp left it (a view, until the next decode)."""
         address = self._nextn_ith(self.ctx.ptr, idx)
         if not address:
             raise LocalspecError("the drafter returned no hidden state")
-        return self.kind.state(llama_ext.float_view(address, (self.n_embd,), self.views), out)
+        return llama_ext.float_view(address, (self.n_embd,), self.views)
 
     # -- draft trees (speculation.tree) --------------------------------------------------------
     def fork(self, src: int, dst: int) -> None:
