@@ -599,9 +599,7 @@ class DraftPolicy:
                 cost.observe_drafter(drafter_steps or drafted, drafter_seconds)
         if model and drafted:  # a tree counts as a chain of its depth
             self.eagle_acc.observe(depth or drafted, accepted)
-        extra = cycle_seconds - verify_seconds - drafter_seconds
-        if extra > 0:
-            self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra
+        self._observe_overhead(cycle_seconds - verify_seconds - drafter_seconds)
 
     def observe_plain(self, verify_seconds: float, cycle_seconds: float, cost_observed: bool = False) -> None:
         """After a plain step (one row, nothing drafted): what :meth:`observe` does with it, in
@@ -611,6 +609,9 @@ class DraftPolicy:
         cost = self.cost
         if cost is not None and not cost_observed:
             cost.observe_step(verify_seconds)   # learned before the cost model is next read
-        extra = cycle_seconds - verify_seconds
+        self._observe_overhead(cycle_seconds - verify_seconds)
+
+    def _observe_overhead(self, extra: float) -> None:
+        """A cycle's seconds outside the target and the drafter, into the running overhead."""
         if extra > 0:
             self.overhead = extra if self.overhead == 0 else 0.9 * self.overhead + 0.1 * extra
