@@ -4,6 +4,7 @@ a change of thread count re-keys it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -479,3 +480,67 @@ def test_queued_one_token_steps_read_as_steps_observed_at_once():
     later.rekey("other")
     now.rekey("other")
     assert later.live() == now.live()
+
+
+
+# Every public member of CostModel, as the guard below asks it: a reader's answer, or a mutator
+# applied to both models (its effect read back through every reader). A member missing here fails it.
+_READS = {"verify": lambda m: [m.verify(b) for b in (1, 2, 5, 40, 140)],
+          "rows_for": lambda m: [m.rows_for(b) for b in range(1, 70)], "curve": lambda m: m.curve(),
+          "cheapest_batch": lambda m: m.cheapest_batch(), "live": lambda m: m.live(), "drifted": lambda m: m.drifted(),
+          "to_dict": lambda m: m.to_dict(), "drafter_step": lambda m: m.drafter_step, "level": lambda m: m.level,
+          "corrected": lambda m: set(m.corrected)}
+# each band's verifies off its calibrated figure by a factor of their own, so that the live check
+# replaces figures (``corrected``) and the padding moves (``rows_for``) on one-token steps that follow
+_OFF = {2: 1.0, 4: 2.5, 8: 0.5, 16: 2.0, 32: 0.6, 64: 1.8, 128: 0.7}
+_MUTATIONS = {"observe_verify": lambda m, rng: (lambda b: m.observe_verify(b, CAL[b] * _OFF[b] * rng.uniform(0.95, 1.05)))(
+                  rng.choice(tuple(_OFF))),
+              "observe_drafter": lambda m, rng: m.observe_drafter(2, 0.003 * rng.uniform(0.8, 1.3)),
+              "observe_step": lambda m, rng: m.observe_step(CAL[1] * rng.uniform(0.9, 1.6)),
+              "rekey": lambda m, rng: m.rekey(rng.choice(("a", "b"))), "save": lambda m, rng: m.save(),
+              "save_if_drifted": lambda m, rng: m.save_if_drifted()}
+
+
+def test_every_public_member_of_the_cost_model_sees_the_queued_steps():
+    """The guard of ``observe_step``'s queue: every public member (found by introspection, so a
+    member added later must be listed in ``_READS`` or ``_MUTATIONS`` and is then checked) answers
+    after queued one-token steps what it answers after the same steps observed at once: each
+    reader alone where the steps after wide verifies move the padding and correct a band (a
+    reader that skips the fold fails there), then a random run of every mutator between stretches
+    of plain steps; no public attribute holds live state (a reader that would bypass the fold)."""
+    members = {name for name, _ in inspect.getmembers(CostModel) if not name.startswith("_")}
+    assert members == set(_READS) | set(_MUTATIONS), members ^ (set(_READS) | set(_MUTATIONS))
+    attributes = {name for name in vars(CostModel(dict(CAL), 0.002)) if not name.startswith("_")}
+    assert attributes == {"key", "cache", "cacheable", "provisional", "drafter_width"}, attributes
+    for name, read in _READS.items():   # each reader alone (another would fold the queue for it)
+        now, later = CostModel(dict(CAL), 0.002), CostModel(dict(CAL), 0.002)
+        for i in range(6):   # the one-token steps after wide verifies move the padding, then correct band 4
+            for _ in range(3):
+                now.observe_verify(1, CAL[1])
+                later.observe_step(CAL[1])
+                assert read(later) == read(now), (name, i)
+            for model in (now, later):
+                model.observe_verify(4, CAL[4] * 2.5)
+                model.observe_verify(8, CAL[8] * 0.5)
+        assert 4 in later.corrected
+    rng = random.Random(11)
+    now, later = CostModel(dict(CAL), 0.002, key="a"), CostModel(dict(CAL), 0.002, key="a")
+    mutations, reads = list(_MUTATIONS.items()), list(_READS.items())
+    asked = dict.fromkeys(_READS, 0)
+    for i in range(4000):
+        r = rng.random()
+        if r < 0.75:   # plain steps, a load that drifts: at once on one side, queued on the other
+            s = CAL[1] * (1.0 + 0.6 * math.sin(i / 131.0)) * rng.uniform(0.9, 1.2)
+            now.observe_verify(1, s)
+            later.observe_step(s)
+        elif r < 0.9:
+            name, mutate = rng.choice(mutations)
+            state = rng.getstate()
+            mutate(now, rng)
+            rng.setstate(state)
+            mutate(later, rng)
+        else:
+            name, read = rng.choice(reads)
+            asked[name] += 1
+            assert read(later) == read(now), (name, i)
+    assert min(asked.values()) > 20, asked

@@ -99,7 +99,7 @@ class CostModel:
         self._learned: dict[int, int] = {}          # per band: measurements it has learned from
         self._recent: dict[int, list[float]] = {}   # per band: its last CHECK_N deviations (see _learn)
         self._wide: dict[int, list[float]] = {}     # per band: its last CHECK_WIDE (see _check_band)
-        self.corrected: set[int] = set()            # bands whose figure the live check replaced
+        self._corrected: set[int] = set()           # bands whose figure the live check replaced
         self._plain: list[tuple[int, float]] = []   # the last one-token steps: (cycle, log(measured / calibrated))
         self._pending: list[tuple[int, int, float]] = []  # verifies not learned from yet: (cycle, size, log ratio)
         self._drafter_residual = 0.0
@@ -195,6 +195,13 @@ class CostModel:
             self._fold()
         return self._pad[b] if b < len(self._pad) else b
 
+    @property
+    def corrected(self) -> set[int]:
+        """The bands whose figure the live check replaced (at once, not crept towards)."""
+        if self._queued:
+            self._fold()
+        return self._corrected
+
     def curve(self, n: int = CALIBRATE_MAX) -> list[float]:
         return [self.verify(b) for b in range(1, n + 1)]
 
@@ -260,7 +267,7 @@ class CostModel:
         if len(recent) < CHECK_WIDE or abs(_median(recent) - self._residual.get(band, 0.0)) <= 2 * CHECK_TOL:
             return
         self._residual[band] = r = _median(recent)
-        self.corrected.add(band)
+        self._corrected.add(band)
         recent.clear()
         shape, cal = self._shape, self._cal
         for b in range(band, min(2 * band, len(shape))):
@@ -308,7 +315,7 @@ class CostModel:
         r = res.get(key, 0.0)
         if (len(recent) == CHECK_N and max(recent) - min(recent) <= 2 * CHECK_TOL
                 and abs(_median(recent) - r) > CHECK_TOL):
-            self.corrected.add(key)
+            self._corrected.add(key)
             res[key] = r = _median(recent)
             return r
         clip = (PRIOR_CLIP if self.provisional else FIRST_CLIP) if n < FIRST_MEASURED else RESIDUAL_CLIP
