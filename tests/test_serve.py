@@ -225,6 +225,8 @@ def test_bad_command_lines_are_one_error_line(tmp_path):
         cases = [(["--port", str(port)], "cannot listen on 127.0.0.1"),
                  (["--max-body", "lots"], "bad size"),
                  (["--queue-size", "0"], "--queue-size"),
+                 (["--stream-interval-ms", "-1"], "--stream-interval-ms"),
+                 (["--stream-interval-ms", "1001"], "--stream-interval-ms"),
                  (["no-such-model"], "unknown model"),
                  (["--port", "0", "--policy", "fixed", "--draft-max", "99"], "draft-max")]
         for args, message in cases:

@@ -1,6 +1,8 @@
 """The engine thread's posts to the event loop (``server/worker.py``'s mailbox): outside a step each
 post reaches its job's queue at once; during a step (``held_posts``) nothing reaches the loop until
-the step ends, then everything at once, in order, with one wake-up of the loop."""
+the step ends, then everything at once, in order, with one wake-up of the loop; a stream's later
+text waits for a later step's end up to ``stream_interval`` after the last wake-up, its first text
+and its end never."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import threading
 import time
 
 from localspec.runtime.engine import GenerationConfig
-from localspec.server.worker import Job, Text, held_posts
+from localspec.core.events import DoneEvent
+from localspec.server.worker import Finished, Job, Started, Text, flush_posts, held_posts
 
 
 def _from_engine_thread(fn) -> None:
@@ -48,5 +51,65 @@ def test_posts_held_during_a_step_reach_the_loop_at_its_end_in_order_with_one_wa
         got = [[(await asyncio.wait_for(job.events.get(), 5)).text for _ in range(2)] for job in jobs]
         assert got == [[f"{i}-x", f"{i}-y"] for i in range(4)]
         assert len(wakes) == 2   # the post before the step, and the step's end: once for 8 items
+
+    asyncio.run(main())
+
+
+def test_a_stream_s_later_text_joins_the_next_steps_until_the_interval_but_first_text_and_end_go_at_once():
+    async def main():
+        loop = asyncio.get_running_loop()
+        job = Job("hi", GenerationConfig(max_tokens=8), param="prompt")
+        job.stream_interval = 0.3
+        wakes = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wakes.append(a[0]), real(*a, **k))[1]
+
+        def step(*items):
+            def run():
+                with held_posts():
+                    for item in items:
+                        job.post(item)
+            _from_engine_thread(run)
+
+        async def arrived() -> list:
+            await asyncio.sleep(0.05)   # a wake-up on its way runs by then
+            items = []
+            while not job.events.empty():
+                items.append(job.events.get_nowait())
+            return items
+
+        _from_engine_thread(lambda: job.post(Started(2)))     # admission, outside a step: at once
+        assert isinstance((await arrived())[0], Started)
+        step(Text("a"))                                       # the first text: at the step's end
+        assert [i.text for i in await arrived()] == ["a"]
+        t0 = time.monotonic()
+        step(Text("b"))                                       # later texts wait for later steps' ends ...
+        step(Text("c"))
+        assert await arrived() == [] and time.monotonic() - t0 < 0.3
+        await asyncio.sleep(0.3)
+        step(Text("d"))                                       # ... until the interval has passed: all at once
+        assert [i.text for i in await arrived()] == ["b", "c", "d"]
+        step(Text("e"))
+        assert await arrived() == []
+        flush_posts()                                         # the engine going idle lets nothing wait
+        assert [i.text for i in await arrived()] == ["e"]
+        step(Text("f"))
+        step(Text("g"), Finished(DoneEvent("abcdefg", [], "stop", None), 0))   # the end takes what waits
+        got = await arrived()
+        assert [getattr(i, "text", None) for i in got] == ["f", "g", None] and isinstance(got[-1], Finished)
+        assert len(wakes) == 5   # Started, a, b-d, e (flushed), f-end
+
+    asyncio.run(main())
+
+
+def test_with_no_interval_every_step_s_text_reaches_the_loop_at_its_end():
+    async def main():
+        job = Job("hi", GenerationConfig(max_tokens=8), param="prompt")
+        for text in "abc":
+            def run(text=text):
+                with held_posts():
+                    job.post(Text(text))
+            _from_engine_thread(run)
+            assert (await asyncio.wait_for(job.events.get(), 5)).text == text
 
     asyncio.run(main())

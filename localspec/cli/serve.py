@@ -20,6 +20,9 @@ from .flags import check_flags, is_default, with_options
 from .spec_options import NoSpecOpt, SPEC_OPTIONS
 
 API_KEY_ENV = "LOCALSPEC_API_KEY"
+# a stream's later text waits up to this long to join the next tokens in one chunk: every chunk
+# costs the event loop ~0.25 ms of Python on the cores llama.cpp needs (docs/server.md)
+STREAM_INTERVAL_MS = 40
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -112,6 +115,9 @@ def serve(
                                           help=f"Require 'Authorization: Bearer KEY' on /v1 and /api (or ${API_KEY_ENV})."),
     queue_size: int = typer.Option(16, "--queue-size", help="Requests that may wait for a free slot; more get 429."),
     max_body: str = typer.Option("4M", "--max-body", help="Largest request body (e.g. 512K, 4M); larger get 413."),
+    stream_interval_ms: int = typer.Option(STREAM_INTERVAL_MS, "--stream-interval-ms",
+                                           help="How long a stream's text may wait to join the next tokens in one "
+                                                "chunk (0: a chunk every step; first tokens and ends never wait)."),
     target: Optional[Path] = TargetOpt,
     draft: Optional[Path] = DraftOpt,
     no_spec: bool = NoSpecOpt,
@@ -139,6 +145,8 @@ def serve(
     resolved = _resolved(model, target, draft)
     api_key = _given_api_key(api_key)
     keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
+    if not 0 <= stream_interval_ms <= 1000:
+        raise LocalspecError(f"--stream-interval-ms must be 0 to 1000, got {stream_interval_ms}")
     check_flags(flags)
     body_limit = parse_size(max_body)
     if body_limit < 1024:
@@ -151,7 +159,8 @@ def serve(
     state = _serve_state(resolved, settings, queue_size=queue_size, cache_ram=cache_ram, gpu_layers=gpu_layers,
                          parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram, vram=vram,
                          keep_alive=keep_seconds, kv_layout=kv_layout, api_key=api_key, max_body=body_limit,
-                         expose_paths=expose_paths, log_requests=not quiet)
+                         expose_paths=expose_paths, log_requests=not quiet,
+                         stream_interval=stream_interval_ms / 1000)
     from ..server.app import create_app
     from ..server.run import run
 
@@ -218,7 +227,7 @@ def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_al
 
 
 def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, parallel, verbose, max_loaded, ram, vram,
-                 keep_alive, kv_layout, api_key, max_body, expose_paths, log_requests):
+                 keep_alive, kv_layout, api_key, max_body, expose_paths, log_requests, stream_interval=0.0):
     """The server's state with MODEL loaded (kept loaded until a request says otherwise or it is
     evicted); the other models in the store load on demand."""
     from ..core.options import check_cli, threads_warning
@@ -236,7 +245,7 @@ def _serve_state(resolved, settings, *, queue_size, cache_ram, gpu_layers, paral
     vram_b = parse_size(vram) if vram is not None else None
     config = Settings(settings, queue_size=queue_size, cache_bytes=cache_ram << 20, gpu_layers=gpu_layers,
                       parallel=parallel, verbose=verbose, max_loaded=max_loaded, ram=ram_b, vram=vram_b,
-                      keep_alive=keep_alive, kv_layout=kv_layout)
+                      keep_alive=keep_alive, kv_layout=kv_layout, stream_interval=stream_interval)
     manager = ModelManager(config, device_budgets(vram_b, ram_b), default=resolved)
     manager.load_now(resolved)   # a plan that does not fit: one Error line
     return ServerState(manager, api_key=api_key, max_body=max_body, expose_paths=expose_paths,

@@ -64,6 +64,7 @@ class Settings:
     vram: Optional[int] = None
     keep_alive: Optional[float] = DEFAULT_KEEP_ALIVE
     kv_layout: str = "auto"      # the target's KV with several slots (runtime.kv_layout)
+    stream_interval: float = 0.0   # seconds a stream's later text may wait to join the next (--stream-interval-ms)
 
 
 @dataclass
@@ -429,7 +430,7 @@ class ModelManager:
         try:
             self._warm_up(engine, defaults, key)
             worker = EngineWorker(engine, lambda **_live: self.metrics, queue_size=s.queue_size,
-                                  cache_bytes=s.cache_bytes)
+                                  cache_bytes=s.cache_bytes, stream_interval=s.stream_interval)
             worker.start()
         except BaseException:
             engine.close()
