@@ -482,7 +482,6 @@ def test_queued_one_token_steps_read_as_steps_observed_at_once():
     assert later.live() == now.live()
 
 
-
 # Every public member of CostModel, as the guard below asks it: a reader's answer, or a mutator
 # applied to both models (its effect read back through every reader). A member missing here fails it.
 _READS = {"verify": lambda m: [m.verify(b) for b in (1, 2, 5, 40, 140)],
