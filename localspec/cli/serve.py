@@ -144,9 +144,7 @@ def serve(
 
     resolved = _resolved(model, target, draft)
     api_key = _given_api_key(api_key)
-    keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive)
-    if not 0 <= stream_interval_ms <= 1000:
-        raise LocalspecError(f"--stream-interval-ms must be 0 to 1000, got {stream_interval_ms}")
+    keep_seconds = _checked_args(port, queue_size, max_loaded, keep_alive, stream_interval_ms)
     check_flags(flags)
     body_limit = parse_size(max_body)
     if body_limit < 1024:
@@ -209,7 +207,8 @@ def _resolved(model: Optional[str], target: Optional[Path], draft: Optional[Path
     return resolved
 
 
-def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_alive: str) -> Optional[float]:
+def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_alive: str,
+                  stream_interval_ms: int = STREAM_INTERVAL_MS) -> Optional[float]:
     """--keep-alive in seconds (None: keep), or one Error line for any value out of range."""
     from ..server.models_manager import parse_keep_alive
 
@@ -219,6 +218,8 @@ def _checked_args(port: int, queue_size: int, max_loaded: Optional[int], keep_al
         raise LocalspecError("--queue-size must be at least 1")
     if max_loaded is not None and max_loaded < 1:
         raise LocalspecError("--max-loaded must be at least 1")
+    if not 0 <= stream_interval_ms <= 1000:
+        raise LocalspecError(f"--stream-interval-ms must be 0 to 1000, got {stream_interval_ms}")
     try:
         keep_seconds = parse_keep_alive(keep_alive)
     except ValueError:
