@@ -86,8 +86,8 @@ def test_an_unsorted_batch_reads_back_each_rows_logits_and_layer_inputs_under_it
             assert ctx.streams is not unified
             logits = np.stack([np.array(ctx.logits(i)) for i in range(len(seqs))])
             last = np.array(ctx.logits(-1))
-            rows = llama_ext.layer_inputs(ctx.ptr, LAYERS, model.n_embd, *ctx.token_rows(len(seqs), None), {})
-            some = llama_ext.layer_inputs(ctx.ptr, LAYERS, model.n_embd, *ctx.token_rows(len(seqs), [4, 0]), {})
+            rows = llama_ext.layer_inputs(ctx, LAYERS, model.n_embd, *ctx.token_rows(len(seqs), None), {})
+            some = llama_ext.layer_inputs(ctx, LAYERS, model.n_embd, *ctx.token_rows(len(seqs), [4, 0]), {})
             read[unified] = logits, last, rows, some
         finally:
             ctx.close()

@@ -28,7 +28,9 @@ app = typer.Typer(
 
 
 def version_line() -> str:
-    """``localspec X (llama-cpp-python Y)``: localspec's version and the llama.cpp binding it runs on."""
+    """``localspec X (llama-cpp-python Y, host loop: C)``: localspec's version, the llama.cpp
+    binding it runs on, and whether its C host loop was built (docs/install.md)."""
+    import os
     from importlib import metadata
 
     from ..core import __version__
@@ -37,7 +39,12 @@ def version_line() -> str:
         binding = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         binding = "not installed"
-    return f"localspec {__version__} (llama-cpp-python {binding})"
+    try:   # the C module alone: importing llama.hostloop would load llama.cpp
+        from ..llama import _hostloop  # noqa: F401
+        host = "numpy" if os.environ.get("LOCALSPEC_HOSTLOOP", "").strip().lower() == "numpy" else "C"
+    except ImportError:
+        host = "numpy"
+    return f"localspec {__version__} (llama-cpp-python {binding}, host loop: {host})"
 
 
 def _print_version(value: bool) -> None:

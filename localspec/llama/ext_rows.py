@@ -117,6 +117,7 @@ class DirectRows:
                                            ptr(self.n_seq, ctypes.c_int32),
                                            ctypes.cast(self._seq_ids, ctypes.POINTER(seq_p)),
                                            ptr(self.out, ctypes.c_int8))
+        self.address = ctypes.addressof(self.batch)   # the batch as C code is handed it (llama.hostloop)
 
     def rows(self, n: int) -> int:
         """``n`` rows are what the next call reads (filled through the arrays); the last row's index."""

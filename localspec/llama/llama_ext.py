@@ -16,6 +16,7 @@ import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
+from . import hostloop
 
 _ctx_p = llama_cpp.llama_context_p_ctypes
 _model_p = llama_cpp.llama_model_p_ctypes
@@ -177,16 +178,26 @@ def float_view(address: int, shape: tuple[int, ...], cache: dict) -> Any:
     return view
 
 
-def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | None, cache: dict) -> np.ndarray:
+def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | None, cache: dict,
+                 eps: float | None = None) -> np.ndarray:
     """The inputs of target ``layers`` (each ``width`` wide) for the first ``n_rows`` rows of the
     context's last batch (or its batch rows ``rows``, in that order), side by side per row: what
-    an EAGLE or block drafter reads after each target decode."""
+    an EAGLE or block drafter reads after each target decode. ``eps``: each block divided by its
+    RMS (EAGLE-3.1's fc_norm). ``ctx``: a :class:`~.llama_model.Context`."""
     lo = 0
     if rows and rows == list(range(rows[0], rows[0] + len(rows))):   # a chain's rows: a slice
         lo, n_rows, rows = rows[0], len(rows), None
     n_out = n_rows if rows is None else len(rows)
-    n_batch = lo + n_rows if rows is None else max(rows) + 1
     out = np.empty((n_out, len(layers) * width), dtype=np.float32)
+    if hostloop.gather_rows is not None:   # one C call, not three address calls and numpy copies
+        try:
+            hostloop.gather_rows(out, _LAYER_INP_AT[0] or _layer_inp_at(), ctx.address, tuple(layers), width, lo,
+                                 n_rows, None if rows is None else tuple(rows), -1.0 if eps is None else eps)
+        except RuntimeError as e:
+            raise LocalspecError(str(e)) from None
+        return out
+    n_batch = lo + n_rows if rows is None else max(rows) + 1
+    ctx = ctx.ptr
     for k, lid in enumerate(layers):
         address = layer_inp_address(ctx, lid)
         if not address:
@@ -197,4 +208,26 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
             block[:] = src[lo:n_batch]
         else:
             src.take(rows, axis=0, out=block)
+    if eps is not None:
+        rms_normalize_rows(out.reshape(n_out * len(layers), width), eps)
     return out
+
+
+_LAYER_INP_AT = [0]
+
+
+def _layer_inp_at() -> int:
+    """The address of ``llama_get_embeddings_layer_inp`` (resolved once)."""
+    _LAYER_INP_AT[0] = hostloop.address(_function("llama_get_embeddings_layer_inp"))
+    return _LAYER_INP_AT[0]
+
+
+def rms_normalize_rows(x: np.ndarray, eps: float) -> None:
+    """Each row of ``x`` (2-D, float32) divided by its RMS, in place: no temporaries the size of
+    ``x`` (the hot path: three target features of every committed row)."""
+    scale = np.einsum("ij,ij->i", x, x)
+    scale *= 1.0 / x.shape[-1]
+    scale += eps
+    np.sqrt(scale, out=scale)
+    np.reciprocal(scale, out=scale)
+    x *= scale[:, None]

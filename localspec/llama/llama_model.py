@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core import interrupts, options
 from ..core.errors import LocalspecError
-from . import stream_rows
+from . import hostloop, stream_rows
 from .special_split import SplitTokenizer
 from .process import capture_log, init_backend, llama_failure, load_progress
 from .weights_memory import HugePageLoad, read_weights
@@ -107,10 +107,9 @@ class Model:
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model)
                               or llama_cpp.llama_model_is_hybrid(self._model))
         self._pieces: dict[int, bytes] = {}
-        self._eog = np.zeros(self.n_vocab, dtype=bool)
-        for tok in range(self.n_vocab):
-            if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
-                self._eog[tok] = True
+        # a set: the membership test runs once a generated token, right after a decode (a numpy
+        # element and its bool() cost several times as much there)
+        self._eog = frozenset(tok for tok in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, tok))
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                  limit: int | None = None) -> list[int]:
@@ -167,7 +166,7 @@ class Model:
         return None if any(t < 0 or t >= self.n_vocab for t in ids) else tuple(int(t) for t in ids)
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        return token in self._eog
 
     def close(self) -> None:
         # the handle is dropped before it is freed: a Ctrl-C raised right after the native call
@@ -241,6 +240,7 @@ class Context:
         if not self._ctx:
             raise llama_failure(f"llama.cpp could not create a context for {model.path.name}")
         self.ptr = self._ctx
+        self.address = hostloop.address(self._ctx)   # the context as C code is handed it (llama.hostloop)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
         # one KV stream per sequence (llama-server's layout): rows go in sorted by sequence (llama.stream_rows)
@@ -410,6 +410,19 @@ class Context:
             ptr = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
         return view
+
+    def argmax(self, i: int) -> int:
+        """The argmax of output row ``i``'s logits (-1: the last; the first of equal maxima, as
+        numpy's): one C call where :mod:`.hostloop` was built, rather than a logits call and a numpy
+        argmax, each run cold after the decode."""
+        if hostloop.argmax_ith is None:
+            return int(self.logits(i).argmax())
+        if self._sent_at is not None:
+            i = self._sent_at[i]
+        try:
+            return hostloop.argmax_ith(self.address, i, self.model.n_vocab)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
 
     def logits_block(self, n_rows: int) -> np.ndarray | None:
         """The logits of the last batch's first ``n_rows`` output rows as one ``(n_rows, n_vocab)``

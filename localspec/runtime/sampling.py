@@ -110,6 +110,8 @@ class Sampler:
                                         frequency=params.frequency_penalty, presence=params.presence_penalty,
                                         context=context)
                           if params.penalized else None)
+        # greedy on the raw row: a choice is its argmax, which the context reads in one call
+        self.plain_greedy = params.greedy and self.penalties is None and grammar is None
 
     @property
     def needs_context(self) -> bool:
@@ -190,6 +192,20 @@ class Sampler:
             logits = _allowed_top(self.grammar_at(after), logits, self.params.top_k)
         ids, probs = distribution(logits, self.params)
         return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def choose_at(self, ctx, row: int, after: Sequence[int] = ()) -> int:
+        """:meth:`choose` from output row ``row`` of ``ctx``'s last decode (a plain greedy choice:
+        ``ctx.argmax``, no logits view)."""
+        if self.plain_greedy:
+            return ctx.argmax(row)
+        return self.choose(ctx.logits(row), after)
+
+    def verify_at(self, ctx, row: int, draft: int, after: Sequence[int] = ()) -> tuple[bool, int]:
+        """:meth:`verify` against output row ``row`` of ``ctx``'s last decode."""
+        if self.plain_greedy:
+            best = ctx.argmax(row)
+            return best == draft, best
+        return self.verify(ctx.logits(row), draft, after)
 
     def verify(self, logits: np.ndarray, draft: int, after: Sequence[int] = ()) -> tuple[bool, int]:
         """Judge one drafted token against the target's logits at its position (its context: the

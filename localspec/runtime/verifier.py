@@ -151,7 +151,7 @@ class TargetVerifier:
         prompt, pos = self._prompt, self._fill
         n, end = len(prompt), pos + n_rows
         self.kv_tokens = prompt[:end]
-        first = sampler.choose(self.ctx.logits(offset + n_rows - 1)) if end == n else -1
+        first = sampler.choose_at(self.ctx, offset + n_rows - 1) if end == n else -1
         drafter = self._drafter
         if drafter is not None:
             nxt = prompt[pos + 1: end + 1] if end < n else prompt[pos + 1: n] + [first]
@@ -184,13 +184,13 @@ class TargetVerifier:
         t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
         for i, d in enumerate(drafts):
-            ok, tok = sampler.verify(ctx.logits(at + base + i), d, drafts[:i])
+            ok, tok = sampler.verify_at(ctx, at + base + i, d, drafts[:i])
             if not ok:
                 correction = tok
                 break
             accepted += 1
         if correction < 0:
-            correction = sampler.choose(ctx.logits(at + base + len(drafts) if drafts else at + n_rows - 1), drafts)
+            correction = sampler.choose_at(ctx, at + base + len(drafts) if drafts else at + n_rows - 1, drafts)
         if accepted < len(drafts) or n_rows > base + 1 + len(drafts):
             ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
         seconds = time.perf_counter() - t0
@@ -204,7 +204,7 @@ class TargetVerifier:
         drafts (the hot path where nothing is drafted): after the decode of ``last`` (at batch row
         ``decoded.offset``), choose the token after it; (that token, seconds)."""
         t0 = time.perf_counter() - decoded.seconds
-        tok = sampler.choose(self.ctx.logits(decoded.offset))
+        tok = sampler.choose_at(self.ctx, decoded.offset)
         seconds = time.perf_counter() - t0
         self.kv_tokens.append(self.last)
         self.n_past += 1
@@ -273,7 +273,7 @@ class TargetVerifier:
 
         def choose(node: int) -> int:  # the target's token after ``node``, its path before it
             after = [tokens[i] for i in draft_tree.path_to(node)] if sampler.needs_context else ()
-            return sampler.choose(self.ctx.logits(base if node < 0 else row_of[node]), after)
+            return sampler.choose_at(self.ctx, base if node < 0 else row_of[node], after)
         return choose
 
     def _advance(self, v: Verified, *, kept: int) -> None:

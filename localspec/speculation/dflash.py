@@ -123,7 +123,7 @@ class BlockKind(DrafterKind):
     def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
         """The target layers' inputs of the first ``n_rows`` rows of its last batch (or of its
         rows ``rows``), side by side in ``target_layers`` order: one injection row each."""
-        return llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
+        return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
                                       d.views)
 
     def begin_sequence(self, who: DrafterSequence) -> None:

@@ -24,7 +24,7 @@ import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
-from ..llama import llama_ext
+from ..llama import hostloop, llama_ext
 from ..llama.contexts import DRAFTER_TREE_SEQS
 from ..llama.ext_rows import DirectRows, ExtRows
 from ..llama.llama_model import Context, Model
@@ -53,6 +53,9 @@ class DrafterKind:
     # its rows (``n_embd`` wide, the context's n_embd_inp; encode rows n_embd_inp_enc) go in a plain
     # llama_batch, one C call a decode (llama.ext_rows.DirectRows), not the extended batch's four a row
     direct = False
+    # (output_norm's address or None, its eps): how a direct kind's state is fed back, which lets
+    # a greedy chain run in one C call (llama.hostloop.greedy_chain); None: no such chain
+    state_norm: tuple[int | None, float] | None = None
     n_embd = 0
     sequence_class: type | None = None   # None: DrafterSequence
 
@@ -132,6 +135,7 @@ class ModelDrafter:
         self._direct_enc: DirectRows | None = None   # made at the first encode (its width: the features')
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
         self._nextn_ith = llama_ext.nextn_ith_getter()   # a state's address, read every step
+        self._nextn_at = hostloop.address(self._nextn_ith)
         self._sequences: dict[int, object] = {}
 
     def for_sequence(self, seq: int):
@@ -357,16 +361,32 @@ class ModelDrafter:
         into the next step's batch row."""
         if k < 1:
             return []
-        tokens = [int(logits.argmax())]
+        tokens = [hostloop.argmax(logits)]
         if k == 1:
             return tokens
         if self.direct and self._plain_decode:
+            if hostloop.greedy_chain is not None and self.kind.state_norm is not None:
+                return self._greedy_in_c(who, tokens, state, pos, k)
             return self._greedy_direct(who, tokens, state, pos, k)
         while len(tokens) < k:
             n = len(tokens)
             logits, state = self.step(who, tokens[-1], state, pos + n - 1, n == k - 1)
-            tokens.append(int(logits.argmax()))
+            tokens.append(hostloop.argmax(logits))
         return tokens
+
+    def _greedy_in_c(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
+        """:meth:`_greedy_direct` in one C call (:func:`llama.hostloop.greedy_chain`): the same
+        decodes, argmaxes and fed-back states, none of them run through Python."""
+        direct, position, seq = self._direct, self.kind.position, who.seq
+        direct.fill_one(seq, tokens[0], state, position(seq, pos))
+        norm, eps = self.kind.state_norm
+        try:
+            more, seconds = hostloop.greedy_chain(self.ctx.address, direct.address, self._nextn_at, norm, self.n_embd,
+                                                  eps, self.model.n_vocab, tuple(position(seq, pos + n) for n in range(1, k - 1)))
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        who.seconds += seconds
+        return tokens + more
 
     def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
         """:meth:`greedy`'s steps through :class:`DirectRows`: one row, refilled in place (token,
@@ -383,7 +403,7 @@ class ModelDrafter:
             logits = logits_of(0)
             if len(tokens) < k - 1:   # the next step's state, straight into its row
                 self.state(0, row)
-            tokens.append(int(logits.argmax()))
+            tokens.append(hostloop.argmax(logits))
             if len(tokens) < k:
                 direct.refill_one(tokens[-1], position(seq, pos + len(tokens) - 1))
         return tokens

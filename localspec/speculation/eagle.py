@@ -22,27 +22,12 @@ import numpy as np
 from ..core.errors import LocalspecError
 from ..formats import gguf_consts as K
 from ..formats.gguf_info import GGUFInfo, read_tensor
-from ..llama import llama_ext
+from ..llama import hostloop, llama_ext
 from ..llama.contexts import DRAFTER_CONTEXT
 from ..llama.llama_model import Context, Model
 from .drafter import ALL_OUTPUT_ROWS, TREE_SEQS, DrafterKind, DrafterSequence, ModelDrafter, assembled, checked, open_context  # noqa: F401 (re-exported)
 
 EAGLE = "eagle"
-
-
-def _rms_normalize(x: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True) + eps)
-
-
-def _rms_normalize_rows(x: np.ndarray, eps: float) -> None:
-    """:func:`_rms_normalize` of each row of ``x`` (2-D, float32), in place: no temporaries the
-    size of ``x`` (the hot path: three target features of every committed row)."""
-    scale = np.einsum("ij,ij->i", x, x)
-    scale *= 1.0 / x.shape[-1]
-    scale += eps
-    np.sqrt(scale, out=scale)
-    np.reciprocal(scale, out=scale)
-    x *= scale[:, None]
 
 
 class EagleKind(DrafterKind):
@@ -60,7 +45,9 @@ class EagleKind(DrafterKind):
         rms_eps = float(info.metadata.get(K.key(K.KEY_RMS_EPS, K.EAGLE3_ARCH), 1e-6))
         self.fc_norm_eps = float(info.fc_norm_eps) if info.fc_norm_eps is not None else rms_eps
         self.out_norm_eps = rms_eps
-        self.out_norm = read_tensor(info, K.T_OUTPUT_NORM).astype(np.float32) if info.norm_output else None
+        self.out_norm = (np.ascontiguousarray(read_tensor(info, K.T_OUTPUT_NORM), dtype=np.float32)
+                         if info.norm_output else None)
+        self.state_norm = (None if self.out_norm is None else self.out_norm.ctypes.data, self.out_norm_eps)
 
     def check(self, d: ModelDrafter) -> None:
         """The target layers llama.cpp reads are the metadata's; they and the drafter's state are
@@ -75,11 +62,9 @@ class EagleKind(DrafterKind):
     def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
         """The three target layer inputs of the first ``n_rows`` rows of the target's last batch
         (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
-        out = llama_ext.layer_inputs(self.target.ptr, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
-                                     d.views)
-        if self.info.fc_norm:   # each of the three blocks of every row, in place
-            _rms_normalize_rows(out.reshape(len(out) * 3, self.n_embd_tgt), self.fc_norm_eps)
-        return out
+        # fc_norm: each of the three blocks of every row divided by its RMS
+        return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
+                                      d.views, self.fc_norm_eps if self.info.fc_norm else None)
 
     def encode(self, d: ModelDrafter, features: np.ndarray, who: DrafterSequence) -> np.ndarray:
         """fc over target features: one ``g`` row per feature row, after the pairs of ``who``."""
@@ -124,6 +109,11 @@ class EagleKind(DrafterKind):
         where given: the next step's batch row)."""
         if self.out_norm is None:
             return src.copy() if out is None else np.copyto(out, src) or out
+        if hostloop.normed_state is not None:   # C, as the greedy chain's (llama.hostloop): the same bits
+            if out is None:
+                out = np.empty(self.n_embd, dtype=np.float32)
+            hostloop.normed_state(out.ctypes.data, src.ctypes.data, self.state_norm[0], self.n_embd, self.out_norm_eps)
+            return out
         x = float(np.dot(src, src))
         state = np.multiply(src, self.out_norm, out=out)
         state *= 1.0 / math.sqrt(x / self.n_embd + self.out_norm_eps)   # a Python float: no numpy scalars

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..llama import hostloop
 from . import tree
 from .sources import CatchUp, Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
 
@@ -38,7 +39,7 @@ def top1_probability(logits: np.ndarray) -> tuple[int, float]:
     """The drafter's most likely token and its softmax probability: an exp over the whole row
     (~200 µs of CPU for SmolLM2's 49,152 on a busy 2-core machine, against ~8 µs for the argmax
     alone), so the chain asks for it only where a confidence test reads it."""
-    best = int(np.argmax(logits))
+    best = hostloop.argmax(logits)
     top = logits[best]
     total = float(np.exp(logits - top, dtype=np.float32).sum())
     return best, 1.0 / total
@@ -106,7 +107,7 @@ class EagleSource(ModelSource):
             sure = policy.fixed or policy.config.p_min <= 0.0   # no confidence test: no softmax
             while len(tokens) < k:
                 if sure:
-                    tok = int(logits.argmax())
+                    tok = hostloop.argmax(logits)
                 else:
                     tok, prob = top1_probability(logits)
                     if not policy.keep_drafting(prob):

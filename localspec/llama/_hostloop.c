@@ -1,0 +1,330 @@
+/* localspec.llama._hostloop: the few host steps of a speculative cycle that run right after a
+ * llama.cpp compute, in C. After a decode has streamed the model's weights through every cache
+ * level, each Python or numpy call runs cold (a ctypes call ~60 us, numpy's argmax ~45 us on a
+ * 2-core EPYC, against ~10 us for this file's argmax): docs/speculation.md, "The host loop in C".
+ *
+ * It links against nothing: llama.cpp's functions come in as addresses (bind), taken from the
+ * library llama-cpp-python loaded, so this module needs only a C compiler and Python's headers
+ * at install. Where it could not be built, localspec.llama.hostloop falls back to numpy. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__SSE2__) || defined(_M_X64)
+#include <emmintrin.h>
+#define HOSTLOOP_SSE2 1
+#endif
+
+/* llama.h's struct llama_batch, passed by value to llama_decode */
+typedef struct {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} batch_t;
+
+typedef int32_t (*decode_fn)(void *ctx, batch_t batch);
+typedef float *(*row_fn)(void *ctx, int32_t i);
+
+static decode_fn llama_decode_p = NULL;
+static row_fn llama_get_logits_ith_p = NULL;
+
+/* The largest of n floats (n > 0), SIMD where there is SSE2; *nan set where one is a NaN. */
+static float block_max(const float *x, int32_t n, int *nan) {
+    int32_t i = 0;
+    float m = x[0];
+#ifdef HOSTLOOP_SSE2
+    if (n >= 16) {
+        __m128 a = _mm_loadu_ps(x), b = _mm_loadu_ps(x + 4), c = _mm_loadu_ps(x + 8), d = _mm_loadu_ps(x + 12);
+        __m128 u = _mm_or_ps(_mm_cmpunord_ps(a, b), _mm_cmpunord_ps(c, d));
+        for (i = 16; i + 16 <= n; i += 16) {
+            __m128 xa = _mm_loadu_ps(x + i), xb = _mm_loadu_ps(x + i + 4);
+            __m128 xc = _mm_loadu_ps(x + i + 8), xd = _mm_loadu_ps(x + i + 12);
+            u = _mm_or_ps(u, _mm_or_ps(_mm_cmpunord_ps(xa, xb), _mm_cmpunord_ps(xc, xd)));
+            a = _mm_max_ps(a, xa); b = _mm_max_ps(b, xb); c = _mm_max_ps(c, xc); d = _mm_max_ps(d, xd);
+        }
+        a = _mm_max_ps(_mm_max_ps(a, b), _mm_max_ps(c, d));
+        float lanes[4];
+        _mm_storeu_ps(lanes, a);
+        m = lanes[0];
+        for (int j = 1; j < 4; j++) m = lanes[j] > m ? lanes[j] : m;
+        if (_mm_movemask_ps(u)) *nan = 1;
+    }
+#endif
+    for (; i < n; i++) {
+        if (x[i] != x[i]) *nan = 1;
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+/* The index of the largest value, the first of equal ones, as numpy's argmax; a NaN counts as
+ * the largest (numpy's rule): its first index. One pass by blocks, then a scan of the first
+ * block that holds the maximum. */
+static int32_t argmax_f32(const float *x, int32_t n) {
+    enum { BLOCK = 256 };
+    float best = 0.0f;
+    int32_t at = 0;
+    int nan = 0;
+    for (int32_t s = 0; s < n; s += BLOCK) {
+        float m = block_max(x + s, n - s < BLOCK ? n - s : BLOCK, &nan);
+        if (s == 0 || m > best) { best = m; at = s; }
+    }
+    if (nan) {
+        for (int32_t j = 0; j < n; j++) if (x[j] != x[j]) return j;
+    }
+    for (int32_t j = at; j < n; j++) if (x[j] == best) return j;
+    return at;
+}
+
+#ifdef _WIN32
+#include <windows.h>
+static double seconds_now(void) {
+    LARGE_INTEGER t, f;
+    QueryPerformanceCounter(&t);
+    QueryPerformanceFrequency(&f);
+    return (double)t.QuadPart / (double)f.QuadPart;
+}
+static double thread_seconds(void) { return 0.0; }
+#else
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+static double thread_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+#endif
+
+/* every decode this module ran, for benches that time llama.cpp's compute (clock()) */
+static double clock_seconds = 0.0, clock_cpu = 0.0;
+static long long clock_calls = 0;
+
+static PyObject *hl_clock(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return Py_BuildValue("(ddL)", clock_seconds, clock_cpu, clock_calls);
+}
+
+static int as_pointer(PyObject *o, void **out) {
+    *out = PyLong_AsVoidPtr(o);
+    return !(*out == NULL && PyErr_Occurred());
+}
+
+static PyObject *hl_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *decode, *logits;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "bind(decode, get_logits_ith)"); return NULL; }
+    if (!as_pointer(args[0], &decode) || !as_pointer(args[1], &logits)) return NULL;
+    llama_decode_p = (decode_fn)decode;
+    llama_get_logits_ith_p = (row_fn)logits;
+    Py_RETURN_NONE;
+}
+
+static const float *logits_row(void *ctx, int32_t i) {
+    const float *row = llama_get_logits_ith_p ? llama_get_logits_ith_p(ctx, i) : NULL;
+    if (row == NULL) PyErr_SetString(PyExc_RuntimeError, "llama.cpp returned no logits");
+    return row;
+}
+
+/* argmax_ith(ctx, i, n_vocab): the argmax of output row i of the last decode (llama_get_logits_ith) */
+static PyObject *hl_argmax_ith(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "argmax_ith(ctx, i, n_vocab)"); return NULL; }
+    if (!as_pointer(args[0], &ctx)) return NULL;
+    long i = PyLong_AsLong(args[1]), nv = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    const float *row = logits_row(ctx, (int32_t)i);
+    return row ? PyLong_FromLong(argmax_f32(row, (int32_t)nv)) : NULL;
+}
+
+/* argmax_at(address, n): the argmax of n floats at an address (a view llama.cpp owns) */
+static PyObject *hl_argmax_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *at;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "argmax_at(address, n)"); return NULL; }
+    if (!as_pointer(args[0], &at)) return NULL;
+    long len = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (at == NULL || len < 1) { PyErr_SetString(PyExc_ValueError, "argmax_at: no row"); return NULL; }
+    return PyLong_FromLong(argmax_f32((const float *)at, (int32_t)len));
+}
+
+/* The fed-back state of EAGLE-3.1: out = norm * h / sqrt(mean(h*h) + eps), in float32 as the
+ * numpy path computes it (the sum of squares in double). */
+static void normed_state(float *out, const float *h, const float *norm, int32_t n, double eps) {
+    double ss = 0.0;
+    for (int32_t j = 0; j < n; j++) ss += (double)h[j] * (double)h[j];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int32_t j = 0; j < n; j++) out[j] = (h[j] * norm[j]) * scale;
+}
+
+/* normed_state(out, h, norm, n, eps): normed_state into ``out`` (addresses of float32 rows) */
+static PyObject *hl_normed_state(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *out, *h, *norm;
+    if (n != 5) { PyErr_SetString(PyExc_TypeError, "normed_state(out, h, norm, n, eps)"); return NULL; }
+    if (!as_pointer(args[0], &out) || !as_pointer(args[1], &h) || !as_pointer(args[2], &norm)) return NULL;
+    long len = PyLong_AsLong(args[3]);
+    double eps = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (!out || !h || !norm || len < 1) { PyErr_SetString(PyExc_ValueError, "normed_state: no row"); return NULL; }
+    normed_state((float *)out, (const float *)h, (const float *)norm, (int32_t)len, eps);
+    Py_RETURN_NONE;
+}
+
+/* greedy_chain(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, positions)
+ * A greedy draft chain of one sequence after its first draft: the batch (a one-row
+ * llama_batch at address ``batch`` whose token, pos and embd arrays localspec owns, row 0 filled
+ * with the first draft, its position and state) is decoded, its argmax is the next draft, and
+ * that row's state (state_fn(ctx, 0): the drafter's hidden state, normed by ``norm`` unless it is
+ * 0) is written into the row with the next draft and position; once per entry of ``positions``
+ * (the positions of the steps after the first). Returns (the drafts after the first, seconds inside
+ * llama_decode), or raises on a failed decode (its code in the message). */
+static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *batch_at, *state_at, *norm_at;
+    if (n != 8) { PyErr_SetString(PyExc_TypeError, "greedy_chain takes 8 arguments"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at) || !as_pointer(args[2], &state_at)
+        || !(args[3] == Py_None ? (norm_at = NULL, 1) : as_pointer(args[3], &norm_at)))
+        return NULL;
+    long n_embd = PyLong_AsLong(args[4]);
+    double eps = PyFloat_AsDouble(args[5]);
+    long nv = PyLong_AsLong(args[6]);
+    PyObject *positions = args[7];
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(positions)) { PyErr_SetString(PyExc_TypeError, "positions: a tuple"); return NULL; }
+    if (!llama_decode_p || !state_at) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    Py_ssize_t steps = PyTuple_GET_SIZE(positions) + 1;   /* decodes: the first draft's, then each later one's */
+    batch_t *batch = (batch_t *)batch_at;
+    row_fn state_of = (row_fn)state_at;
+    const float *norm = (const float *)norm_at;
+    PyObject *drafts = PyList_New(0);
+    if (!drafts) return NULL;
+    double spent = 0.0;
+    for (Py_ssize_t s = 0; s < steps; s++) {
+        double t0 = seconds_now(), c0 = thread_seconds();
+        int32_t rc = llama_decode_p(ctx, *batch);
+        double dt = seconds_now() - t0;
+        spent += dt;
+        clock_seconds += dt;
+        clock_cpu += thread_seconds() - c0;
+        clock_calls++;
+        if (rc != 0) {
+            Py_DECREF(drafts);
+            return PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
+        }
+        const float *row = logits_row(ctx, 0);
+        if (!row) { Py_DECREF(drafts); return NULL; }
+        int32_t tok = argmax_f32(row, (int32_t)nv);
+        PyObject *t = PyLong_FromLong(tok);
+        if (!t || PyList_Append(drafts, t) < 0) { Py_XDECREF(t); Py_DECREF(drafts); return NULL; }
+        Py_DECREF(t);
+        if (s + 1 == steps) break;
+        const float *h = state_of(ctx, 0);
+        if (!h) { Py_DECREF(drafts); PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); return NULL; }
+        if (norm) normed_state(batch->embd, h, norm, (int32_t)n_embd, eps);
+        else memcpy(batch->embd, h, sizeof(float) * (size_t)n_embd);
+        long p = PyLong_AsLong(PyTuple_GET_ITEM(positions, s));
+        if (p == -1 && PyErr_Occurred()) { Py_DECREF(drafts); return NULL; }
+        batch->token[0] = tok;
+        batch->pos[0] = (int32_t)p;
+    }
+    return Py_BuildValue("(Nd)", drafts, spent);
+}
+
+/* A float32 buffer of at least ``n`` items, writable where asked (a numpy array, C-contiguous). */
+static int float_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, int writable) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return 0;
+    if (b->itemsize != 4 || !b->format || strcmp(b->format, "f") != 0 || b->len < n * 4) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "hostloop: a float32 buffer too small or of another type");
+        return 0;
+    }
+    return 1;
+}
+
+/* gather_rows(out, layer_fn, ctx, layers, width, lo, n, rows, eps)
+ * The inputs of target ``layers`` (layer_fn(ctx, layer): llama.cpp's buffer of that layer's rows,
+ * ``width`` wide) for the batch rows ``rows`` (a tuple of indices) or, where rows is None, the
+ * ``n`` rows from ``lo``: side by side per row in ``out`` (n_out x len(layers) * width). Where
+ * ``eps`` >= 0 each block is divided by its RMS (EAGLE-3.1's fc_norm, its weight folded into fc). */
+static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *layer_at, *ctx;
+    if (n != 9) { PyErr_SetString(PyExc_TypeError, "gather_rows takes 9 arguments"); return NULL; }
+    if (!as_pointer(args[1], &layer_at) || !as_pointer(args[2], &ctx)) return NULL;
+    PyObject *layers = args[3], *rows = args[7];
+    long width = PyLong_AsLong(args[4]), lo = PyLong_AsLong(args[5]), count = PyLong_AsLong(args[6]);
+    double eps = PyFloat_AsDouble(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(layers) || (rows != Py_None && !PyTuple_Check(rows)) || width < 1 || lo < 0 || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "gather_rows: bad arguments");
+        return NULL;
+    }
+    Py_ssize_t n_layers = PyTuple_GET_SIZE(layers), n_out = rows == Py_None ? count : PyTuple_GET_SIZE(rows);
+    Py_ssize_t stride = n_layers * width;
+    Py_buffer out;
+    if (!float_buffer(args[0], &out, n_out * stride, 1)) return NULL;
+    float *dst = (float *)out.buf;
+    row_fn layer_of = (row_fn)layer_at;
+    for (Py_ssize_t k = 0; k < n_layers; k++) {
+        long lid = PyLong_AsLong(PyTuple_GET_ITEM(layers, k));
+        if (lid == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); return NULL; }
+        const float *src = layer_of(ctx, (int32_t)lid);
+        if (!src) {
+            PyBuffer_Release(&out);
+            return PyErr_Format(PyExc_RuntimeError, "llama.cpp extracted no inputs of target layer %ld", lid);
+        }
+        for (Py_ssize_t r = 0; r < n_out; r++) {
+            long at = lo + r;
+            if (rows != Py_None) {
+                at = PyLong_AsLong(PyTuple_GET_ITEM(rows, r));
+                if (at == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); return NULL; }
+            }
+            float *block = dst + r * stride + k * width;
+            memcpy(block, src + (size_t)at * (size_t)width, sizeof(float) * (size_t)width);
+            if (eps >= 0.0) {
+                double ss = 0.0;
+                for (long j = 0; j < width; j++) ss += (double)block[j] * (double)block[j];
+                float scale = (float)(1.0 / sqrt(ss / width + eps));
+                for (long j = 0; j < width; j++) block[j] *= scale;
+            }
+        }
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+/* argmax(row): the argmax of a float32 array (numpy's, see argmax_f32) */
+static PyObject *hl_argmax(PyObject *self, PyObject *row) {
+    Py_buffer b;
+    if (!float_buffer(row, &b, 1, 0)) {   /* not a contiguous float32 row: numpy's own argmax */
+        PyErr_Clear();
+        PyObject *at = PyObject_CallMethod(row, "argmax", NULL);
+        if (!at) return NULL;
+        PyObject *i = PyNumber_Long(at);
+        Py_DECREF(at);
+        return i;
+    }
+    int32_t at = argmax_f32((const float *)b.buf, (int32_t)(b.len / 4));
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(at);
+}
+
+static PyMethodDef methods[] = {
+    {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
+    {"gather_rows", (PyCFunction)(void (*)(void))hl_gather_rows, METH_FASTCALL, "the target's layer inputs of a batch's rows"},
+    {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, get_logits_ith): llama.cpp's functions by address"},
+    {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
+    {"argmax_at", (PyCFunction)(void (*)(void))hl_argmax_at, METH_FASTCALL, "argmax_at(address, n)"},
+    {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
+    {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, n, eps)"},
+    {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hostloop", "localspec's host loop in C", -1, methods};
+
+PyMODINIT_FUNC PyInit__hostloop(void) { return PyModule_Create(&module); }

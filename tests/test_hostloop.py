@@ -1,0 +1,114 @@
+"""The host loop in C (localspec.llama._hostloop, built at install) against numpy, its independent
+reference: the argmax of a row (the first of equal maxima, NaN first, as numpy's), EAGLE-3.1's
+fed-back state, and a greedy draft chain: the same drafts and output as the Python loop."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localspec.llama import hostloop
+from localspec.runtime.engine import Engine
+
+DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
+C = pytest.mark.skipif(not hostloop.COMPILED, reason="the C host loop is off (LOCALSPEC_HOSTLOOP=numpy)")
+
+
+def test_the_c_host_loop_was_built():
+    """An install from the README builds it (a C compiler is what llama-cpp-python needs too);
+    LOCALSPEC_HOSTLOOP=numpy is the one way to run without it."""
+    if os.environ.get("LOCALSPEC_HOSTLOOP", "").lower() != "numpy":
+        assert hostloop.COMPILED
+
+
+@C
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 1000, 49152])
+def test_argmax_is_numpy_s(n):
+    rng = np.random.default_rng(n)
+    for trial in range(40):
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 4 == 1:                       # ties: the first of equal maxima
+            x[rng.integers(0, n, size=3)] = x.max() + 1
+        elif trial % 4 == 2:                     # -inf rows (a drafter's row outside its vocabulary)
+            x[rng.random(n) < 0.9] = -np.inf
+        elif trial % 4 == 3 and n > 1:           # a NaN counts as the largest: its first index
+            x[rng.integers(0, n, size=2)] = np.nan
+        assert hostloop.argmax_at(x.ctypes.data, n) == int(np.argmax(x)), (n, trial)
+        assert hostloop.argmax(x) == int(np.argmax(x)), (n, trial)
+    assert hostloop.argmax_at(np.full(n, -np.inf, np.float32).ctypes.data, n) == 0
+    z = np.zeros(n, np.float32)
+    z[n // 2] = -0.0
+    assert hostloop.argmax_at(z.ctypes.data, n) == 0
+
+
+@C
+def test_the_fed_back_state_is_numpy_s_up_to_rounding():
+    rng = np.random.default_rng(0)
+    h = (rng.standard_normal(576) * 3).astype(np.float32)
+    norm = rng.random(576).astype(np.float32)
+    out = np.empty(576, np.float32)
+    hostloop.normed_state(out.ctypes.data, h.ctypes.data, norm.ctypes.data, 576, 1e-5)
+    ref = h.astype(np.float64) * norm / np.sqrt(np.mean(h.astype(np.float64) ** 2) + 1e-5)
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=0)
+
+
+def test_argmax_of_any_row_is_numpy_s():
+    """A row that is no contiguous float32 buffer (strided, float64) goes to numpy's argmax."""
+    x = np.arange(40, dtype=np.float32) % 7
+    for row in (x[::3], x.astype(np.float64), x[::-1]):
+        assert hostloop.argmax(row) == int(np.argmax(row))
+
+
+@C
+def test_bad_arguments_are_errors_not_crashes():
+    with pytest.raises(ValueError):
+        hostloop.argmax_at(0, 10)
+    with pytest.raises(TypeError):
+        hostloop.argmax_at(1)
+    with pytest.raises(TypeError):
+        hostloop.greedy_chain(1, 2, 3)
+
+
+@C
+def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeypatch):
+    """A fixed EAGLE chain of 4 through a greedy generation: every chain's drafts and the output
+    with the C loop, then with the whole host loop in numpy (argmax, states, the Python chain)."""
+    from test_direct_rows import _chain_drafts
+
+    prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
+               "Write a short poem about the sea."]
+    with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
+        in_c = [_chain_drafts(eng, p, 48) for p in prompts]
+        for name in ("greedy_chain", "normed_state", "argmax_ith"):
+            monkeypatch.setattr(hostloop, name, None)
+        in_numpy = [_chain_drafts(eng, p, 48) for p in prompts]
+    assert in_c == in_numpy
+    assert sum(len(d) for drafts, _ in in_c for _, d in drafts) > 20
+
+
+@C
+def test_the_target_s_layer_inputs_are_numpy_s(smollm2, monkeypatch):
+    """llama_ext.layer_inputs in one C call (gather_rows) against its numpy path: every row, a
+    chain's slice, a tree's path in any order; as they are (bit for bit) and RMS-scaled per block."""
+    from localspec.llama import llama_ext
+
+    with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
+        d = eng.drafter
+        layers, width = d.kind.layers, eng.ctx.model.n_embd
+        eng.ctx.seq_rm(0)
+        eng.ctx.decode(list(range(100, 112)), 0, all_logits=False)
+        asks = [(12, None), (3, [4, 5, 6]), (3, [7, 2, 9]), (1, [11])]
+        for eps in (None, 1e-6):
+            in_c = [llama_ext.layer_inputs(eng.ctx, layers, width, *eng.ctx.token_rows(n, rows), {}, eps) for n, rows in asks]
+            with monkeypatch.context() as m:
+                m.setattr(hostloop, "gather_rows", None)
+                ref = [llama_ext.layer_inputs(eng.ctx, layers, width, *eng.ctx.token_rows(n, rows), {}, eps) for n, rows in asks]
+            for a, b in zip(in_c, ref):
+                assert a.shape == b.shape == (a.shape[0], 3 * width)
+                if eps is None:
+                    assert np.array_equal(a, b)
+                else:
+                    np.testing.assert_allclose(a, b, rtol=3e-6, atol=1e-7)
