@@ -218,7 +218,16 @@ def test_several_slots_catch_up_in_one_encode_and_decode_as_each_alone(smollm2):
             encodes.append(args)
             return encode_rows(*args)
 
+        write_direct = d.write_direct
+
+        def counted_direct(*args):   # a lone catch-up's encode and decode in one C call (llama.hostloop)
+            done = write_direct(*args)
+            if done is not None:
+                encodes.append(args)
+            return done
+
         d.encode_rows = counted
+        d.write_direct = counted_direct
         alone = _three_catch_ups(eng, prompts, lambda asks: [tuple(map(np.copy, who.catch_up(rows))) for who, rows in asks])
         assert len(encodes) == 12
         encodes.clear()

@@ -50,7 +50,7 @@ def test_the_fed_back_state_is_numpy_s_up_to_rounding():
     h = (rng.standard_normal(576) * 3).astype(np.float32)
     norm = rng.random(576).astype(np.float32)
     out = np.empty(576, np.float32)
-    hostloop.normed_state(out.ctypes.data, h.ctypes.data, norm.ctypes.data, 576, 1e-5)
+    hostloop.normed_state(out, h, norm.ctypes.data, 1e-5)
     ref = h.astype(np.float64) * norm / np.sqrt(np.mean(h.astype(np.float64) ** 2) + 1e-5)
     np.testing.assert_allclose(out, ref, rtol=2e-6, atol=0)
 
@@ -70,19 +70,24 @@ def test_bad_arguments_are_errors_not_crashes():
         hostloop.argmax_at(1)
     with pytest.raises(TypeError):
         hostloop.greedy_chain(1, 2, 3)
+    with pytest.raises(ValueError):   # a row of another type, or too short for its output
+        hostloop.normed_state(np.empty(4, np.float32), np.ones(4, np.float64), 1, 1e-5)
+    with pytest.raises(ValueError):
+        hostloop.normed_state(np.empty(3, np.float32), np.ones(4, np.float32), np.ones(4, np.float32).ctypes.data, 1e-5)
 
 
 @C
 def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeypatch):
     """A fixed EAGLE chain of 4 through a greedy generation: every chain's drafts and the output
-    with the C loop, then with the whole host loop in numpy (argmax, states, the Python chain)."""
+    with the C loop, then with the whole host loop in numpy (argmax, states, the layer inputs,
+    the catch-up's encode and decode, the Python chain)."""
     from test_direct_rows import _chain_drafts
 
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
                "Write a short poem about the sea."]
     with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
         in_c = [_chain_drafts(eng, p, 48) for p in prompts]
-        for name in ("greedy_chain", "normed_state", "argmax_ith"):
+        for name in ("greedy_chain", "normed_state", "argmax_ith", "catch_up", "gather_rows"):
             monkeypatch.setattr(hostloop, name, None)
         in_numpy = [_chain_drafts(eng, p, 48) for p in prompts]
     assert in_c == in_numpy
@@ -112,3 +117,22 @@ def test_the_target_s_layer_inputs_are_numpy_s(smollm2, monkeypatch):
                     assert np.array_equal(a, b)
                 else:
                     np.testing.assert_allclose(a, b, rtol=3e-6, atol=1e-7)
+
+
+@C
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_the_argmax_of_a_verify_s_rows_is_numpy_s(smollm2, parallel):
+    """Context.argmax_rows (one C call for a verify's rows) against numpy's argmax of each row's
+    logits, in one KV stream and in one stream per slot (rows sent re-ordered by sequence)."""
+    with Engine(smollm2, None, n_ctx=256, parallel=parallel) as eng:
+        ctx = eng.ctx
+        tokens = list(range(200, 212))
+        seqs = [i % parallel for i in range(len(tokens))]
+        positions = [i // parallel for i in range(len(tokens))]
+        for s in range(parallel):
+            ctx.seq_rm(0, seq=s)
+        ctx.decode_batch(tokens, positions, seqs, [True] * len(tokens))
+        ref = [int(np.argmax(ctx.logits(i))) for i in range(len(tokens))]
+        assert ctx.argmax_rows(0, len(tokens)) == ref
+        assert ctx.argmax_rows(3, 4) == ref[3:7]
+        assert [ctx.argmax(i) for i in range(len(tokens))] == ref

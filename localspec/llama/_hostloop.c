@@ -31,8 +31,10 @@ typedef struct {
 
 typedef int32_t (*decode_fn)(void *ctx, batch_t batch);
 typedef float *(*row_fn)(void *ctx, int32_t i);
+typedef float *(*all_fn)(void *ctx);
 
 static decode_fn llama_decode_p = NULL;
+static decode_fn llama_encode_p = NULL;
 static row_fn llama_get_logits_ith_p = NULL;
 
 /* The largest of n floats (n > 0), SIMD where there is SSE2; *nan set where one is a NaN. */
@@ -109,6 +111,18 @@ static double thread_seconds(void) {
 static double clock_seconds = 0.0, clock_cpu = 0.0;
 static long long clock_calls = 0;
 
+/* One llama_decode / llama_encode of ``batch``, timed (its wall seconds added to *spent). */
+static int32_t run_timed(decode_fn fn, void *ctx, batch_t *batch, double *spent) {
+    double t0 = seconds_now(), c0 = thread_seconds();
+    int32_t rc = fn(ctx, *batch);
+    double dt = seconds_now() - t0;
+    *spent += dt;
+    clock_seconds += dt;
+    clock_cpu += thread_seconds() - c0;
+    clock_calls++;
+    return rc;
+}
+
 static PyObject *hl_clock(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return Py_BuildValue("(ddL)", clock_seconds, clock_cpu, clock_calls);
 }
@@ -118,11 +132,27 @@ static int as_pointer(PyObject *o, void **out) {
     return !(*out == NULL && PyErr_Occurred());
 }
 
+/* A float32 buffer of at least ``n`` items, writable where asked (a numpy array, C-contiguous). */
+static int float_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, int writable) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return 0;
+    /* "f", or "<f" / "=f" (a numpy view over ctypes memory says its byte order); never ">f" */
+    const char *f = b->format;
+    int native_float = f && (strcmp(f, "f") == 0 || strcmp(f, "=f") == 0 || strcmp(f, "@f") == 0
+                             || (strcmp(f, "<f") == 0 && PY_LITTLE_ENDIAN));
+    if (b->itemsize != 4 || !native_float || b->len < n * 4) {
+        PyBuffer_Release(b);
+        PyErr_SetString(PyExc_ValueError, "hostloop: a float32 buffer too small or of another type");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *hl_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *decode, *logits;
-    if (n != 2) { PyErr_SetString(PyExc_TypeError, "bind(decode, get_logits_ith)"); return NULL; }
-    if (!as_pointer(args[0], &decode) || !as_pointer(args[1], &logits)) return NULL;
+    void *decode, *encode, *logits;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "bind(decode, encode, get_logits_ith)"); return NULL; }
+    if (!as_pointer(args[0], &decode) || !as_pointer(args[1], &encode) || !as_pointer(args[2], &logits)) return NULL;
     llama_decode_p = (decode_fn)decode;
+    llama_encode_p = (decode_fn)encode;
     llama_get_logits_ith_p = (row_fn)logits;
     Py_RETURN_NONE;
 }
@@ -142,6 +172,30 @@ static PyObject *hl_argmax_ith(PyObject *self, PyObject *const *args, Py_ssize_t
     if (PyErr_Occurred()) return NULL;
     const float *row = logits_row(ctx, (int32_t)i);
     return row ? PyLong_FromLong(argmax_f32(row, (int32_t)nv)) : NULL;
+}
+
+/* argmax_rows(ctx, rows, n_vocab): argmax_ith of each output row in the tuple ``rows``, a list */
+static PyObject *hl_argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "argmax_rows(ctx, rows, n_vocab)"); return NULL; }
+    if (!as_pointer(args[0], &ctx)) return NULL;
+    PyObject *rows = args[1];
+    long nv = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(rows)) { PyErr_SetString(PyExc_TypeError, "argmax_rows: rows, a tuple"); return NULL; }
+    Py_ssize_t count = PyTuple_GET_SIZE(rows);
+    PyObject *out = PyList_New(count);
+    if (!out) return NULL;
+    for (Py_ssize_t r = 0; r < count; r++) {
+        long i = PyLong_AsLong(PyTuple_GET_ITEM(rows, r));
+        if (i == -1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
+        const float *row = logits_row(ctx, (int32_t)i);
+        if (!row) { Py_DECREF(out); return NULL; }
+        PyObject *t = PyLong_FromLong(argmax_f32(row, (int32_t)nv));
+        if (!t) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, r, t);
+    }
+    return out;
 }
 
 /* argmax_at(address, n): the argmax of n floats at an address (a view llama.cpp owns) */
@@ -164,16 +218,21 @@ static void normed_state(float *out, const float *h, const float *norm, int32_t 
     for (int32_t j = 0; j < n; j++) out[j] = (h[j] * norm[j]) * scale;
 }
 
-/* normed_state(out, h, norm, n, eps): normed_state into ``out`` (addresses of float32 rows) */
+/* normed_state(out, h, norm_address, eps): normed_state of the float32 row ``h`` into ``out`` (as
+ * wide), ``norm`` at an address (EagleKind.out_norm, kept alive by its owner) */
 static PyObject *hl_normed_state(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *out, *h, *norm;
-    if (n != 5) { PyErr_SetString(PyExc_TypeError, "normed_state(out, h, norm, n, eps)"); return NULL; }
-    if (!as_pointer(args[0], &out) || !as_pointer(args[1], &h) || !as_pointer(args[2], &norm)) return NULL;
-    long len = PyLong_AsLong(args[3]);
-    double eps = PyFloat_AsDouble(args[4]);
+    void *norm;
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "normed_state(out, h, norm, eps)"); return NULL; }
+    if (!as_pointer(args[2], &norm)) return NULL;
+    double eps = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
-    if (!out || !h || !norm || len < 1) { PyErr_SetString(PyExc_ValueError, "normed_state: no row"); return NULL; }
-    normed_state((float *)out, (const float *)h, (const float *)norm, (int32_t)len, eps);
+    if (!norm) { PyErr_SetString(PyExc_ValueError, "normed_state: no norm"); return NULL; }
+    Py_buffer out, h;
+    if (!float_buffer(args[1], &h, 1, 0)) return NULL;
+    if (!float_buffer(args[0], &out, h.len / 4, 1)) { PyBuffer_Release(&h); return NULL; }
+    normed_state((float *)out.buf, (const float *)h.buf, (const float *)norm, (int32_t)(h.len / 4), eps);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&h);
     Py_RETURN_NONE;
 }
 
@@ -206,13 +265,7 @@ static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize
     if (!drafts) return NULL;
     double spent = 0.0;
     for (Py_ssize_t s = 0; s < steps; s++) {
-        double t0 = seconds_now(), c0 = thread_seconds();
-        int32_t rc = llama_decode_p(ctx, *batch);
-        double dt = seconds_now() - t0;
-        spent += dt;
-        clock_seconds += dt;
-        clock_cpu += thread_seconds() - c0;
-        clock_calls++;
+        int32_t rc = run_timed(llama_decode_p, ctx, batch, &spent);
         if (rc != 0) {
             Py_DECREF(drafts);
             return PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
@@ -234,17 +287,6 @@ static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize
         batch->pos[0] = (int32_t)p;
     }
     return Py_BuildValue("(Nd)", drafts, spent);
-}
-
-/* A float32 buffer of at least ``n`` items, writable where asked (a numpy array, C-contiguous). */
-static int float_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, int writable) {
-    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return 0;
-    if (b->itemsize != 4 || !b->format || strcmp(b->format, "f") != 0 || b->len < n * 4) {
-        PyBuffer_Release(b);
-        PyErr_SetString(PyExc_ValueError, "hostloop: a float32 buffer too small or of another type");
-        return 0;
-    }
-    return 1;
 }
 
 /* gather_rows(out, layer_fn, ctx, layers, width, lo, n, rows, eps)
@@ -314,14 +356,85 @@ static PyObject *hl_argmax(PyObject *self, PyObject *row) {
     return PyLong_FromLong(at);
 }
 
+/* catch_up(ctx, enc_batch, dec_batch, g_fn, state_fn, norm, n_embd, eps, feats, width, tokens,
+ *          enc_pos, dec_pos, seq, state)
+ * A drafter sequence's catch-up, its rows n = len(tokens) (at most what one batch of every row an
+ * output holds): ONE llama_encode of the target features ``feats`` (n x width floats) at
+ * positions enc_pos.. (the fc graph's g rows, g_fn(ctx): llama.cpp's output of all rows), then
+ * ONE llama_decode of the pairs (tokens[i], g row i) at positions dec_pos.. of sequence ``seq``,
+ * every row an output; the last row's state (state_fn(ctx, n - 1), normed by ``norm`` unless it
+ * is None) into ``state``. The batches are one-sequence llama_batch structs at those addresses
+ * whose arrays localspec owns (ext_rows.DirectRows). Returns (the address of the last row's
+ * logits, seconds inside llama.cpp). */
+static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *enc_at, *dec_at, *g_at, *state_at, *norm_at = NULL;
+    if (n != 15) { PyErr_SetString(PyExc_TypeError, "catch_up takes 15 arguments"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &enc_at) || !as_pointer(args[2], &dec_at)
+        || !as_pointer(args[3], &g_at) || !as_pointer(args[4], &state_at)
+        || (args[5] != Py_None && !as_pointer(args[5], &norm_at)))
+        return NULL;
+    long n_embd = PyLong_AsLong(args[6]), width = PyLong_AsLong(args[9]);
+    double eps = PyFloat_AsDouble(args[7]);
+    PyObject *tokens = args[10];
+    long enc_pos = PyLong_AsLong(args[11]), dec_pos = PyLong_AsLong(args[12]), seq = PyLong_AsLong(args[13]);
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(tokens) || PyTuple_GET_SIZE(tokens) < 1 || n_embd < 1 || width < 1) {
+        PyErr_SetString(PyExc_ValueError, "catch_up: bad arguments");
+        return NULL;
+    }
+    if (!llama_decode_p || !llama_encode_p || !llama_get_logits_ith_p) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    Py_ssize_t rows = PyTuple_GET_SIZE(tokens);
+    batch_t *enc = (batch_t *)enc_at, *dec = (batch_t *)dec_at;
+    Py_buffer feats, state;
+    if (!float_buffer(args[8], &feats, rows * width, 0)) return NULL;
+    if (!float_buffer(args[14], &state, n_embd, 1)) { PyBuffer_Release(&feats); return NULL; }
+    double spent = 0.0;
+    PyObject *result = NULL;
+    enc->n_tokens = dec->n_tokens = (int32_t)rows;
+    memcpy(enc->embd, feats.buf, sizeof(float) * (size_t)(rows * width));
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        long tok = PyLong_AsLong(PyTuple_GET_ITEM(tokens, i));
+        if (tok == -1 && PyErr_Occurred()) goto done;
+        enc->pos[i] = (int32_t)(enc_pos + i);
+        enc->n_seq_id[i] = 1;
+        enc->seq_id[i][0] = (int32_t)seq;
+        enc->logits[i] = 1;
+        dec->token[i] = (int32_t)tok;
+        dec->pos[i] = (int32_t)(dec_pos + i);
+        dec->n_seq_id[i] = 1;
+        dec->seq_id[i][0] = (int32_t)seq;
+        dec->logits[i] = 1;
+    }
+    int32_t rc = run_timed(llama_encode_p, ctx, enc, &spent);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_encode code %d)", (int)rc); goto done; }
+    const float *g = ((all_fn)g_at)(ctx);
+    if (!g) { PyErr_SetString(PyExc_RuntimeError, "the drafter encoder produced no output"); goto done; }
+    memcpy(dec->embd, g, sizeof(float) * (size_t)(rows * n_embd));
+    rc = run_timed(llama_decode_p, ctx, dec, &spent);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc); goto done; }
+    const float *row = logits_row(ctx, (int32_t)(rows - 1));
+    if (!row) goto done;
+    const float *h = ((row_fn)state_at)(ctx, (int32_t)(rows - 1));
+    if (!h) { PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); goto done; }
+    if (norm_at) normed_state((float *)state.buf, h, (const float *)norm_at, (int32_t)n_embd, eps);
+    else memcpy(state.buf, h, sizeof(float) * (size_t)n_embd);
+    result = Py_BuildValue("(Nd)", PyLong_FromVoidPtr((void *)row), spent);
+done:
+    PyBuffer_Release(&feats);
+    PyBuffer_Release(&state);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
     {"gather_rows", (PyCFunction)(void (*)(void))hl_gather_rows, METH_FASTCALL, "the target's layer inputs of a batch's rows"},
     {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, get_logits_ith): llama.cpp's functions by address"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
+    {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab)"},
     {"argmax_at", (PyCFunction)(void (*)(void))hl_argmax_at, METH_FASTCALL, "argmax_at(address, n)"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
-    {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, n, eps)"},
+    {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},
     {NULL, NULL, 0, NULL}};
 

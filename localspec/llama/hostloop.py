@@ -23,7 +23,7 @@ if os.environ.get("LOCALSPEC_HOSTLOOP", "").strip().lower() == "numpy":
 
 if _c is not None:
     _lib = llama_cpp.llama_cpp._lib
-    _c.bind(ctypes.cast(_lib.llama_decode, ctypes.c_void_p).value,
+    _c.bind(ctypes.cast(_lib.llama_decode, ctypes.c_void_p).value, ctypes.cast(_lib.llama_encode, ctypes.c_void_p).value,
             ctypes.cast(_lib.llama_get_logits_ith, ctypes.c_void_p).value)
 
 COMPILED = _c is not None
@@ -41,10 +41,12 @@ def _numpy_argmax(row) -> int:
 
 argmax = _c.argmax if _c is not None else _numpy_argmax           # (a float32 row) -> its argmax
 argmax_ith = _c.argmax_ith if _c is not None else None            # (ctx address, row, n_vocab) -> token
+argmax_rows = _c.argmax_rows if _c is not None else None          # (ctx address, rows tuple, n_vocab) -> tokens
 argmax_at = _c.argmax_at if _c is not None else None              # (address, n) -> index
 normed_state = _c.normed_state if _c is not None else None        # (out, h, norm, n, eps) addresses
 greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloop.c
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
+catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
 
 
 def decode_clock() -> tuple[float, float, int]:

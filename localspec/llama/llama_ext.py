@@ -160,6 +160,11 @@ def nextn_ith_address(ctx: Any, i: int) -> int:
     return _address_fn("llama_get_embeddings_nextn_ith")(ctx, i) or 0
 
 
+def nextn_getter() -> Any:
+    """The C function behind :func:`nextn_address`, ``(ctx) -> address or None``."""
+    return _address_fn("llama_get_embeddings_nextn")
+
+
 def nextn_ith_getter() -> Any:
     """The C function behind :func:`nextn_ith_address`, ``(ctx, i) -> address or None``, bound
     once by a caller that reads a state every drafter step."""

@@ -424,6 +424,17 @@ class Context:
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
 
+    def argmax_rows(self, first: int, n: int) -> list[int]:
+        """:meth:`argmax` of output rows ``first .. first + n - 1`` (a verify's rows), in one C call."""
+        if hostloop.argmax_rows is None:
+            return [int(self.logits(i).argmax()) for i in range(first, first + n)]
+        at = self._sent_at
+        rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
+        try:
+            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+
     def logits_block(self, n_rows: int) -> np.ndarray | None:
         """The logits of the last batch's first ``n_rows`` output rows as one ``(n_rows, n_vocab)``
         view (one C call for all: llama.h keeps them contiguous in batch order), valid until the next

@@ -183,7 +183,12 @@ class TargetVerifier:
         base, n_past = len(self.uncached), self.n_past
         t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
-        for i, d in enumerate(drafts):
+        if drafts and sampler.plain_greedy:   # every row's argmax in one call, then the longest match
+            best = ctx.argmax_rows(at + base, len(drafts) + 1)
+            while accepted < len(drafts) and best[accepted] == drafts[accepted]:
+                accepted += 1
+            correction = best[accepted]
+        for i, d in enumerate(drafts if correction < 0 else ()):
             ok, tok = sampler.verify_at(ctx, at + base + i, d, drafts[:i])
             if not ok:
                 correction = tok

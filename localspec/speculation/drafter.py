@@ -136,6 +136,12 @@ class ModelDrafter:
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
         self._nextn_ith = llama_ext.nextn_ith_getter()   # a state's address, read every step
         self._nextn_at = hostloop.address(self._nextn_ith)
+        # a lone catch-up's encode and decode in one C call (write_direct): EAGLE's kind, whose
+        # catch-up is its fc encode then a decode of the pairs (up to the rows one decode outputs)
+        self._c_catch_up = (hostloop.catch_up is not None and kind.direct and self._plain_decode
+                            and kind.state_norm is not None and type(kind).write is DrafterKind.write)
+        self._c_catch_up_rows = min(ALL_OUTPUT_ROWS, ctx.n_batch, ctx.n_outputs_max)
+        self._nextn_all_at = hostloop.address(llama_ext.nextn_getter()) if self._c_catch_up else 0
         self._sequences: dict[int, object] = {}
 
     def for_sequence(self, seq: int):
@@ -193,6 +199,30 @@ class ModelDrafter:
         idx = direct.fill(seqs, tokens, g, positions, output)
         self._run_direct(direct, who)
         return idx
+
+    def write_direct(self, who, tokens: list[int], feats: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """A lone catch-up (:meth:`DrafterSequence.catch_up`) in one C call
+        (:func:`llama.hostloop.catch_up`): the encode of ``feats`` and the decode of the pairs
+        (tokens[i], g[i]) from ``start``, as ``kind.write(who, tokens, encode(feats), start)`` runs
+        them; the last row's logits (a view) and state. None where that call does not apply (not
+        built, another kind, more rows than one decode outputs): the caller takes the kind's path."""
+        n = len(tokens)
+        if not self._c_catch_up or hostloop.catch_up is None or not 0 < n <= self._c_catch_up_rows or feats.shape[0] != n:
+            return None
+        enc = self._direct_enc
+        if enc is None or enc.width != feats.shape[1]:
+            enc = self._direct_enc = DirectRows(self.ctx.n_batch, feats.shape[1], tokens=False)
+        seq, (norm, eps) = who.seq, self.kind.state_norm
+        state = np.empty(self.n_embd, dtype=np.float32)
+        try:
+            logits_at, seconds = hostloop.catch_up(
+                self.ctx.address, enc.address, self._direct.address, self._nextn_all_at, self._nextn_at, norm,
+                self.n_embd, eps, feats, feats.shape[1], tuple(tokens), self.ctx.pos_max(seq) + 1,
+                self.kind.position(seq, start), seq, state)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        who.seconds += seconds
+        return llama_ext.float_view(logits_at, (self.model.n_vocab,), self.views), state
 
     def encode_rows(self, seqs: np.ndarray, embd: np.ndarray, positions: np.ndarray, who) -> None:
         """One encode of embedding rows alone (row ``i`` in sequence ``seqs[i]`` at
@@ -549,6 +579,9 @@ class DrafterSequence:
         the most recent rows, and the drafter forgets the older ones (it attends to what is
         there; drafts only get a little worse, never the output)."""
         tokens, feats, start = self.take(max_rows)
+        done = self.drafter.write_direct(self, tokens, feats, start)
+        if done is not None:
+            return done
         return self.kind.write(self, tokens, self.drafter.encode(feats, self), start)
 
     def take(self, max_rows: int | None = None) -> tuple[list[int], np.ndarray, int]:

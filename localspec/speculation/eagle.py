@@ -112,7 +112,7 @@ class EagleKind(DrafterKind):
         if hostloop.normed_state is not None:   # C, as the greedy chain's (llama.hostloop): the same bits
             if out is None:
                 out = np.empty(self.n_embd, dtype=np.float32)
-            hostloop.normed_state(out.ctypes.data, src.ctypes.data, self.state_norm[0], self.n_embd, self.out_norm_eps)
+            hostloop.normed_state(out, src, self.state_norm[0], self.out_norm_eps)
             return out
         x = float(np.dot(src, src))
         state = np.multiply(src, self.out_norm, out=out)
