@@ -1,6 +1,7 @@
 """Shared engine checks: the prompt set, one generation to its DoneEvent, and losslessness up to a
-numerical near-tie, and the slots' helpers (a sink that collects, a scheduler drained). Used by
-test_engine, test_speculation, test_tree, test_penalties, test_slots and test_mtp."""
+numerical near-tie, the slots' helpers (a sink that collects, a scheduler drained), and a fixed
+EAGLE chain's drafts through a generation. Used by test_engine, test_speculation, test_tree,
+test_penalties, test_slots, test_mtp, test_direct_rows and test_hostloop."""
 
 from __future__ import annotations
 
@@ -139,3 +140,29 @@ def prefill(engine: Engine, prompt: list[int], sampler, drafter=None) -> int:
         batch.decode()
         first = verifier.prefill_done(len(tokens), sampler, offset)
     return first
+
+
+def chain_drafts(eng, prompt: str, n: int) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """The drafts of a fixed EAGLE chain of 4 during a greedy generation (each with the chain's
+    ``k``: 4, or the room left near the end), and its output."""
+    from localspec.runtime.config import GenerationConfig as Config
+    from localspec.runtime.sampling import SamplingParams
+    from localspec.speculation.model_source import EagleSource
+    from localspec.speculation.policy import PolicyConfig
+
+    drafts, propose = [], EagleSource.propose
+
+    def recorded(self, k, *args, **kw):
+        draft = propose(self, k, *args, **kw)
+        drafts.append((k, list(draft.tokens)))
+        return draft
+
+    EagleSource.propose = recorded
+    try:
+        eng.clear_cache()
+        cfg = Config(max_tokens=n, sampling=SamplingParams(temperature=0.0),
+                     policy=PolicyConfig("fixed", 4, tree="off", source="eagle", p_min=0.0))
+        done = [e for e in eng.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
+    finally:
+        EagleSource.propose = propose
+    return drafts, list(done.tokens)

@@ -16,6 +16,8 @@ from localspec.core.errors import LocalspecError
 from localspec.llama.ext_rows import DirectRows
 from localspec.runtime.engine import Engine
 
+from engine_checks import chain_drafts
+
 DRAFTER = Path(__file__).resolve().parents[1] / "localspec" / "data" / "smollm2-135m-eagle3.1.gguf"
 
 
@@ -120,33 +122,6 @@ def test_greedy_and_stepped_chains_draft_what_the_decode_path_drafts(smollm2):
                 assert len(got["old", k]) == k
 
 
-def _chain_drafts(eng, prompt: str, n: int) -> tuple[list[tuple[int, list[int]]], list[int]]:
-    """The drafts of a fixed EAGLE chain of 4 during a greedy generation (each with the chain's
-    ``k``: 4, or the room left near the end), and its output."""
-    from localspec.core.events import DoneEvent
-    from localspec.runtime.config import GenerationConfig
-    from localspec.runtime.sampling import SamplingParams
-    from localspec.speculation.model_source import EagleSource
-    from localspec.speculation.policy import PolicyConfig
-
-    drafts, propose = [], EagleSource.propose
-
-    def recorded(self, k, *args, **kw):
-        draft = propose(self, k, *args, **kw)
-        drafts.append((k, list(draft.tokens)))
-        return draft
-
-    EagleSource.propose = recorded
-    try:
-        eng.clear_cache()
-        cfg = GenerationConfig(max_tokens=n, sampling=SamplingParams(temperature=0.0),
-                               policy=PolicyConfig("fixed", 4, tree="off", source="eagle", p_min=0.0))
-        done = [e for e in eng.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
-    finally:
-        EagleSource.propose = propose
-    return drafts, list(done.tokens)
-
-
 def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monkeypatch):
     """A generation's chains (ModelDrafter.greedy) skip the fed-back state of their last step
     (never read): the drafts and the output are those of the full path (each step through decode,
@@ -165,11 +140,11 @@ def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monk
             return state(self, idx, out)
 
         monkeypatch.setattr(ModelDrafter, "state", counted)
-        lean, lean_out = _chain_drafts(eng, prompt, 40)
+        lean, lean_out = chain_drafts(eng, prompt, 40)
         lean_states = len(states)
         monkeypatch.setattr(DrafterSequence, "greedy", _old_chain)   # the path before: every state computed
         states.clear()
-        full, full_out = _chain_drafts(eng, prompt, 40)
+        full, full_out = chain_drafts(eng, prompt, 40)
         assert lean == full and lean_out == full_out
         reached = sum(len(d) == k > 1 for k, d in full)   # chains that took their last step
         assert reached > 0

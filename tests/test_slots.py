@@ -350,6 +350,15 @@ def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shar
                         lambda self, batch, draft: drafts.append((self.verifier.seq, list(draft.tokens)))
                         or add_rows(self, batch, draft))
     monkeypatch.setattr(ModelDrafter, "encode_rows", lambda self, *a: encodes.append(len(a[0])) or encode_rows(self, *a))
+    write_direct = ModelDrafter.write_direct
+
+    def direct(self, who, tokens, feats, start):   # a lone catch-up's encode in one C call (llama.hostloop)
+        done = write_direct(self, who, tokens, feats, start)
+        if done is not None:
+            encodes.append(len(tokens))
+        return done
+
+    monkeypatch.setattr(ModelDrafter, "write_direct", direct)
     if not shared:
         monkeypatch.setattr(EagleKind, "shares_catch_up", False)
     try:

@@ -114,7 +114,10 @@ static long long clock_calls = 0;
 /* One llama_decode / llama_encode of ``batch``, timed (its wall seconds added to *spent). */
 static int32_t run_timed(decode_fn fn, void *ctx, batch_t *batch, double *spent) {
     double t0 = seconds_now(), c0 = thread_seconds();
-    int32_t rc = fn(ctx, *batch);
+    int32_t rc;
+    Py_BEGIN_ALLOW_THREADS   /* as ctypes does: the server's event loop runs meanwhile */
+    rc = fn(ctx, *batch);
+    Py_END_ALLOW_THREADS
     double dt = seconds_now() - t0;
     *spent += dt;
     clock_seconds += dt;
@@ -157,8 +160,19 @@ static PyObject *hl_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
+/* A llama.cpp getter of an output row (it waits for the backend: a GPU's compute ends there),
+ * called with the GIL released as ctypes calls it. */
+static const float *row_of(row_fn fn, void *ctx, int32_t i) {
+    const float *row = NULL;
+    if (!fn) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    row = fn(ctx, i);
+    Py_END_ALLOW_THREADS
+    return row;
+}
+
 static const float *logits_row(void *ctx, int32_t i) {
-    const float *row = llama_get_logits_ith_p ? llama_get_logits_ith_p(ctx, i) : NULL;
+    const float *row = row_of(llama_get_logits_ith_p, ctx, i);
     if (row == NULL) PyErr_SetString(PyExc_RuntimeError, "llama.cpp returned no logits");
     return row;
 }
@@ -198,19 +212,9 @@ static PyObject *hl_argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_
     return out;
 }
 
-/* argmax_at(address, n): the argmax of n floats at an address (a view llama.cpp owns) */
-static PyObject *hl_argmax_at(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *at;
-    if (n != 2) { PyErr_SetString(PyExc_TypeError, "argmax_at(address, n)"); return NULL; }
-    if (!as_pointer(args[0], &at)) return NULL;
-    long len = PyLong_AsLong(args[1]);
-    if (PyErr_Occurred()) return NULL;
-    if (at == NULL || len < 1) { PyErr_SetString(PyExc_ValueError, "argmax_at: no row"); return NULL; }
-    return PyLong_FromLong(argmax_f32((const float *)at, (int32_t)len));
-}
-
-/* The fed-back state of EAGLE-3.1: out = norm * h / sqrt(mean(h*h) + eps), in float32 as the
- * numpy path computes it (the sum of squares in double). */
+/* The fed-back state of EAGLE-3.1: out = norm * h / sqrt(mean(h*h) + eps), the products in
+ * float32 as numpy's, the sum of squares in double (numpy's float32 dot rounds otherwise in the
+ * last bits: one of the two runs per install, see localspec.llama.hostloop). */
 static void normed_state(float *out, const float *h, const float *norm, int32_t n, double eps) {
     double ss = 0.0;
     for (int32_t j = 0; j < n; j++) ss += (double)h[j] * (double)h[j];
@@ -241,7 +245,7 @@ static PyObject *hl_normed_state(PyObject *self, PyObject *const *args, Py_ssize
  * llama_batch at address ``batch`` whose token, pos and embd arrays localspec owns, row 0 filled
  * with the first draft, its position and state) is decoded, its argmax is the next draft, and
  * that row's state (state_fn(ctx, 0): the drafter's hidden state, normed by ``norm`` unless it is
- * 0) is written into the row with the next draft and position; once per entry of ``positions``
+ * None) is written into the row with the next draft and position; once per entry of ``positions``
  * (the positions of the steps after the first). Returns (the drafts after the first, seconds inside
  * llama_decode), or raises on a failed decode (its code in the message). */
 static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -277,7 +281,7 @@ static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize
         if (!t || PyList_Append(drafts, t) < 0) { Py_XDECREF(t); Py_DECREF(drafts); return NULL; }
         Py_DECREF(t);
         if (s + 1 == steps) break;
-        const float *h = state_of(ctx, 0);
+        const float *h = row_of(state_of, ctx, 0);
         if (!h) { Py_DECREF(drafts); PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); return NULL; }
         if (norm) normed_state(batch->embd, h, norm, (int32_t)n_embd, eps);
         else memcpy(batch->embd, h, sizeof(float) * (size_t)n_embd);
@@ -315,7 +319,7 @@ static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_
     for (Py_ssize_t k = 0; k < n_layers; k++) {
         long lid = PyLong_AsLong(PyTuple_GET_ITEM(layers, k));
         if (lid == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); return NULL; }
-        const float *src = layer_of(ctx, (int32_t)lid);
+        const float *src = row_of(layer_of, ctx, (int32_t)lid);
         if (!src) {
             PyBuffer_Release(&out);
             return PyErr_Format(PyExc_RuntimeError, "llama.cpp extracted no inputs of target layer %ld", lid);
@@ -324,7 +328,11 @@ static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_
             long at = lo + r;
             if (rows != Py_None) {
                 at = PyLong_AsLong(PyTuple_GET_ITEM(rows, r));
-                if (at == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); return NULL; }
+                if (at < 0) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "gather_rows: a negative row");
+                    PyBuffer_Release(&out);
+                    return NULL;
+                }
             }
             float *block = dst + r * stride + k * width;
             memcpy(block, src + (size_t)at * (size_t)width, sizeof(float) * (size_t)width);
@@ -407,14 +415,17 @@ static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     int32_t rc = run_timed(llama_encode_p, ctx, enc, &spent);
     if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_encode code %d)", (int)rc); goto done; }
-    const float *g = ((all_fn)g_at)(ctx);
+    const float *g = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    g = ((all_fn)g_at)(ctx);
+    Py_END_ALLOW_THREADS
     if (!g) { PyErr_SetString(PyExc_RuntimeError, "the drafter encoder produced no output"); goto done; }
     memcpy(dec->embd, g, sizeof(float) * (size_t)(rows * n_embd));
     rc = run_timed(llama_decode_p, ctx, dec, &spent);
     if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc); goto done; }
     const float *row = logits_row(ctx, (int32_t)(rows - 1));
     if (!row) goto done;
-    const float *h = ((row_fn)state_at)(ctx, (int32_t)(rows - 1));
+    const float *h = row_of((row_fn)state_at, ctx, (int32_t)(rows - 1));
     if (!h) { PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); goto done; }
     if (norm_at) normed_state((float *)state.buf, h, (const float *)norm_at, (int32_t)n_embd, eps);
     else memcpy(state.buf, h, sizeof(float) * (size_t)n_embd);
@@ -429,10 +440,9 @@ static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
     {"gather_rows", (PyCFunction)(void (*)(void))hl_gather_rows, METH_FASTCALL, "the target's layer inputs of a batch's rows"},
-    {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, get_logits_ith): llama.cpp's functions by address"},
+    {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, encode, get_logits_ith): llama.cpp's functions by address"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
     {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab)"},
-    {"argmax_at", (PyCFunction)(void (*)(void))hl_argmax_at, METH_FASTCALL, "argmax_at(address, n)"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},

@@ -34,7 +34,6 @@ def address(ptr) -> int:
     return ctypes.cast(ptr, ctypes.c_void_p).value or 0
 
 
-
 def _numpy_argmax(row) -> int:
     return int(row.argmax())
 
@@ -42,8 +41,7 @@ def _numpy_argmax(row) -> int:
 argmax = _c.argmax if _c is not None else _numpy_argmax           # (a float32 row) -> its argmax
 argmax_ith = _c.argmax_ith if _c is not None else None            # (ctx address, row, n_vocab) -> token
 argmax_rows = _c.argmax_rows if _c is not None else None          # (ctx address, rows tuple, n_vocab) -> tokens
-argmax_at = _c.argmax_at if _c is not None else None              # (address, n) -> index
-normed_state = _c.normed_state if _c is not None else None        # (out, h, norm, n, eps) addresses
+normed_state = _c.normed_state if _c is not None else None        # (out row, h row, norm address, eps)
 greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloop.c
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
 catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
@@ -51,5 +49,5 @@ catch_up = _c.catch_up if _c is not None else None                # see _hostloo
 
 def decode_clock() -> tuple[float, float, int]:
     """(seconds, this thread's CPU seconds, calls) inside the llama_decode calls C made itself
-    (a greedy chain's): what a bench that times llama.cpp's compute adds to its own count."""
+    (a greedy chain's, a catch-up's): what a bench that times llama.cpp's compute adds to its own count."""
     return _c.clock() if _c is not None else (0.0, 0.0, 0)

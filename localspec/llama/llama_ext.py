@@ -10,6 +10,7 @@ mangled names, and nothing else. A library without them (another llama-cpp-pytho
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import llama_cpp
@@ -196,7 +197,7 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
     out = np.empty((n_out, len(layers) * width), dtype=np.float32)
     if hostloop.gather_rows is not None:   # one C call, not three address calls and numpy copies
         try:
-            hostloop.gather_rows(out, _LAYER_INP_AT[0] or _layer_inp_at(), ctx.address, tuple(layers), width, lo,
+            hostloop.gather_rows(out, _layer_inp_at(), ctx.address, tuple(layers), width, lo,
                                  n_rows, None if rows is None else tuple(rows), -1.0 if eps is None else eps)
         except RuntimeError as e:
             raise LocalspecError(str(e)) from None
@@ -218,13 +219,10 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
     return out
 
 
-_LAYER_INP_AT = [0]
-
-
+@functools.cache
 def _layer_inp_at() -> int:
     """The address of ``llama_get_embeddings_layer_inp`` (resolved once)."""
-    _LAYER_INP_AT[0] = hostloop.address(_function("llama_get_embeddings_layer_inp"))
-    return _LAYER_INP_AT[0]
+    return hostloop.address(_function("llama_get_embeddings_layer_inp"))
 
 
 def rms_normalize_rows(x: np.ndarray, eps: float) -> None:
