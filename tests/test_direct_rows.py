@@ -131,6 +131,7 @@ def test_a_chain_s_last_step_computes_no_state_and_drafts_the_same(smollm2, monk
     from localspec.llama import hostloop
 
     monkeypatch.setattr(hostloop, "greedy_chain", None)   # the Python loop, whose states are counted
+    monkeypatch.setattr(hostloop, "catch_up_chain", None)
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
     with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
         states, state = [], ModelDrafter.state

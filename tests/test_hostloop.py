@@ -85,8 +85,11 @@ def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeyp
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
                "Write a short poem about the sea."]
     with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
-        in_c = [chain_drafts(eng, p, 48) for p in prompts]
-        for name in ("greedy_chain", "normed_state", "argmax_ith", "catch_up", "gather_rows"):
+        in_c = [chain_drafts(eng, p, 48) for p in prompts]   # a catch-up and its chain in one call
+        with monkeypatch.context() as m:
+            m.setattr(hostloop, "catch_up_chain", None)        # the catch-up's call, then the chain's
+            assert [chain_drafts(eng, p, 48) for p in prompts] == in_c
+        for name in ("greedy_chain", "normed_state", "argmax_ith", "catch_up", "catch_up_chain", "gather_rows"):
             monkeypatch.setattr(hostloop, name, None)
         in_numpy = [chain_drafts(eng, p, 48) for p in prompts]
     assert in_c == in_numpy

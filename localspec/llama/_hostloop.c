@@ -240,6 +240,43 @@ static PyObject *hl_normed_state(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+/* The fed-back state of output row ``i`` into ``out``: state_fn(ctx, i), normed by ``norm``
+ * unless it is NULL. 0 and an error set where llama.cpp returned none. */
+static int state_into(float *out, row_fn state_fn, void *ctx, int32_t i, const float *norm, long n_embd, double eps) {
+    const float *h = row_of(state_fn, ctx, i);
+    if (!h) { PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); return 0; }
+    if (norm) normed_state(out, h, norm, (int32_t)n_embd, eps);
+    else memcpy(out, h, sizeof(float) * (size_t)n_embd);
+    return 1;
+}
+
+/* A greedy chain's decodes: ``steps`` decodes of the one-row ``batch`` (row 0 filled for the
+ * first), each one's argmax appended to ``drafts``; after each but the last, row 0 refilled with
+ * that draft, its state and the position positions[first + s]. 0 and an error set on a failure. */
+static int chain_steps(void *ctx, batch_t *batch, row_fn state_fn, const float *norm, long n_embd, double eps,
+                       long nv, PyObject *positions, Py_ssize_t first, Py_ssize_t steps, PyObject *drafts, double *spent) {
+    for (Py_ssize_t s = 0; s < steps; s++) {
+        int32_t rc = run_timed(llama_decode_p, ctx, batch, spent);
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
+            return 0;
+        }
+        const float *row = logits_row(ctx, 0);
+        if (!row) return 0;
+        int32_t tok = argmax_f32(row, (int32_t)nv);
+        PyObject *t = PyLong_FromLong(tok);
+        if (!t || PyList_Append(drafts, t) < 0) { Py_XDECREF(t); return 0; }
+        Py_DECREF(t);
+        if (s + 1 == steps) break;
+        if (!state_into(batch->embd, state_fn, ctx, 0, norm, n_embd, eps)) return 0;
+        long p = PyLong_AsLong(PyTuple_GET_ITEM(positions, first + s));
+        if (p == -1 && PyErr_Occurred()) return 0;
+        batch->token[0] = tok;
+        batch->pos[0] = (int32_t)p;
+    }
+    return 1;
+}
+
 /* greedy_chain(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, positions)
  * A greedy draft chain of one sequence after its first draft: the batch (a one-row
  * llama_batch at address ``batch`` whose token, pos and embd arrays localspec owns, row 0 filled
@@ -261,34 +298,14 @@ static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize
     if (PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(positions)) { PyErr_SetString(PyExc_TypeError, "positions: a tuple"); return NULL; }
     if (!llama_decode_p || !state_at) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
-    Py_ssize_t steps = PyTuple_GET_SIZE(positions) + 1;   /* decodes: the first draft's, then each later one's */
-    batch_t *batch = (batch_t *)batch_at;
-    row_fn state_of = (row_fn)state_at;
-    const float *norm = (const float *)norm_at;
     PyObject *drafts = PyList_New(0);
     if (!drafts) return NULL;
     double spent = 0.0;
-    for (Py_ssize_t s = 0; s < steps; s++) {
-        int32_t rc = run_timed(llama_decode_p, ctx, batch, &spent);
-        if (rc != 0) {
-            Py_DECREF(drafts);
-            return PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
-        }
-        const float *row = logits_row(ctx, 0);
-        if (!row) { Py_DECREF(drafts); return NULL; }
-        int32_t tok = argmax_f32(row, (int32_t)nv);
-        PyObject *t = PyLong_FromLong(tok);
-        if (!t || PyList_Append(drafts, t) < 0) { Py_XDECREF(t); Py_DECREF(drafts); return NULL; }
-        Py_DECREF(t);
-        if (s + 1 == steps) break;
-        const float *h = row_of(state_of, ctx, 0);
-        if (!h) { Py_DECREF(drafts); PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); return NULL; }
-        if (norm) normed_state(batch->embd, h, norm, (int32_t)n_embd, eps);
-        else memcpy(batch->embd, h, sizeof(float) * (size_t)n_embd);
-        long p = PyLong_AsLong(PyTuple_GET_ITEM(positions, s));
-        if (p == -1 && PyErr_Occurred()) { Py_DECREF(drafts); return NULL; }
-        batch->token[0] = tok;
-        batch->pos[0] = (int32_t)p;
+    /* decodes: the first draft's, then each later one's */
+    if (!chain_steps(ctx, (batch_t *)batch_at, (row_fn)state_at, (const float *)norm_at, n_embd, eps, nv, positions, 0,
+                     PyTuple_GET_SIZE(positions) + 1, drafts, &spent)) {
+        Py_DECREF(drafts);
+        return NULL;
     }
     return Py_BuildValue("(Nd)", drafts, spent);
 }
@@ -373,71 +390,149 @@ static PyObject *hl_argmax(PyObject *self, PyObject *row) {
  * every row an output; the last row's state (state_fn(ctx, n - 1), normed by ``norm`` unless it
  * is None) into ``state``. The batches are one-sequence llama_batch structs at those addresses
  * whose arrays localspec owns (ext_rows.DirectRows). Returns (the address of the last row's
- * logits, seconds inside llama.cpp). */
-static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *ctx, *enc_at, *dec_at, *g_at, *state_at, *norm_at = NULL;
-    if (n != 15) { PyErr_SetString(PyExc_TypeError, "catch_up takes 15 arguments"); return NULL; }
-    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &enc_at) || !as_pointer(args[2], &dec_at)
-        || !as_pointer(args[3], &g_at) || !as_pointer(args[4], &state_at)
-        || (args[5] != Py_None && !as_pointer(args[5], &norm_at)))
-        return NULL;
-    long n_embd = PyLong_AsLong(args[6]), width = PyLong_AsLong(args[9]);
-    double eps = PyFloat_AsDouble(args[7]);
-    PyObject *tokens = args[10];
-    long enc_pos = PyLong_AsLong(args[11]), dec_pos = PyLong_AsLong(args[12]), seq = PyLong_AsLong(args[13]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyTuple_Check(tokens) || PyTuple_GET_SIZE(tokens) < 1 || n_embd < 1 || width < 1) {
+ * logits, seconds inside llama.cpp).
+ *
+ * catch_up_chain(the same 14 first arguments, n_vocab, positions)
+ * The catch-up, then the greedy chain from its last row (greedy_chain's steps): its argmax the
+ * first draft and, for each entry of ``positions`` (the chain's positions from the first
+ * draft's), one more decode of the last draft with the state before it. Returns (the drafts,
+ * seconds inside llama.cpp). */
+typedef struct {
+    void *ctx, *norm;
+    batch_t *enc, *dec;
+    all_fn g_of;
+    row_fn state_of;
+    long n_embd, width, enc_pos, dec_pos, seq;
+    double eps;
+    PyObject *tokens;
+} catch_up_args;
+
+static int parse_catch_up(PyObject *const *args, catch_up_args *a) {
+    void *enc, *dec, *g, *st;
+    a->norm = NULL;
+    if (!as_pointer(args[0], &a->ctx) || !as_pointer(args[1], &enc) || !as_pointer(args[2], &dec)
+        || !as_pointer(args[3], &g) || !as_pointer(args[4], &st)
+        || (args[5] != Py_None && !as_pointer(args[5], &a->norm)))
+        return 0;
+    a->enc = (batch_t *)enc;
+    a->dec = (batch_t *)dec;
+    a->g_of = (all_fn)g;
+    a->state_of = (row_fn)st;
+    a->n_embd = PyLong_AsLong(args[6]);
+    a->eps = PyFloat_AsDouble(args[7]);
+    a->width = PyLong_AsLong(args[9]);
+    a->tokens = args[10];
+    a->enc_pos = PyLong_AsLong(args[11]);
+    a->dec_pos = PyLong_AsLong(args[12]);
+    a->seq = PyLong_AsLong(args[13]);
+    if (PyErr_Occurred()) return 0;
+    if (!PyTuple_Check(a->tokens) || PyTuple_GET_SIZE(a->tokens) < 1 || a->n_embd < 1 || a->width < 1) {
         PyErr_SetString(PyExc_ValueError, "catch_up: bad arguments");
-        return NULL;
+        return 0;
     }
-    if (!llama_decode_p || !llama_encode_p || !llama_get_logits_ith_p) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
-    Py_ssize_t rows = PyTuple_GET_SIZE(tokens);
-    batch_t *enc = (batch_t *)enc_at, *dec = (batch_t *)dec_at;
-    Py_buffer feats, state;
-    if (!float_buffer(args[8], &feats, rows * width, 0)) return NULL;
-    if (!float_buffer(args[14], &state, n_embd, 1)) { PyBuffer_Release(&feats); return NULL; }
-    double spent = 0.0;
-    PyObject *result = NULL;
+    if (!llama_decode_p || !llama_encode_p || !llama_get_logits_ith_p || !g || !st) {
+        PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound");
+        return 0;
+    }
+    return 1;
+}
+
+/* The catch-up's encode and decode (catch_up above), ``feats`` the features' buffer; the last
+ * row's logits, or NULL and an error set. */
+static const float *run_catch_up(catch_up_args *a, const float *feats, double *spent) {
+    Py_ssize_t rows = PyTuple_GET_SIZE(a->tokens);
+    batch_t *enc = a->enc, *dec = a->dec;
     enc->n_tokens = dec->n_tokens = (int32_t)rows;
-    memcpy(enc->embd, feats.buf, sizeof(float) * (size_t)(rows * width));
+    memcpy(enc->embd, feats, sizeof(float) * (size_t)(rows * a->width));
     for (Py_ssize_t i = 0; i < rows; i++) {
-        long tok = PyLong_AsLong(PyTuple_GET_ITEM(tokens, i));
-        if (tok == -1 && PyErr_Occurred()) goto done;
-        enc->pos[i] = (int32_t)(enc_pos + i);
+        long tok = PyLong_AsLong(PyTuple_GET_ITEM(a->tokens, i));
+        if (tok == -1 && PyErr_Occurred()) return NULL;
+        enc->pos[i] = (int32_t)(a->enc_pos + i);
         enc->n_seq_id[i] = 1;
-        enc->seq_id[i][0] = (int32_t)seq;
+        enc->seq_id[i][0] = (int32_t)a->seq;
         enc->logits[i] = 1;
         dec->token[i] = (int32_t)tok;
-        dec->pos[i] = (int32_t)(dec_pos + i);
+        dec->pos[i] = (int32_t)(a->dec_pos + i);
         dec->n_seq_id[i] = 1;
-        dec->seq_id[i][0] = (int32_t)seq;
+        dec->seq_id[i][0] = (int32_t)a->seq;
         dec->logits[i] = 1;
     }
-    int32_t rc = run_timed(llama_encode_p, ctx, enc, &spent);
-    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_encode code %d)", (int)rc); goto done; }
+    int32_t rc = run_timed(llama_encode_p, a->ctx, enc, spent);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_encode code %d)", (int)rc); return NULL; }
     const float *g = NULL;
     Py_BEGIN_ALLOW_THREADS
-    g = ((all_fn)g_at)(ctx);
+    g = a->g_of(a->ctx);
     Py_END_ALLOW_THREADS
-    if (!g) { PyErr_SetString(PyExc_RuntimeError, "the drafter encoder produced no output"); goto done; }
-    memcpy(dec->embd, g, sizeof(float) * (size_t)(rows * n_embd));
-    rc = run_timed(llama_decode_p, ctx, dec, &spent);
-    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc); goto done; }
-    const float *row = logits_row(ctx, (int32_t)(rows - 1));
-    if (!row) goto done;
-    const float *h = row_of((row_fn)state_at, ctx, (int32_t)(rows - 1));
-    if (!h) { PyErr_SetString(PyExc_RuntimeError, "the drafter returned no hidden state"); goto done; }
-    if (norm_at) normed_state((float *)state.buf, h, (const float *)norm_at, (int32_t)n_embd, eps);
-    else memcpy(state.buf, h, sizeof(float) * (size_t)n_embd);
-    result = Py_BuildValue("(Nd)", PyLong_FromVoidPtr((void *)row), spent);
-done:
+    if (!g) { PyErr_SetString(PyExc_RuntimeError, "the drafter encoder produced no output"); return NULL; }
+    memcpy(dec->embd, g, sizeof(float) * (size_t)(rows * a->n_embd));
+    rc = run_timed(llama_decode_p, a->ctx, dec, spent);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc); return NULL; }
+    return logits_row(a->ctx, (int32_t)(rows - 1));
+}
+
+static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    catch_up_args a;
+    if (n != 15) { PyErr_SetString(PyExc_TypeError, "catch_up takes 15 arguments"); return NULL; }
+    if (!parse_catch_up(args, &a)) return NULL;
+    Py_ssize_t rows = PyTuple_GET_SIZE(a.tokens);
+    Py_buffer feats, state;
+    if (!float_buffer(args[8], &feats, rows * a.width, 0)) return NULL;
+    if (!float_buffer(args[14], &state, a.n_embd, 1)) { PyBuffer_Release(&feats); return NULL; }
+    double spent = 0.0;
+    PyObject *result = NULL;
+    const float *row = run_catch_up(&a, (const float *)feats.buf, &spent);
+    if (row && state_into((float *)state.buf, a.state_of, a.ctx, (int32_t)(rows - 1), (const float *)a.norm, a.n_embd, a.eps))
+        result = Py_BuildValue("(Nd)", PyLong_FromVoidPtr((void *)row), spent);
     PyBuffer_Release(&feats);
     PyBuffer_Release(&state);
     return result;
 }
 
+static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    catch_up_args a;
+    if (n != 16) { PyErr_SetString(PyExc_TypeError, "catch_up_chain takes 16 arguments"); return NULL; }
+    if (!parse_catch_up(args, &a)) return NULL;
+    long nv = PyLong_AsLong(args[14]);
+    PyObject *positions = args[15];
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(positions)) { PyErr_SetString(PyExc_TypeError, "positions: a tuple"); return NULL; }
+    Py_ssize_t rows = PyTuple_GET_SIZE(a.tokens), more = PyTuple_GET_SIZE(positions);
+    Py_buffer feats;
+    if (!float_buffer(args[8], &feats, rows * a.width, 0)) return NULL;
+    double spent = 0.0;
+    PyObject *drafts = PyList_New(0), *result = NULL;
+    const float *row = drafts ? run_catch_up(&a, (const float *)feats.buf, &spent) : NULL;
+    PyBuffer_Release(&feats);
+    if (!row) { Py_XDECREF(drafts); return NULL; }
+    int32_t tok = argmax_f32(row, (int32_t)nv);
+    PyObject *t = PyLong_FromLong(tok);
+    if (!t || PyList_Append(drafts, t) < 0) { Py_XDECREF(t); Py_DECREF(drafts); return NULL; }
+    Py_DECREF(t);
+    if (more > 0) {   /* the chain's first step: the first draft with the catch-up's last state */
+        batch_t *dec = a.dec;
+        long p = PyLong_AsLong(PyTuple_GET_ITEM(positions, 0));
+        if ((p == -1 && PyErr_Occurred())
+            || !state_into(dec->embd, a.state_of, a.ctx, (int32_t)(rows - 1), (const float *)a.norm, a.n_embd, a.eps)) {
+            Py_DECREF(drafts);
+            return NULL;
+        }
+        dec->n_tokens = 1;
+        dec->token[0] = tok;
+        dec->pos[0] = (int32_t)p;
+        dec->seq_id[0][0] = (int32_t)a.seq;
+        dec->logits[0] = 1;
+        if (!chain_steps(a.ctx, dec, a.state_of, (const float *)a.norm, a.n_embd, a.eps, nv, positions, 1, more, drafts, &spent)) {
+            Py_DECREF(drafts);
+            return NULL;
+        }
+    }
+    result = Py_BuildValue("(Nd)", drafts, spent);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
+    {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
     {"gather_rows", (PyCFunction)(void (*)(void))hl_gather_rows, METH_FASTCALL, "the target's layer inputs of a batch's rows"},
     {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, encode, get_logits_ith): llama.cpp's functions by address"},

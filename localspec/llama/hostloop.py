@@ -45,6 +45,7 @@ normed_state = _c.normed_state if _c is not None else None        # (out row, h 
 greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloop.c
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
 catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
+catch_up_chain = _c.catch_up_chain if _c is not None else None    # see _hostloop.c
 
 
 def decode_clock() -> tuple[float, float, int]:

@@ -206,6 +206,41 @@ class ModelDrafter:
         (tokens[i], g[i]) from ``start``, as ``kind.write(who, tokens, encode(feats), start)`` runs
         them; the last row's logits (a view) and state. None where that call does not apply (not
         built, another kind, more rows than one decode outputs): the caller takes the kind's path."""
+        args = self._catch_up_args(who, tokens, feats, start)
+        if args is None:
+            return None
+        state = np.empty(self.n_embd, dtype=np.float32)
+        try:
+            logits_at, seconds = hostloop.catch_up(*args, state)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        who.seconds += seconds
+        return llama_ext.float_view(logits_at, (self.model.n_vocab,), self.views), state
+
+    def fuses(self, n: int, k: int) -> bool:
+        """Whether a catch-up of ``n`` rows and a greedy chain of ``k`` after it run as one C call
+        (:meth:`greedy_after`)."""
+        return (self._c_catch_up and hostloop.catch_up_chain is not None and 0 < n <= self._c_catch_up_rows
+                and k >= 1)
+
+    def greedy_after(self, who, tokens: list[int], feats: np.ndarray, start: int, pos: int, k: int) -> list[int]:
+        """:meth:`write_direct`, then :meth:`greedy`'s chain of ``k`` drafts from its last row
+        (the pair of the token at ``pos``), all in one C call (:func:`llama.hostloop.catch_up_chain`):
+        the same decodes. Only where :meth:`fuses` says so."""
+        args = self._catch_up_args(who, tokens, feats, start)
+        if args is None:
+            raise LocalspecError("internal: a fused catch-up where the C host loop does not apply")
+        position, seq = self.kind.position, who.seq
+        try:
+            drafts, seconds = hostloop.catch_up_chain(*args, self.model.n_vocab,
+                                                      tuple(position(seq, pos + n) for n in range(k - 1)))
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        who.seconds += seconds
+        return drafts
+
+    def _catch_up_args(self, who, tokens: list[int], feats: np.ndarray, start: int) -> tuple | None:
+        """The C catch-up's arguments (see :func:`llama.hostloop.catch_up`), or None where it does not apply."""
         n = len(tokens)
         if not self._c_catch_up or hostloop.catch_up is None or not 0 < n <= self._c_catch_up_rows or feats.shape[0] != n:
             return None
@@ -213,16 +248,9 @@ class ModelDrafter:
         if enc is None or enc.width != feats.shape[1]:
             enc = self._direct_enc = DirectRows(self.ctx.n_batch, feats.shape[1], tokens=False)
         seq, (norm, eps) = who.seq, self.kind.state_norm
-        state = np.empty(self.n_embd, dtype=np.float32)
-        try:
-            logits_at, seconds = hostloop.catch_up(
-                self.ctx.address, enc.address, self._direct.address, self._nextn_all_at, self._nextn_at, norm,
+        return (self.ctx.address, enc.address, self._direct.address, self._nextn_all_at, self._nextn_at, norm,
                 self.n_embd, eps, feats, feats.shape[1], tuple(tokens), self.ctx.pos_max(seq) + 1,
-                self.kind.position(seq, start), seq, state)
-        except RuntimeError as e:
-            raise llama_failure(str(e)) from None
-        who.seconds += seconds
-        return llama_ext.float_view(logits_at, (self.model.n_vocab,), self.views), state
+                self.kind.position(seq, start), seq)
 
     def encode_rows(self, seqs: np.ndarray, embd: np.ndarray, positions: np.ndarray, who) -> None:
         """One encode of embedding rows alone (row ``i`` in sequence ``seqs[i]`` at
@@ -583,6 +611,12 @@ class DrafterSequence:
         if done is not None:
             return done
         return self.kind.write(self, tokens, self.drafter.encode(feats, self), start)
+
+    def catch_up_greedy(self, max_rows: int | None, pos: int, k: int) -> list[int]:
+        """:meth:`catch_up`, then :meth:`greedy`'s ``k`` drafts from it (the pair of the token at
+        ``pos``), in one C call: where the drafter :meth:`~ModelDrafter.fuses` them."""
+        tokens, feats, start = self.take(max_rows)
+        return self.drafter.greedy_after(self, tokens, feats, start, pos, k)
 
     def take(self, max_rows: int | None = None) -> tuple[list[int], np.ndarray, int]:
         """A catch-up's rows, taken from the recorded ones: (tokens, features, first position),

@@ -88,8 +88,11 @@ class EagleSource(ModelSource):
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
         if not batched and self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):
             # alone, no confidence test, no grammar: the same drafts without the chain's layers
-            logits, state = drafter.catch_up(rows)
-            tokens = drafter.greedy(logits, state, n_past, k)
+            if drafter.drafter.fuses(steps, k):   # the catch-up and the chain in one C call
+                tokens = drafter.catch_up_greedy(rows, n_past, k)
+            else:
+                logits, state = drafter.catch_up(rows)
+                tokens = drafter.greedy(logits, state, n_past, k)
             return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
         chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter)
         return chain if batched else run_chain(chain)
