@@ -174,6 +174,8 @@ def test_version_and_help_without_type_placeholders_on_flags():
     assert proc.returncode == 0 and proc.stdout.strip() == f"localspec {__version__} (llama-cpp-python 0.3.36, host loop: C)"
     proc = run_cli("--version", env={**__import__("os").environ, "LOCALSPEC_HOSTLOOP": "numpy"})
     assert proc.stdout.strip().endswith("host loop: numpy)")
+    proc = run_cli("--version", env={**__import__("os").environ, "LOCALSPEC_HOSTLOOP": "nump"})
+    assert proc.returncode == 1 and proc.stderr.strip() == "Error: LOCALSPEC_HOSTLOOP must be 'c' or 'numpy' (got 'nump')"
     for command in ([], ["generate"], ["serve"], ["chat"], ["bench"], ["list"], ["fit"], ["train"]):
         proc = run_cli(*command, "--help", env={**__import__("os").environ, "COLUMNS": "200"})
         assert proc.returncode == 0 and "<bool>" not in proc.stdout, (command, proc.stdout)

@@ -30,10 +30,9 @@ app = typer.Typer(
 def version_line() -> str:
     """``localspec X (llama-cpp-python Y, host loop: C)``: localspec's version, the llama.cpp
     binding it runs on, and whether its C host loop was built (docs/install.md)."""
-    import os
     from importlib import metadata
 
-    from ..core import __version__
+    from ..core import __version__, options
 
     try:
         binding = metadata.version("llama-cpp-python")
@@ -41,7 +40,7 @@ def version_line() -> str:
         binding = "not installed"
     try:   # the C module alone: importing llama.hostloop would load llama.cpp
         from ..llama import _hostloop  # noqa: F401
-        host = "numpy" if os.environ.get("LOCALSPEC_HOSTLOOP", "").strip().lower() == "numpy" else "C"
+        host = "numpy" if options.env_choice("LOCALSPEC_HOSTLOOP", ("c", "numpy"), "c") == "numpy" else "C"
     except ImportError:
         host = "numpy"
     return f"localspec {__version__} (llama-cpp-python {binding}, host loop: {host})"

@@ -57,6 +57,15 @@ def env_flag(name: str) -> bool:
     raise LocalspecError(f"{name} must be 1 or 0 (got '{value}')")
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """An environment word (``LOCALSPEC_HOSTLOOP=numpy``): one of ``choices`` (unset or empty:
+    ``default``), or a LocalspecError naming the variable and the words it takes."""
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise LocalspecError(f"{name} must be " + " or ".join(f"'{c}'" for c in choices) + f" (got '{value}')")
+    return value
+
+
 _SAME = object()   # Option.chat: the same default as the Python API's
 
 

@@ -8,17 +8,19 @@ cold: on a 2-core EPYC a ctypes call takes ~60 µs and numpy's argmax ~45 µs th
 from __future__ import annotations
 
 import ctypes
-import os
 
 import llama_cpp
+
+from ..core import options
+
+ENV = "LOCALSPEC_HOSTLOOP"   # "numpy": the numpy steps though the C ones were built (A/B benches)
 
 try:
     from . import _hostloop as _c
 except ImportError:   # not built (no compiler or Python headers at install): numpy does it
     _c = None
 
-# LOCALSPEC_HOSTLOOP=numpy runs the numpy steps though the C ones were built (tests, A/B benches)
-if os.environ.get("LOCALSPEC_HOSTLOOP", "").strip().lower() == "numpy":
+if options.env_choice(ENV, ("c", "numpy"), "c") == "numpy":
     _c = None
 
 if _c is not None:

@@ -29,12 +29,11 @@ the guess its cycles correct; ``localspec bench`` still calibrates (it asks for 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable
 
-from ..core.errors import LocalspecError
+from ..core import options
 from ..speculation import costmodel
 
 IDLE_SECONDS = 0.5    # the engine idle this long before a calibration (re)starts: not between two requests
@@ -47,10 +46,7 @@ STATES = ("off", "cached", "waiting", "running", "interrupted", "done", "budget"
 
 def in_background() -> bool:
     """Whether calibrations may run in the background (``$LOCALSPEC_CALIBRATION``)."""
-    value = os.environ.get(ENV, "background").strip().lower()
-    if value not in ("background", "off"):
-        raise LocalspecError(f"{ENV} must be 'background' or 'off' (got '{value}')")
-    return value == "background"
+    return options.env_choice(ENV, ("background", "off"), "background") == "background"
 
 
 class _Stop:

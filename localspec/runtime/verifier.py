@@ -188,12 +188,13 @@ class TargetVerifier:
             while accepted < len(drafts) and best[accepted] == drafts[accepted]:
                 accepted += 1
             correction = best[accepted]
-        for i, d in enumerate(drafts if correction < 0 else ()):
-            ok, tok = sampler.verify_at(ctx, at + base + i, d, drafts[:i])
-            if not ok:
-                correction = tok
-                break
-            accepted += 1
+        else:
+            for i, d in enumerate(drafts):
+                ok, tok = sampler.verify_at(ctx, at + base + i, d, drafts[:i])
+                if not ok:
+                    correction = tok
+                    break
+                accepted += 1
         if correction < 0:
             correction = sampler.choose_at(ctx, at + base + len(drafts) if drafts else at + n_rows - 1, drafts)
         if accepted < len(drafts) or n_rows > base + 1 + len(drafts):
