@@ -121,7 +121,6 @@ def test_the_target_s_layer_inputs_are_numpy_s(smollm2, monkeypatch):
                     np.testing.assert_allclose(a, b, rtol=3e-6, atol=1e-7)
 
 
-@C
 @pytest.mark.parametrize("parallel", [1, 4])
 def test_the_argmax_of_a_verify_s_rows_is_numpy_s(smollm2, parallel):
     """Context.argmax_rows (one C call for a verify's rows) against numpy's argmax of each row's
@@ -138,3 +137,30 @@ def test_the_argmax_of_a_verify_s_rows_is_numpy_s(smollm2, parallel):
         assert ctx.argmax_rows(0, len(tokens)) == ref
         assert ctx.argmax_rows(3, 4) == ref[3:7]
         assert [ctx.argmax(i) for i in range(len(tokens))] == ref
+        # a greedy verify's: the rows up to the first whose argmax is not its draft
+        assert ctx.argmax_rows(3, 4, ref[3:6]) == ref[3:7]           # every draft agreed: the last is the next token
+        assert ctx.argmax_rows(3, 4, [ref[3], ref[4] + 1, ref[5]]) == ref[3:5]
+        assert ctx.argmax_rows(3, 4, [ref[3] + 1, ref[4], ref[5]]) == ref[3:4]
+
+
+def test_token_texts_and_cells_through_the_host_loop_are_llama_cpp_s(smollm2):
+    """Every token's text (one C call for the vocabulary) is llama_token_to_piece's, and the
+    cells' calls (seq_rm, seq_pos_max) give what llama.cpp's own give through ctypes."""
+    import ctypes
+    import llama_cpp
+    with Engine(smollm2, None, n_ctx=256) as eng:
+        model, ctx = eng.model, eng.ctx
+        buf = ctypes.create_string_buffer(256)
+        for special in (False, True):
+            table = model.pieces(special=special)
+            assert len(table) == model.n_vocab
+            for token in list(range(0, 40)) + list(range(model.n_vocab - 40, model.n_vocab)) + [model.eos]:
+                n = llama_cpp.llama_token_to_piece(model.vocab, token, buf, 256, 0, special)
+                assert table[token] == buf.raw[:n], (token, special)
+        assert model.piece(model.eos) == b"" and model.special_piece(model.eos) != b""
+        with pytest.raises(Exception, match="not in the vocabulary"):
+            model.piece(model.n_vocab)
+        ctx.decode(list(range(200, 210)), 0, all_logits=False)
+        assert ctx.pos_max(0) == 9 == llama_cpp.llama_memory_seq_pos_max(ctx.memory, 0)
+        ctx.seq_rm(6)
+        assert ctx.pos_max(0) == 5 == llama_cpp.llama_memory_seq_pos_max(ctx.memory, 0)

@@ -28,10 +28,11 @@ class GenerationStats:
     # time split of the generation phase (seconds)
     target_seconds: float = 0.0
     drafter_seconds: float = 0.0
-    # per draft source ("eagle", "lookup"): [cycles, drafted, accepted]
-    sources: dict[str, list[int]] = field(default_factory=dict)
-    # target decodes by batch size: {batch: [count, seconds]} (the run's own V(k))
-    verify_by_batch: dict[int, list[float]] = field(default_factory=dict)
+    # per draft source ("eagle", "lookup"): (cycles, drafted, accepted); the values are tuples, replaced
+    # on each record, so that a snapshot copies the dicts, not each entry
+    sources: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # target decodes by batch size: {batch: (count, seconds)} (the run's own V(k))
+    verify_by_batch: dict[int, tuple[int, float]] = field(default_factory=dict)
     policy_choices: dict[str, int] = field(default_factory=dict)  # cycles per choice (at the end)
     # Predicted Outputs (with GenerationConfig.prediction, at the end), as OpenAI defines them: the
     # prediction's tokens that appear in the completion, and those that do not
@@ -68,11 +69,7 @@ class GenerationStats:
     def record_verify(self, batch: int, seconds: float) -> None:
         self.target_seconds += seconds
         entry = self.verify_by_batch.get(batch)
-        if entry is None:
-            self.verify_by_batch[batch] = [1, seconds]
-        else:
-            entry[0] += 1
-            entry[1] += seconds
+        self.verify_by_batch[batch] = (1, seconds) if entry is None else (entry[0] + 1, entry[1] + seconds)
 
     def record_cycle(self, drafted: int, accepted: int, source: str | None = None, *, depth: int | None = None) -> None:
         """``depth``: a draft tree's depth (``drafted`` counts its nodes; per-position figures
@@ -81,12 +78,8 @@ class GenerationStats:
         if not drafted:
             return
         if source is not None:
-            entry = self.sources.get(source)
-            if entry is None:
-                entry = self.sources[source] = [0, 0, 0]
-            entry[0] += 1
-            entry[1] += drafted
-            entry[2] += accepted
+            c, d, a = self.sources.get(source, (0, 0, 0))
+            self.sources[source] = (c + 1, d + drafted, a + accepted)
         self.drafted += drafted
         self.accepted += accepted
         positions = drafted if depth is None else depth
@@ -105,8 +98,8 @@ class GenerationStats:
         fields.update(self.__dict__)
         fields["accepted_per_position"] = self.accepted_per_position[:]
         fields["drafted_per_position"] = self.drafted_per_position[:]
-        fields["sources"] = {k: v[:] for k, v in self.sources.items()}
-        fields["verify_by_batch"] = {k: v[:] for k, v in self.verify_by_batch.items()}
+        fields["sources"] = self.sources.copy()
+        fields["verify_by_batch"] = self.verify_by_batch.copy()
         fields["policy_choices"] = dict(self.policy_choices)
         return copy
 

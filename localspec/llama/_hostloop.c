@@ -36,6 +36,12 @@ typedef float *(*all_fn)(void *ctx);
 static decode_fn llama_decode_p = NULL;
 static decode_fn llama_encode_p = NULL;
 static row_fn llama_get_logits_ith_p = NULL;
+typedef int32_t (*piece_fn)(const void *vocab, int32_t token, char *buf, int32_t length, int32_t lstrip, _Bool special);
+static piece_fn llama_token_to_piece_p = NULL;
+typedef _Bool (*seq_rm_fn)(void *mem, int32_t seq, int32_t p0, int32_t p1);
+typedef int32_t (*pos_max_fn)(void *mem, int32_t seq);
+static seq_rm_fn llama_memory_seq_rm_p = NULL;
+static pos_max_fn llama_memory_seq_pos_max_p = NULL;
 
 /* The largest of n floats (n > 0), SIMD where there is SSE2; *nan set where one is a NaN. */
 static float block_max(const float *x, int32_t n, int *nan) {
@@ -151,13 +157,76 @@ static int float_buffer(PyObject *o, Py_buffer *b, Py_ssize_t n, int writable) {
 }
 
 static PyObject *hl_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *decode, *encode, *logits;
-    if (n != 3) { PyErr_SetString(PyExc_TypeError, "bind(decode, encode, get_logits_ith)"); return NULL; }
-    if (!as_pointer(args[0], &decode) || !as_pointer(args[1], &encode) || !as_pointer(args[2], &logits)) return NULL;
+    void *decode, *encode, *logits, *piece, *seq_rm, *pos_max;
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "bind(decode, encode, get_logits_ith, token_to_piece, memory_seq_rm, memory_seq_pos_max)");
+        return NULL;
+    }
+    if (!as_pointer(args[0], &decode) || !as_pointer(args[1], &encode) || !as_pointer(args[2], &logits)
+        || !as_pointer(args[3], &piece) || !as_pointer(args[4], &seq_rm) || !as_pointer(args[5], &pos_max)) return NULL;
     llama_decode_p = (decode_fn)decode;
     llama_encode_p = (decode_fn)encode;
     llama_get_logits_ith_p = (row_fn)logits;
+    llama_token_to_piece_p = (piece_fn)piece;
+    llama_memory_seq_rm_p = (seq_rm_fn)seq_rm;
+    llama_memory_seq_pos_max_p = (pos_max_fn)pos_max;
     Py_RETURN_NONE;
+}
+
+/* seq_rm(memory, seq, p0, p1): llama_memory_seq_rm, whether it could; seq_pos_max(memory, seq).
+ * Run once or twice a cycle (a verify's rejected rows, a drafter's), each a cold ctypes call
+ * otherwise. Their loops over the cells are short: no GIL released, as no compute runs there. */
+static PyObject *hl_seq_rm(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *mem;
+    if (n != 4) { PyErr_SetString(PyExc_TypeError, "seq_rm(memory, seq, p0, p1)"); return NULL; }
+    if (!as_pointer(args[0], &mem)) return NULL;
+    long seq = PyLong_AsLong(args[1]), p0 = PyLong_AsLong(args[2]), p1 = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (!llama_memory_seq_rm_p || !mem) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    return PyBool_FromLong(llama_memory_seq_rm_p(mem, (int32_t)seq, (int32_t)p0, (int32_t)p1));
+}
+
+static PyObject *hl_seq_pos_max(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *mem;
+    if (n != 2) { PyErr_SetString(PyExc_TypeError, "seq_pos_max(memory, seq)"); return NULL; }
+    if (!as_pointer(args[0], &mem)) return NULL;
+    long seq = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (!llama_memory_seq_pos_max_p || !mem) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    return PyLong_FromLong(llama_memory_seq_pos_max_p(mem, (int32_t)seq));
+}
+
+/* One token's bytes (llama_token_to_piece; special: a control token as its text), a new reference. */
+static PyObject *piece_of(void *vocab, int32_t token, int special) {
+    char small[128];
+    int32_t got = llama_token_to_piece_p(vocab, token, small, (int32_t)sizeof small, 0, special != 0);
+    if (got >= 0) return PyBytes_FromStringAndSize(small, got);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, -got);   /* its length, as llama.cpp asked */
+    if (!out) return NULL;
+    int32_t again = llama_token_to_piece_p(vocab, token, PyBytes_AS_STRING(out), -got, 0, special != 0);
+    if (again < 0 || again > -got) { Py_DECREF(out); return PyBytes_FromStringAndSize("", 0); }
+    if (again < -got && _PyBytes_Resize(&out, again) < 0) return NULL;
+    return out;
+}
+
+/* pieces(vocab, n_vocab, special): every token's bytes, a list by token id. Built once per model:
+ * a token's first piece, looked up after a decode, costs ~35 us of cold tokenizer tables (0.2 warm) */
+static PyObject *hl_pieces(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *vocab;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "pieces(vocab, n_vocab, special)"); return NULL; }
+    if (!as_pointer(args[0], &vocab)) return NULL;
+    long nv = PyLong_AsLong(args[1]);
+    int special = PyObject_IsTrue(args[2]);
+    if ((nv == -1 && PyErr_Occurred()) || special < 0) return NULL;
+    if (!llama_token_to_piece_p || !vocab || nv < 0) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    PyObject *out = PyList_New(nv);
+    if (!out) return NULL;
+    for (long t = 0; t < nv; t++) {
+        PyObject *p = piece_of(vocab, (int32_t)t, special);
+        if (!p) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, t, p);
+    }
+    return out;
 }
 
 /* A llama.cpp getter of an output row (it waits for the backend: a GPU's compute ends there),
@@ -191,23 +260,34 @@ static PyObject *hl_argmax_ith(PyObject *self, PyObject *const *args, Py_ssize_t
 /* argmax_rows(ctx, rows, n_vocab): argmax_ith of each output row in the tuple ``rows``, a list */
 static PyObject *hl_argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     void *ctx;
-    if (n != 3) { PyErr_SetString(PyExc_TypeError, "argmax_rows(ctx, rows, n_vocab)"); return NULL; }
+    if (n != 3 && n != 4) { PyErr_SetString(PyExc_TypeError, "argmax_rows(ctx, rows, n_vocab[, drafts])"); return NULL; }
     if (!as_pointer(args[0], &ctx)) return NULL;
-    PyObject *rows = args[1];
+    PyObject *rows = args[1], *drafts = n == 4 ? args[3] : Py_None;
     long nv = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) return NULL;
-    if (!PyTuple_Check(rows)) { PyErr_SetString(PyExc_TypeError, "argmax_rows: rows, a tuple"); return NULL; }
+    if (!PyTuple_Check(rows) || (drafts != Py_None && !PyTuple_Check(drafts))) {
+        PyErr_SetString(PyExc_TypeError, "argmax_rows: rows and drafts, tuples");
+        return NULL;
+    }
     Py_ssize_t count = PyTuple_GET_SIZE(rows);
-    PyObject *out = PyList_New(count);
+    Py_ssize_t n_drafts = drafts == Py_None ? -1 : PyTuple_GET_SIZE(drafts);
+    PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (Py_ssize_t r = 0; r < count; r++) {
         long i = PyLong_AsLong(PyTuple_GET_ITEM(rows, r));
         if (i == -1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
         const float *row = logits_row(ctx, (int32_t)i);
         if (!row) { Py_DECREF(out); return NULL; }
-        PyObject *t = PyLong_FromLong(argmax_f32(row, (int32_t)nv));
-        if (!t) { Py_DECREF(out); return NULL; }
-        PyList_SET_ITEM(out, r, t);
+        int32_t best = argmax_f32(row, (int32_t)nv);
+        PyObject *t = PyLong_FromLong(best);
+        if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); Py_DECREF(out); return NULL; }
+        Py_DECREF(t);
+        if (n_drafts >= 0) {   /* a greedy verify: the rows after the first disagreement are never read */
+            if (r >= n_drafts) break;
+            long d = PyLong_AsLong(PyTuple_GET_ITEM(drafts, r));
+            if (d == -1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
+            if (d != best) break;
+        }
     }
     return out;
 }
@@ -363,6 +443,29 @@ static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_
     }
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
+}
+
+/* decode(ctx, batch, n_tokens) / encode(...): llama_decode / llama_encode of the first n_tokens
+ * rows of the llama_batch at address ``batch``; llama.cpp's return code. One C call where ctypes
+ * copies the batch struct by value through its converters (~15% of a plain step's host time). */
+static PyObject *run_batch(decode_fn fn, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *batch;
+    if (n != 3) { PyErr_SetString(PyExc_TypeError, "decode(ctx, batch, n_tokens)"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch)) return NULL;
+    long rows = PyLong_AsLong(args[2]);
+    if (rows == -1 && PyErr_Occurred()) return NULL;
+    if (!fn || !ctx || !batch) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    ((batch_t *)batch)->n_tokens = (int32_t)rows;
+    double spent = 0.0;
+    return PyLong_FromLong(run_timed(fn, ctx, (batch_t *)batch, &spent));
+}
+
+static PyObject *hl_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return run_batch(llama_decode_p, args, n);
+}
+
+static PyObject *hl_encode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    return run_batch(llama_encode_p, args, n);
 }
 
 /* argmax(row): the argmax of a float32 array (numpy's, see argmax_f32) */
@@ -533,11 +636,16 @@ static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssi
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it"},
+    {"decode", (PyCFunction)(void (*)(void))hl_decode, METH_FASTCALL, "decode(ctx, batch, n_tokens): llama_decode, its code"},
+    {"encode", (PyCFunction)(void (*)(void))hl_encode, METH_FASTCALL, "encode(ctx, batch, n_tokens): llama_encode, its code"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
     {"gather_rows", (PyCFunction)(void (*)(void))hl_gather_rows, METH_FASTCALL, "the target's layer inputs of a batch's rows"},
-    {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, encode, get_logits_ith): llama.cpp's functions by address"},
+    {"bind", (PyCFunction)(void (*)(void))hl_bind, METH_FASTCALL, "bind(decode, encode, get_logits_ith, token_to_piece, memory_seq_rm, memory_seq_pos_max): llama.cpp's functions by address"},
+    {"seq_rm", (PyCFunction)(void (*)(void))hl_seq_rm, METH_FASTCALL, "seq_rm(memory, seq, p0, p1): llama_memory_seq_rm"},
+    {"seq_pos_max", (PyCFunction)(void (*)(void))hl_seq_pos_max, METH_FASTCALL, "seq_pos_max(memory, seq)"},
+    {"pieces", (PyCFunction)(void (*)(void))hl_pieces, METH_FASTCALL, "pieces(vocab, n_vocab, special): every token's bytes"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
-    {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab)"},
+    {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab[, drafts]): each row's argmax (with drafts: until one differs)"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},

@@ -25,6 +25,7 @@ import llama_cpp
 import numpy as np
 
 from ..core.errors import LocalspecError
+from . import hostloop
 
 
 class ExtRows:
@@ -98,8 +99,9 @@ class DirectRows:
     the context's ``n_embd_inp`` (token rows) or ``n_embd_inp_enc`` (embedding rows alone), which
     is what the kind using it checks (:attr:`~localspec.speculation.drafter.DrafterKind.direct`)."""
 
-    def __init__(self, n_max: int, width: int, *, tokens: bool) -> None:
+    def __init__(self, n_max: int, width: int, *, tokens: bool, ctx_ptr=None) -> None:
         self.n_max, self.width = n_max, width
+        self.n = 0   # the rows filled, which :meth:`run` runs
         self.token = np.zeros(n_max, dtype=np.int32)
         self.embd = np.zeros((n_max, width), dtype=np.float32)
         self.pos = np.zeros(n_max, dtype=np.int32)
@@ -118,12 +120,21 @@ class DirectRows:
                                            ctypes.cast(self._seq_ids, ctypes.POINTER(seq_p)),
                                            ptr(self.out, ctypes.c_int8))
         self.address = ctypes.addressof(self.batch)   # the batch as C code is handed it (llama.hostloop)
+        # token rows are decoded, embedding rows alone encoded (the encoder's input), in the context ctx_ptr
+        self._run = hostloop.batch_runner(ctx_ptr, self.batch, encode=not tokens) if ctx_ptr is not None else None
+
+    def run(self) -> int:
+        """``llama_decode`` of the filled rows (``llama_encode`` of embedding rows alone) in the
+        context given at construction, in one C call where built; llama.cpp's return code."""
+        if self._run is None:
+            raise LocalspecError("internal: direct rows with no context to run in")
+        return self._run(self.n)
 
     def rows(self, n: int) -> int:
         """``n`` rows are what the next call reads (filled through the arrays); the last row's index."""
         if not 0 < n <= self.n_max:
             raise LocalspecError(f"internal: {n} drafter rows for a batch of {self.n_max}")
-        self.batch.n_tokens = n
+        self.n = self.batch.n_tokens = n
         return n - 1
 
     def fill(self, seqs: Sequence[int], tokens: Sequence[int], embd: np.ndarray, positions: Sequence[int],
@@ -143,7 +154,7 @@ class DirectRows:
         """:meth:`fill` of one row with its output (a chain step); ``embd``: that row, 1-D or (1, width)."""
         if embd.size != self.width:
             raise LocalspecError(f"internal: a drafter row of shape {embd.shape}, expected {self.width} wide")
-        self.batch.n_tokens = 1
+        self.n = self.batch.n_tokens = 1
         self.token[0], self.seq[0], self.pos[0], self.out[0] = token, seq, position, 1
         self.embd[0] = embd.reshape(self.width)
         return 0

@@ -28,7 +28,6 @@ import os
 import re
 import sys
 import tempfile
-import weakref
 
 import llama_cpp
 import numpy as np
@@ -136,21 +135,10 @@ class _Candidates:
         self.ref = ctypes.byref(self.array)
 
 
-_PIECES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> pieces as llama.cpp's grammar sees them
-
-
 def _grammar_pieces(model) -> list[bytes]:
     """Every token's text with special tokens spelled out (llama_vocab::token_to_piece, which the
     grammar's trigger buffer is made of)."""
-    pieces = _PIECES.get(model)
-    if pieces is None:
-        buf = ctypes.create_string_buffer(256)
-        pieces = []
-        for tok in range(model.n_vocab):
-            n = llama_cpp.llama_token_to_piece(model.vocab, tok, buf, 256, 0, True)
-            pieces.append(buf.raw[:max(n, 0)])
-        _PIECES[model] = pieces
-    return pieces
+    return model.pieces(special=True)
 
 
 def _tokenize_bytes(model, data: bytes) -> list[int]:

@@ -8,6 +8,8 @@ cold: on a 2-core EPYC a ctypes call takes ~60 µs and numpy's argmax ~45 µs th
 from __future__ import annotations
 
 import ctypes
+import functools
+from typing import Callable
 
 import llama_cpp
 
@@ -23,10 +25,13 @@ except ImportError:   # not built (no compiler or Python headers at install): nu
 if options.env_choice(ENV, ("c", "numpy"), "c") == "numpy":
     _c = None
 
+# what _hostloop.c calls, in the order its bind() takes them
+BOUND = ("llama_decode", "llama_encode", "llama_get_logits_ith", "llama_token_to_piece", "llama_memory_seq_rm",
+         "llama_memory_seq_pos_max")
+
 if _c is not None:
     _lib = llama_cpp.llama_cpp._lib
-    _c.bind(ctypes.cast(_lib.llama_decode, ctypes.c_void_p).value, ctypes.cast(_lib.llama_encode, ctypes.c_void_p).value,
-            ctypes.cast(_lib.llama_get_logits_ith, ctypes.c_void_p).value)
+    _c.bind(*(ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value for name in BOUND))
 
 COMPILED = _c is not None
 
@@ -48,6 +53,46 @@ greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloo
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
 catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
 catch_up_chain = _c.catch_up_chain if _c is not None else None    # see _hostloop.c
+
+
+def batch_runner(ctx_ptr, batch, *, encode: bool = False) -> Callable[[int], int]:
+    """A call that runs ``llama_decode`` (``llama_encode``) of the first n rows of ``batch`` (a
+    ctypes llama_batch the caller keeps alive) in the context ``ctx_ptr``: ``run(n) -> code``. One
+    C call where built (no ctypes copy of the batch struct); else ctypes', looked up at each call."""
+    if _c is not None:
+        return functools.partial(_c.encode if encode else _c.decode, address(ctx_ptr), ctypes.addressof(batch))
+
+    def run(n: int) -> int:
+        batch.n_tokens = n
+        return (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(ctx_ptr, batch)
+    return run
+
+
+def pieces(vocab, n_vocab: int, special: bool) -> list[bytes]:
+    """Every token's bytes by id (llama_token_to_piece; ``special``: control tokens as their text)."""
+    if _c is not None:
+        return _c.pieces(address(vocab), n_vocab, special)
+    buf, out = ctypes.create_string_buffer(256), []
+    for token in range(n_vocab):
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, 256, 0, special)
+        out.append(buf.raw[:n] if n >= 0 else _long_piece(vocab, token, -n, special))
+    return out
+
+
+def _long_piece(vocab, token: int, n: int, special: bool) -> bytes:
+    buf = ctypes.create_string_buffer(n)
+    got = llama_cpp.llama_token_to_piece(vocab, token, buf, n, 0, special)
+    return buf.raw[: max(got, 0)]
+
+
+def memory_calls(memory) -> tuple[Callable[[int, int, int], bool], Callable[[int], int]]:
+    """A context's ``(seq_rm(seq, p0, p1) -> done, seq_pos_max(seq) -> pos)`` of its memory
+    (``llama_get_memory``): one C call each where built, else ctypes' (looked up at each call)."""
+    if _c is not None:
+        at = address(memory)
+        return functools.partial(_c.seq_rm, at), functools.partial(_c.seq_pos_max, at)
+    return (lambda seq, p0, p1: llama_cpp.llama_memory_seq_rm(memory, seq, p0, p1),
+            lambda seq: llama_cpp.llama_memory_seq_pos_max(memory, seq))
 
 
 def decode_clock() -> tuple[float, float, int]:

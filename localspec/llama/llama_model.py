@@ -106,7 +106,7 @@ class Model:
         # Nemotron-H ...): llama.cpp cannot trim it to any position, see Context.can_seq_rm
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(self._model)
                               or llama_cpp.llama_model_is_hybrid(self._model))
-        self._pieces: dict[int, bytes] = {}
+        self._pieces: dict[bool, list[bytes]] = {}   # special -> every token's bytes (pieces)
         # a set: the membership test runs once a generated token, right after a decode (a numpy
         # element and its bool() cost several times as much there)
         self._eog = frozenset(tok for tok in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, tok))
@@ -131,18 +131,21 @@ class Model:
             raise LocalspecError("could not tokenize the prompt")
         return list(buf[:n])
 
+    def pieces(self, *, special: bool = False) -> list[bytes]:
+        """Every token's bytes by id (``special``: control tokens as their text, else as nothing),
+        built on first use: a token's first lookup right after a decode costs ~35 µs of cold
+        tokenizer tables, the whole table ~10 ms once (in C; see llama.hostloop)."""
+        table = self._pieces.get(special)
+        if table is None:
+            table = self._pieces[special] = hostloop.pieces(self.vocab, self.n_vocab, special)
+        return table
+
     def piece(self, token: int) -> bytes:
         """The bytes of one token as text (special tokens rendered as nothing)."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-            cached = buf.raw[: max(n, 0)]
-            self._pieces[token] = cached
-        return cached
+        table = self._pieces.get(False) or self.pieces()
+        if not 0 <= token < len(table):
+            raise LocalspecError(f"token {token} is not in the vocabulary (0..{len(table) - 1})")
+        return table[token]
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         """The tokens' text; ``special``: control tokens written as their text (``<|im_start|>``),
@@ -152,12 +155,10 @@ class Model:
 
     def special_piece(self, token: int) -> bytes:
         """The bytes of one token, a control token as its text."""
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
-        return buf.raw[: max(n, 0)]
+        table = self.pieces(special=True)
+        if not 0 <= token < len(table):
+            raise LocalspecError(f"token {token} is not in the vocabulary (0..{len(table) - 1})")
+        return table[token]
 
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """The fill-in-the-middle tokens (prefix, suffix, middle) llama.cpp found in the GGUF, or None."""
@@ -180,6 +181,10 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+def _closed(*args) -> int:
+    raise LocalspecError("internal: a call on a closed context")
 
 
 def _outputs_param(n_outputs_max: int, n_ctx: int, n_batch: int, n_seq_max: int) -> int:
@@ -250,6 +255,7 @@ class Context:
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
+        self._seq_rm, self._pos_max = hostloop.memory_calls(self.memory)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))
         # a recurrent state (not an MTP context: its head's KV only): each sequence's rows in its last decode
         self._recurrent: dict[int, int] | None = {} if model.recurrent and not mtp else None
@@ -260,6 +266,7 @@ class Context:
     def _init_batch(self, n_batch: int, n_seq_max: int) -> None:
         """The token batch every decode fills, rows of sequence 0 until told otherwise."""
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
+        self._run = hostloop.batch_runner(self._ctx, self._batch)   # run(n): llama_decode of its first n rows
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -293,8 +300,7 @@ class Context:
             self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
             self._out[:n] = 1 if all_logits else 0
             self._out[n - 1] = 1
-        self._batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        rc = self._run(n)
         if self._recurrent is not None:
             self._decoded({0: n})
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
@@ -328,9 +334,8 @@ class Context:
         moved = [i for i, s in enumerate(seqs) if s]
         for i in moved:
             seq_id[i][0] = seqs[i]
-        self._batch.n_tokens = n
         try:
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            rc = self._run(n)
         finally:
             for i in moved:  # decode() writes sequence 0 only
                 seq_id[i][0] = 0
@@ -382,9 +387,8 @@ class Context:
             n_seq[i] = len(row)
             for j, s in enumerate(row):
                 seq_id[i][j] = s
-        self._batch.n_tokens = n
         try:
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            rc = self._run(n)
         finally:
             for i in range(n):  # decode() writes sequence 0 only
                 n_seq[i] = 1
@@ -424,14 +428,23 @@ class Context:
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
 
-    def argmax_rows(self, first: int, n: int) -> list[int]:
-        """:meth:`argmax` of output rows ``first .. first + n - 1`` (a verify's rows), in one C call."""
+    def argmax_rows(self, first: int, n: int, drafts: Sequence[int] | None = None) -> list[int]:
+        """:meth:`argmax` of output rows ``first .. first + n - 1`` (a verify's rows), in one C call;
+        with ``drafts``, only until the first row whose argmax is not its draft (``drafts[r]`` for
+        row ``first + r``): a greedy verify's tokens, the last one the correction."""
         if hostloop.argmax_rows is None:
-            return [int(self.logits(i).argmax()) for i in range(first, first + n)]
+            out = []
+            for r, i in enumerate(range(first, first + n)):
+                out.append(int(self.logits(i).argmax()))
+                if drafts is not None and (r >= len(drafts) or out[-1] != drafts[r]):
+                    break
+            return out
         at = self._sent_at
         rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
         try:
-            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
+            if drafts is None:
+                return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
+            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts))
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
 
@@ -492,7 +505,7 @@ class Context:
         all). A recurrent state: ask :meth:`can_seq_rm` first (llama.cpp refuses more than
         ``n_rs_seq`` rows, but cannot tell a stale snapshot from a valid one)."""
         partial = self._recurrent is not None and p0 > 0 and self.pos_max(seq) >= p0
-        if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
+        if not self._seq_rm(seq, p0, p1):
             raise LocalspecError("internal: could not trim the KV cache"
                                  + (f" (a recurrent state rolls back {self.n_rs_seq} rows at most)"
                                     if self._recurrent is not None else ""))
@@ -530,7 +543,7 @@ class Context:
         return False
 
     def pos_max(self, seq: int = 0) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+        return self._pos_max(seq)
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
@@ -541,6 +554,7 @@ class Context:
     def close(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close
         batch, self._batch = getattr(self, "_batch", None), None
+        self._run = self._seq_rm = self._pos_max = _closed
         if batch is not None:
             llama_cpp.llama_batch_free(batch)
         if ctx:

@@ -191,6 +191,7 @@ class Engine:
         if kv_type is not None and kv_type not in KV_TYPES:
             raise LocalspecError(f"unknown KV cache type '{kv_type}' ({', '.join(KV_TYPES)})")
         self.model = Model(self.target_info.path, n_gpu_layers=n_gpu_layers, load_mtp=self.mtp_heads > 0)
+        self.model.pieces()   # every token's text now (a few ms), not one cold tokenizer call per new token
         if self.model.recurrent:   # a state per sequence (llama.contexts.target_context)
             self.kv_layout = "unified"
         # n_ctx cells per slot: in a stream of its own, or in one pool shared by every slot

@@ -183,11 +183,9 @@ class TargetVerifier:
         base, n_past = len(self.uncached), self.n_past
         t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
-        if drafts and sampler.plain_greedy:   # every row's argmax in one call, then the longest match
-            best = ctx.argmax_rows(at + base, len(drafts) + 1)
-            while accepted < len(drafts) and best[accepted] == drafts[accepted]:
-                accepted += 1
-            correction = best[accepted]
+        if drafts and sampler.plain_greedy:   # the rows' argmaxes in one call, up to the first disagreement
+            best = ctx.argmax_rows(at + base, len(drafts) + 1, drafts)
+            accepted, correction = len(best) - 1, best[-1]
         else:
             for i, d in enumerate(drafts):
                 ok, tok = sampler.verify_at(ctx, at + base + i, d, drafts[:i])

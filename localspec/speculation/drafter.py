@@ -131,7 +131,7 @@ class ModelDrafter:
         self.direct = kind.direct   # rows through DirectRows (False: the extended batch, as other kinds)
         # a chain step is one row of decode_rows (no decode of the kind's own): step takes it directly
         self._plain_decode = type(kind).decode is DrafterKind.decode and kind.sequence_class is None
-        self._direct = DirectRows(ctx.n_batch, kind.n_embd, tokens=True) if kind.direct else None
+        self._direct = DirectRows(ctx.n_batch, kind.n_embd, tokens=True, ctx_ptr=ctx.ptr) if kind.direct else None
         self._direct_enc: DirectRows | None = None   # made at the first encode (its width: the features')
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
         self._nextn_ith = llama_ext.nextn_ith_getter()   # a state's address, read every step
@@ -171,11 +171,11 @@ class ModelDrafter:
         rc = llama_cpp.llama_process(self.ctx.ptr, kind, self._batch)
         self._spent(time.perf_counter() - t0, who, rc)
 
-    def _run_direct(self, rows: DirectRows, who, *, encode: bool = False) -> None:
+    def _run_direct(self, rows: DirectRows, who) -> None:
         """:meth:`process` of the rows filled in ``rows`` (llama_decode / llama_encode: the same
         decode / encode of the same rows, see :class:`~localspec.llama.ext_rows.DirectRows`)."""
         t0 = time.perf_counter()
-        rc = (llama_cpp.llama_encode if encode else llama_cpp.llama_decode)(self.ctx.ptr, rows.batch)
+        rc = rows.run()
         self._spent(time.perf_counter() - t0, who, rc)
 
     def _spent(self, spent: float, who, rc: int) -> None:
@@ -246,7 +246,7 @@ class ModelDrafter:
             return None
         enc = self._direct_enc
         if enc is None or enc.width != feats.shape[1]:
-            enc = self._direct_enc = DirectRows(self.ctx.n_batch, feats.shape[1], tokens=False)
+            enc = self._direct_enc = DirectRows(self.ctx.n_batch, feats.shape[1], tokens=False, ctx_ptr=self.ctx.ptr)
         seq, (norm, eps) = who.seq, self.kind.state_norm
         return (self.ctx.address, enc.address, self._direct.address, self._nextn_all_at, self._nextn_at, norm,
                 self.n_embd, eps, feats, feats.shape[1], tuple(tokens), self.ctx.pos_max(seq) + 1,
@@ -261,9 +261,9 @@ class ModelDrafter:
             return
         direct = self._direct_enc
         if direct is None or direct.width != embd.shape[1]:
-            direct = self._direct_enc = DirectRows(self.ctx.n_batch, embd.shape[1], tokens=False)
+            direct = self._direct_enc = DirectRows(self.ctx.n_batch, embd.shape[1], tokens=False, ctx_ptr=self.ctx.ptr)
         direct.fill_embeddings(seqs, embd, positions)
-        self._run_direct(direct, who, encode=True)
+        self._run_direct(direct, who)
 
     def clear(self) -> ExtRows:
         """The batch, emptied, and its row filler."""
@@ -404,7 +404,7 @@ class ModelDrafter:
         direct = self._direct
         idx = direct.fill_one(who.seq, token, g, self.kind.position(who.seq, pos))
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.ctx.ptr, direct.batch)
+        rc = direct.run()
         who.seconds += time.perf_counter() - t0
         if rc != 0:
             raise llama_failure(f"the drafter failed (llama_decode code {rc})")
@@ -449,12 +449,12 @@ class ModelDrafter:
     def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
         """:meth:`greedy`'s steps through :class:`DirectRows`: one row, refilled in place (token,
         position; the state written into it by the kind), one ``llama_decode`` each."""
-        direct, position, seq, ptr = self._direct, self.kind.position, who.seq, self.ctx.ptr
-        row, decode, clock, logits_of = direct.embd[0], llama_cpp.llama_decode, time.perf_counter, self.ctx.logits
+        direct, position, seq = self._direct, self.kind.position, who.seq
+        row, decode, clock, logits_of = direct.embd[0], direct.run, time.perf_counter, self.ctx.logits
         direct.fill_one(seq, tokens[0], state, position(seq, pos))
         while len(tokens) < k:
             t0 = clock()
-            rc = decode(ptr, direct.batch)
+            rc = decode()
             who.seconds += clock() - t0
             if rc != 0:
                 raise llama_failure(f"the drafter failed (llama_decode code {rc})")
