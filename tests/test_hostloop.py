@@ -97,6 +97,39 @@ def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeyp
 
 
 @C
+def test_slots_greedy_chains_in_c_draft_what_their_python_rounds_draft(smollm2, monkeypatch):
+    """Three slots with fixed EAGLE chains of 4: the chains' steps after their first drafts in
+    one C call a step (greedy_rounds) give every slot the drafts, accepted drafts and output
+    that the scheduler's Python rounds give (the same rows decoded, round by round)."""
+    from localspec import GenerationConfig
+    from localspec.speculation.policy import PolicyConfig
+    from engine_checks import Collect, drain
+
+    prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
+               "Write a short poem about the sea.", "Count: 1, 2, 3, 4, 5, 6,"]
+    config = GenerationConfig(max_tokens=40, policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
+    calls = []
+    rounds = hostloop.greedy_rounds
+
+    def counted(*args):
+        calls.append(len(args[7]))
+        return rounds(*args)
+
+    def slots() -> dict:
+        with Engine(smollm2, DRAFTER, n_ctx=256, parallel=3) as eng:
+            sinks = {p: Collect() for p in prompts}
+            drain(eng.scheduler(), [(p, config, sinks[p]) for p in prompts], prepare=eng.prepare)
+        return {p: (sinks[p].done.tokens, sinks[p].done.stats.sources) for p in prompts}
+
+    monkeypatch.setattr(hostloop, "greedy_rounds", counted)
+    in_c = slots()
+    assert calls and max(calls) >= 2                 # several chains' rounds in one call
+    monkeypatch.setattr(hostloop, "greedy_rounds", None)
+    assert slots() == in_c
+    assert sum(sources.get("eagle", (0, 0, 0))[2] for _, sources in in_c.values()) > 0
+
+
+@C
 def test_the_target_s_layer_inputs_are_numpy_s(smollm2, monkeypatch):
     """llama_ext.layer_inputs in one C call (gather_rows) against its numpy path: every row, a
     chain's slice, a tree's path in any order; as they are (bit for bit) and RMS-scaled per block."""

@@ -357,6 +357,106 @@ static int chain_steps(void *ctx, batch_t *batch, row_fn state_fn, const float *
     return 1;
 }
 
+/* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions)
+ * The greedy draft chains of several sequences (a scheduler's slots), their steps decoded
+ * together: one decode a round of every chain that has a step left. The batch (a llama_batch at
+ * address ``batch``, rows 0..m-1 filled with each chain's first draft, its sequence, position and
+ * state, every row with its output) is decoded; each row's argmax is that chain's next draft, and
+ * where the chain has a step left its row is refilled (moved up past the chains that ended) with
+ * that draft, its state (state_fn of that row, normed by ``norm`` unless None) and its next
+ * position. ``positions[i]``: chain i's positions after its first step (a tuple; its length + 1
+ * is the chain's number of steps). Each round's seconds are shared among that round's chains.
+ * Returns (per chain the list of its drafts after the first, per chain its seconds), or raises
+ * on a failed decode. */
+static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *batch_at, *state_at, *norm_at;
+    if (n != 9) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 arguments"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at) || !as_pointer(args[2], &state_at)
+        || !(args[3] == Py_None ? (norm_at = NULL, 1) : as_pointer(args[3], &norm_at)))
+        return NULL;
+    long n_embd = PyLong_AsLong(args[4]);
+    double eps = PyFloat_AsDouble(args[5]);
+    long nv = PyLong_AsLong(args[6]);
+    PyObject *seqs = args[7], *positions = args[8];
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(seqs) || !PyTuple_Check(positions) || PyTuple_GET_SIZE(seqs) != PyTuple_GET_SIZE(positions)) {
+        PyErr_SetString(PyExc_TypeError, "greedy_rounds: seqs and positions, tuples of one length");
+        return NULL;
+    }
+    Py_ssize_t m = PyTuple_GET_SIZE(seqs);
+    if (m < 1) { PyErr_SetString(PyExc_ValueError, "greedy_rounds: no chains"); return NULL; }
+    batch_t *batch = (batch_t *)batch_at;
+    long *seq_of = PyMem_Calloc((size_t)m, sizeof(long));
+    Py_ssize_t *steps = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t)), *active = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t));
+    double *spent = PyMem_Calloc((size_t)m, sizeof(double));
+    PyObject *drafts = NULL, *seconds = NULL;
+    if (!seq_of || !steps || !active || !spent) { PyErr_NoMemory(); goto fail; }
+    Py_ssize_t rounds = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pos_i = PyTuple_GET_ITEM(positions, i);
+        if (!PyTuple_Check(pos_i)) { PyErr_SetString(PyExc_TypeError, "greedy_rounds: each chain's positions, a tuple"); goto fail; }
+        steps[i] = PyTuple_GET_SIZE(pos_i) + 1;
+        if (steps[i] > rounds) rounds = steps[i];
+        seq_of[i] = PyLong_AsLong(PyTuple_GET_ITEM(seqs, i));
+        if (seq_of[i] == -1 && PyErr_Occurred()) goto fail;
+        active[i] = i;
+    }
+    drafts = PyList_New(m);
+    if (!drafts) goto fail;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *l = PyList_New(0);
+        if (!l) goto fail;
+        PyList_SET_ITEM(drafts, i, l);
+    }
+    Py_ssize_t rows = m;
+    for (Py_ssize_t r = 0; r < rounds && rows > 0; r++) {
+        batch->n_tokens = (int32_t)rows;
+        double dt = 0.0;
+        int32_t rc = run_timed(llama_decode_p, ctx, batch, &dt);
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
+            goto fail;
+        }
+        Py_ssize_t next = 0;
+        for (Py_ssize_t j = 0; j < rows; j++) {   /* row j is chain active[j]; the rows left move up */
+            Py_ssize_t i = active[j];
+            spent[i] += dt / (double)rows;
+            const float *row = logits_row(ctx, (int32_t)j);
+            if (!row) goto fail;
+            int32_t tok = argmax_f32(row, (int32_t)nv);
+            PyObject *t = PyLong_FromLong(tok);
+            if (!t || PyList_Append(PyList_GET_ITEM(drafts, i), t) < 0) { Py_XDECREF(t); goto fail; }
+            Py_DECREF(t);
+            if (r + 1 >= steps[i]) continue;   /* its last step: no state read */
+            if (!state_into(batch->embd + (size_t)next * (size_t)n_embd, (row_fn)state_at, ctx, (int32_t)j, (const float *)norm_at, n_embd, eps))
+                goto fail;
+            long p = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(positions, i), r));
+            if (p == -1 && PyErr_Occurred()) goto fail;
+            batch->token[next] = tok;
+            batch->pos[next] = (int32_t)p;
+            batch->n_seq_id[next] = 1;
+            batch->seq_id[next][0] = (int32_t)seq_of[i];
+            batch->logits[next] = 1;
+            active[next++] = i;
+        }
+        rows = next;
+    }
+    seconds = PyList_New(m);
+    if (!seconds) goto fail;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *f = PyFloat_FromDouble(spent[i]);
+        if (!f) goto fail;
+        PyList_SET_ITEM(seconds, i, f);
+    }
+    PyMem_Free(seq_of); PyMem_Free(steps); PyMem_Free(active); PyMem_Free(spent);
+    return Py_BuildValue("(NN)", drafts, seconds);
+fail:
+    PyMem_Free(seq_of); PyMem_Free(steps); PyMem_Free(active); PyMem_Free(spent);
+    Py_XDECREF(drafts);
+    Py_XDECREF(seconds);
+    return NULL;
+}
+
 /* greedy_chain(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, positions)
  * A greedy draft chain of one sequence after its first draft: the batch (a one-row
  * llama_batch at address ``batch`` whose token, pos and embd arrays localspec owns, row 0 filled
@@ -649,6 +749,7 @@ static PyMethodDef methods[] = {
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},
+    {"greedy_rounds", (PyCFunction)(void (*)(void))hl_greedy_rounds, METH_FASTCALL, "several sequences' greedy chains, a decode a round"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hostloop", "localspec's host loop in C", -1, methods};

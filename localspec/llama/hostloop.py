@@ -50,6 +50,7 @@ argmax_ith = _c.argmax_ith if _c is not None else None            # (ctx address
 argmax_rows = _c.argmax_rows if _c is not None else None          # (ctx address, rows tuple, n_vocab) -> tokens
 normed_state = _c.normed_state if _c is not None else None        # (out row, h row, norm address, eps)
 greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloop.c
+greedy_rounds = _c.greedy_rounds if _c is not None else None      # see _hostloop.c
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
 catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
 catch_up_chain = _c.catch_up_chain if _c is not None else None    # see _hostloop.c

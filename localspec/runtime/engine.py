@@ -305,7 +305,8 @@ class Engine:
         host = SlotHost(self.ctx, self.verifiers, self.drafters, self.open_generation, self._claim,
                         self.calibrator.release, self.threads.tick, self._record_batch,
                         drafter.decode_steps if drafter is not None else None,
-                        drafter.catch_ups if drafter is not None else None)
+                        drafter.catch_ups if drafter is not None else None,
+                        drafter.greedy_rounds if drafter is not None else None)
         return Scheduler(host, prompt_cache, slots=slots, hold=hold)
 
     def _claim(self) -> bool:

@@ -76,8 +76,8 @@ class SlotHost:
     to open a generation, the engine's claim (``claim``: take it from a background calibration,
     False when a generation holds it; ``release``), the thread count's tick (once a step),
     ``record_batch(rows, seconds)`` (a batch of several slots, timed once for the cost model),
-    the drafter's decode of every slot's next chain step and its catch-up of every slot's
-    committed rows (None: no model drafter)."""
+    the drafter's decode of every slot's next chain step, its catch-up of every slot's
+    committed rows, and its run of greedy chains' steps in one call (None: no model drafter)."""
 
     ctx: object
     verifiers: Sequence[TargetVerifier]
@@ -89,6 +89,7 @@ class SlotHost:
     record_batch: Callable[[int, float], None]
     draft_steps: Callable | None = None
     catch_ups: Callable | None = None
+    greedy_rounds: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -371,7 +372,8 @@ class Scheduler:
         for the cost model."""
         batch, failed = plan.batch, plan.failed
         if plan.chains:
-            for slot, draft in drive_chains(self.host.draft_steps, plan.chains, self.host.catch_ups):
+            for slot, draft in drive_chains(self.host.draft_steps, plan.chains, self.host.catch_ups,
+                                            self.host.greedy_rounds):
                 try:
                     slot.generation.add_rows(batch, draft)
                 except Exception as exc:
@@ -437,12 +439,13 @@ def _admitted(slot: Slot) -> int:
 
 
 def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]],
-                 catch_ups: Callable) -> list[tuple[Slot, Draft]]:
+                 catch_ups: Callable, greedy_rounds: Callable | None = None) -> list[tuple[Slot, Draft]]:
     """The slots' model-drafter chains drafted together: first every chain's catch-up
     (``catch_ups``: the drafter's ``catch_ups``, one encode and one decode of every slot's
     committed rows), then each round one drafter decode (``draft_steps``: the drafter's
     ``decode_steps``) of every chain's next step (each in its slot's drafter sequence, which the
-    decode's time is shared among)."""
+    decode's time is shared among). Where every chain left is greedy (``DraftChain.finish``), its
+    rounds run in one call of ``greedy_rounds`` (the drafter's: the same decodes, in C)."""
     done: list[tuple[Slot, Draft]] = []
     waiting: list[tuple[Slot, DraftChain, tuple]] = []
 
@@ -455,6 +458,13 @@ def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]],
     for slot, chain in chains:
         advance(slot, chain, None)
     while waiting:
+        if greedy_rounds is not None and type(waiting[0][2]) is not CatchUp and all(c.finish for _, c, _ in waiting):
+            drafts = greedy_rounds([(chain.drafter, *step[:3], chain.k) for _, chain, step in waiting])
+            if drafts is not None:   # each chain's first draft, then the ones the rounds drafted
+                for (slot, chain, step), more in zip(waiting, drafts):
+                    chain.steps.close()
+                    done.append((slot, chain.finish([step[0]] + more)))
+                break
         rounds, waiting = waiting, []
         if type(rounds[0][2]) is CatchUp:   # every chain starts with its catch-up: the first round
             results = catch_ups([(chain.drafter, step.rows) for _, chain, step in rounds])

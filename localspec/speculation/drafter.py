@@ -446,6 +446,30 @@ class ModelDrafter:
         who.seconds += seconds
         return tokens + more
 
+    def greedy_rounds(self, rows: list[tuple]) -> list[list[int]] | None:
+        """Several sequences' greedy chains after their first drafts ((sequence, first draft, its
+        state, its position, k) each), their steps decoded together in one C call
+        (:func:`llama.hostloop.greedy_rounds`: a decode a round of every chain with a step left,
+        the rows :meth:`decode_steps` would decode). Per chain its drafts after the first; None
+        where the C loop does not apply (the driver runs the rounds itself)."""
+        if (hostloop.greedy_rounds is None or not (self.direct and self._plain_decode)
+                or self.kind.state_norm is None or not 0 < len(rows) <= self._c_catch_up_rows):
+            return None
+        direct, position = self._direct, self.kind.position
+        seqs = tuple(who.seq for who, *_ in rows)
+        direct.fill(seqs, [row[1] for row in rows], np.stack([row[2] for row in rows]),
+                    [position(seq, row[3]) for seq, row in zip(seqs, rows)], True)
+        norm, eps = self.kind.state_norm
+        later = tuple(tuple(position(seq, row[3] + n) for n in range(1, row[4] - 1)) for seq, row in zip(seqs, rows))
+        try:
+            drafts, seconds = hostloop.greedy_rounds(self.ctx.address, direct.address, self._nextn_at, norm,
+                                                     self.n_embd, eps, self.model.n_vocab, seqs, later)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        for (who, *_), spent in zip(rows, seconds):
+            who.seconds += spent
+        return drafts
+
     def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
         """:meth:`greedy`'s steps through :class:`DirectRows`: one row, refilled in place (token,
         position; the state written into it by the kind), one ``llama_decode`` each."""

@@ -95,6 +95,9 @@ class EagleSource(ModelSource):
                 tokens = drafter.greedy(logits, state, n_past, k)
             return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
         chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter)
+        if self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):   # the chain's tokens are argmaxes
+            chain.finish = lambda tokens: Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0),
+                                                seconds=drafter.seconds - t0)
         return chain if batched else run_chain(chain)
 
     def _chain(self, k: int, catch_up: CatchUp, n_past: int, steps: int, t0: float) -> Chain:

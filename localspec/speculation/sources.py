@@ -78,6 +78,9 @@ class DraftChain:
     k: int
     steps: Chain
     drafter: object     # the drafter sequence whose ``step`` runs each step alone (a DrafterSequence)
+    # a greedy chain's (each step the argmax of the last, no test, no grammar): its Draft from all its
+    # tokens, so that a driver may run the steps after its first draft itself (ModelDrafter.greedy_rounds)
+    finish: Callable[[list[int]], Draft] | None = None
 
 
 def run_chain(chain: DraftChain) -> Draft:
