@@ -5,7 +5,7 @@
 On the tiny target (tests/dflash_models.py), generates each prompt 256 tokens greedily with
 spec off and with ``auto --source <source>`` (a drafter whose blocks are garbage), alternated, and
 splits each generation's thread CPU time into the target's decodes (``llama_decode``, timed around
-each call) and the rest (the cycle's Python). A whole run's ratio moves with the decode's time on
+each call, by the C host loop where it runs them) and the rest (the cycle's Python). A whole run's ratio moves with the decode's time on
 a shared machine; the rest's difference per cycle, auto minus spec-off, is what ``auto`` itself
 adds (docs/speculation.md, DFlash / DSpark). Run with ``PYTHONPATH`` at another checkout to
 compare two versions.
@@ -37,7 +37,7 @@ def main() -> None:
 
     from dflash_models import NOISE, build_dflash
     from localspec import DoneEvent, Engine, GenerationConfig, PolicyConfig
-    from localspec.llama import llama_model
+    from localspec.llama import hostloop, llama_model
     from tiny_models import build_target
 
     spent = [0.0, 0]
@@ -51,6 +51,7 @@ def main() -> None:
         return rc
 
     llama_model.llama_cpp.llama_decode = timed   # the target's decodes (the drafter's go through llama_process)
+    hostloop.count_decode_cpu()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         os.environ["LOCALSPEC_HOME"] = str(d / "home")
@@ -61,9 +62,10 @@ def main() -> None:
             cfg = GenerationConfig(max_tokens=args.n, spec=spec, policy=PolicyConfig("auto", source=args.source))
             engine.clear_cache()
             spent[:] = [0.0, 0]
-            t0 = time.thread_time()
+            t0, (_, c0, n0) = time.thread_time(), hostloop.decode_clock()
             [e for e in engine.generate(prompt, cfg) if isinstance(e, DoneEvent)]
-            return time.thread_time() - t0, spent[0], spent[1]
+            _, c1, n1 = hostloop.decode_clock()   # the decodes the C host loop ran (the target's, where built)
+            return time.thread_time() - t0, spent[0] + c1 - c0, spent[1] + n1 - n0
 
         with Engine(target, drafter, n_ctx=1024, n_threads=1) as engine:
             engine.cost_model()

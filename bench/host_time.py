@@ -97,6 +97,7 @@ class NativeClock:
         return self._cpu + hostloop.decode_clock()[1]
 
     def install(self) -> "NativeClock":
+        hostloop.count_decode_cpu()
         for name in self.NAMES:
             fn = self._orig[name] = getattr(llama_cpp, name)
             setattr(llama_cpp, name, self._timed(fn))

@@ -113,13 +113,15 @@ static double thread_seconds(void) {
 }
 #endif
 
-/* every decode this module ran, for benches that time llama.cpp's compute (clock()) */
+/* every decode this module ran, for benches that time llama.cpp's compute (clock()); the thread's
+ * CPU time only once a bench asks (count_cpu): a thread clock is a system call, not a vDSO read */
 static double clock_seconds = 0.0, clock_cpu = 0.0;
 static long long clock_calls = 0;
+static int clock_cpu_on = 0;
 
 /* One llama_decode / llama_encode of ``batch``, timed (its wall seconds added to *spent). */
 static int32_t run_timed(decode_fn fn, void *ctx, batch_t *batch, double *spent) {
-    double t0 = seconds_now(), c0 = thread_seconds();
+    double t0 = seconds_now(), c0 = clock_cpu_on ? thread_seconds() : 0.0;
     int32_t rc;
     Py_BEGIN_ALLOW_THREADS   /* as ctypes does: the server's event loop runs meanwhile */
     rc = fn(ctx, *batch);
@@ -127,13 +129,20 @@ static int32_t run_timed(decode_fn fn, void *ctx, batch_t *batch, double *spent)
     double dt = seconds_now() - t0;
     *spent += dt;
     clock_seconds += dt;
-    clock_cpu += thread_seconds() - c0;
+    if (clock_cpu_on) clock_cpu += thread_seconds() - c0;
     clock_calls++;
     return rc;
 }
 
 static PyObject *hl_clock(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return Py_BuildValue("(ddL)", clock_seconds, clock_cpu, clock_calls);
+}
+
+static PyObject *hl_count_cpu(PyObject *self, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    clock_cpu_on = v;
+    Py_RETURN_NONE;
 }
 
 static int as_pointer(PyObject *o, void **out) {
@@ -560,6 +569,35 @@ static PyObject *run_batch(decode_fn fn, PyObject *const *args, Py_ssize_t n) {
     return PyLong_FromLong(run_timed(fn, ctx, (batch_t *)batch, &spent));
 }
 
+/* decode_tokens(ctx, batch, tokens, start, all_logits): rows tokens[i] at positions start + i of
+ * the batch's sequence (its seq_id rows as they are), logits for every row or the last only,
+ * then llama_decode; llama.cpp's code. A verify's or a plain step's rows without numpy's calls. */
+static PyObject *hl_decode_tokens(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *batch_at;
+    if (n != 5) { PyErr_SetString(PyExc_TypeError, "decode_tokens(ctx, batch, tokens, start, all_logits)"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at)) return NULL;
+    PyObject *tokens = PySequence_Fast(args[2], "decode_tokens: tokens, a sequence");
+    if (!tokens) return NULL;
+    long start = PyLong_AsLong(args[3]);
+    int all = PyObject_IsTrue(args[4]);
+    if ((start == -1 && PyErr_Occurred()) || all < 0) { Py_DECREF(tokens); return NULL; }
+    if (!llama_decode_p || !ctx || !batch_at) { Py_DECREF(tokens); PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    batch_t *batch = (batch_t *)batch_at;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(tokens);
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long t = PyLong_AsLong(items[i]);
+        if (t == -1 && PyErr_Occurred()) { Py_DECREF(tokens); return NULL; }
+        batch->token[i] = (int32_t)t;
+        batch->pos[i] = (int32_t)(start + i);
+        batch->logits[i] = (int8_t)(all || i == count - 1);
+    }
+    Py_DECREF(tokens);
+    batch->n_tokens = (int32_t)count;
+    double spent = 0.0;
+    return PyLong_FromLong(run_timed(llama_decode_p, ctx, batch, &spent));
+}
+
 static PyObject *hl_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return run_batch(llama_decode_p, args, n);
 }
@@ -736,6 +774,7 @@ static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssi
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it"},
+    {"decode_tokens", (PyCFunction)(void (*)(void))hl_decode_tokens, METH_FASTCALL, "decode_tokens(ctx, batch, tokens, start, all_logits): fill the rows, then llama_decode"},
     {"decode", (PyCFunction)(void (*)(void))hl_decode, METH_FASTCALL, "decode(ctx, batch, n_tokens): llama_decode, its code"},
     {"encode", (PyCFunction)(void (*)(void))hl_encode, METH_FASTCALL, "encode(ctx, batch, n_tokens): llama_encode, its code"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},
@@ -746,6 +785,7 @@ static PyMethodDef methods[] = {
     {"pieces", (PyCFunction)(void (*)(void))hl_pieces, METH_FASTCALL, "pieces(vocab, n_vocab, special): every token's bytes"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
     {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab[, drafts]): each row's argmax (with drafts: until one differs)"},
+    {"count_cpu", (PyCFunction)hl_count_cpu, METH_O, "count_cpu(on): clock() adds the decodes' thread CPU time from now on"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},

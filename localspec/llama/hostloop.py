@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import llama_cpp
 
@@ -86,6 +86,15 @@ def _long_piece(vocab, token: int, n: int, special: bool) -> bytes:
     return buf.raw[: max(got, 0)]
 
 
+def token_runner(ctx_ptr, batch) -> Callable[[Sequence[int], int, bool], int] | None:
+    """``run(tokens, start, all_logits) -> code``: rows ``tokens`` at positions ``start..`` of the
+    batch's sequence (logits for every row or the last), then ``llama_decode``, in one C call;
+    None where C was not built (the caller fills the rows through numpy and :func:`batch_runner`)."""
+    if _c is None:
+        return None
+    return functools.partial(_c.decode_tokens, address(ctx_ptr), ctypes.addressof(batch))
+
+
 def memory_calls(memory) -> tuple[Callable[[int, int, int], bool], Callable[[int], int]]:
     """A context's ``(seq_rm(seq, p0, p1) -> done, seq_pos_max(seq) -> pos)`` of its memory
     (``llama_get_memory``): one C call each where built, else ctypes' (looked up at each call)."""
@@ -98,5 +107,13 @@ def memory_calls(memory) -> tuple[Callable[[int, int, int], bool], Callable[[int
 
 def decode_clock() -> tuple[float, float, int]:
     """(seconds, this thread's CPU seconds, calls) inside the llama_decode calls C made itself
-    (a greedy chain's, a catch-up's): what a bench that times llama.cpp's compute adds to its own count."""
+    (a greedy chain's, a catch-up's): what a bench that times llama.cpp's compute adds to its own
+    count. The CPU seconds count only after :func:`count_decode_cpu`."""
     return _c.clock() if _c is not None else (0.0, 0.0, 0)
+
+
+def count_decode_cpu() -> None:
+    """From now on :func:`decode_clock` adds the decodes' thread CPU time too (for benches: a
+    thread clock costs a system call a decode, which generation does not pay otherwise)."""
+    if _c is not None:
+        _c.count_cpu(True)

@@ -267,6 +267,7 @@ class Context:
         """The token batch every decode fills, rows of sequence 0 until told otherwise."""
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._run = hostloop.batch_runner(self._ctx, self._batch)   # run(n): llama_decode of its first n rows
+        self._run_tokens = hostloop.token_runner(self._ctx, self._batch)   # sequence 0's rows filled and run, in C
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -291,16 +292,19 @@ class Context:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
             raise LocalspecError(f"internal: {n} logit rows exceed n_outputs_max {self.n_outputs_max}")
-        if n == 1:  # a plain decoding step: the hot path, kept lean
-            self._tok[0] = tokens[0]
-            self._pos[0] = start_pos
-            self._out[0] = 1
+        if self._run_tokens is not None:   # the rows filled and decoded in one C call
+            rc = self._run_tokens(tokens, start_pos, all_logits)
         else:
-            self._tok[:n] = tokens
-            self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
-            self._out[:n] = 1 if all_logits else 0
-            self._out[n - 1] = 1
-        rc = self._run(n)
+            if n == 1:  # a plain decoding step: the hot path, kept lean
+                self._tok[0] = tokens[0]
+                self._pos[0] = start_pos
+                self._out[0] = 1
+            else:
+                self._tok[:n] = tokens
+                self._pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+                self._out[:n] = 1 if all_logits else 0
+                self._out[n - 1] = 1
+            rc = self._run(n)
         if self._recurrent is not None:
             self._decoded({0: n})
         interrupts.raise_if_pending()   # a Ctrl-C a log callback caught (embedding programs' handlers)
@@ -554,7 +558,7 @@ class Context:
     def close(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close
         batch, self._batch = getattr(self, "_batch", None), None
-        self._run = self._seq_rm = self._pos_max = _closed
+        self._run = self._run_tokens = self._seq_rm = self._pos_max = _closed
         if batch is not None:
             llama_cpp.llama_batch_free(batch)
         if ctx:
