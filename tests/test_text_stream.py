@@ -93,3 +93,21 @@ def test_token_output_finish_reasons_with_a_real_tokenizer(smollm2):
         assert len(events) == 2                      # the end-of-generation token is not emitted
     finally:
         model.close()
+
+
+def test_text_is_the_incremental_decoders_for_any_cut_of_the_bytes():
+    """Whole characters skip the incremental decoder (push's fast path): for random cuts of UTF-8
+    text with multi-byte characters and invalid bytes, the text is the incremental decoder's."""
+    import codecs
+    import random
+
+    rng = random.Random(0)
+    samples = ["héllo wörld ✓ 日本語 🎉🎉 " * 3, "plain ascii text"]
+    for _ in range(2000):
+        raw = rng.choice(samples).encode() + bytes(rng.randrange(256) for _ in range(rng.randrange(4)))
+        cuts = sorted(rng.sample(range(1, len(raw)), rng.randrange(1, 12)))
+        parts = [raw[a:b] for a, b in zip([0] + cuts, cuts + [len(raw)])]
+        stream = TextStream([])
+        text = "".join(stream.push(p) for p in parts) + stream.flush()
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        assert text == "".join(decoder.decode(p) for p in parts) + decoder.decode(b"", final=True), parts

@@ -26,7 +26,14 @@ class TextStream:
         self.stopped = False
 
     def push(self, data: bytes) -> str:
-        self._pending += self._decoder.decode(data)
+        decoder = self._decoder
+        if decoder.buffer:   # a character begun in earlier bytes: the incremental decoder completes it
+            self._pending += decoder.decode(data)
+        else:                # whole characters (most tokens): as the decoder would, without its layers
+            try:
+                self._pending += data.decode("utf-8")
+            except UnicodeDecodeError:   # a character cut at the token's end, or invalid bytes
+                self._pending += decoder.decode(data)
         if self._stop:
             window = self.text[-self._hold:] + self._pending if self._hold else self._pending
             offset = len(window) - len(self._pending)
