@@ -366,6 +366,29 @@ static int chain_steps(void *ctx, batch_t *batch, row_fn state_fn, const float *
     return 1;
 }
 
+/* The arguments a greedy chain's and the slots' rounds share: (ctx, batch, state_fn, norm or
+ * None, n_embd, eps, n_vocab), checked bound. */
+typedef struct {
+    void *ctx, *batch, *state_fn, *norm;
+    long n_embd, nv;
+    double eps;
+} chain_args;
+
+static int parse_chain_args(PyObject *const *args, chain_args *c) {
+    if (!as_pointer(args[0], &c->ctx) || !as_pointer(args[1], &c->batch) || !as_pointer(args[2], &c->state_fn)
+        || !(args[3] == Py_None ? (c->norm = NULL, 1) : as_pointer(args[3], &c->norm)))
+        return 0;
+    c->n_embd = PyLong_AsLong(args[4]);
+    c->eps = PyFloat_AsDouble(args[5]);
+    c->nv = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred()) return 0;
+    if (!llama_decode_p || !c->state_fn || !c->ctx || !c->batch) {
+        PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound");
+        return 0;
+    }
+    return 1;
+}
+
 /* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions)
  * The greedy draft chains of several sequences (a scheduler's slots), their steps decoded
  * together: one decode a round of every chain that has a step left. The batch (a llama_batch at
@@ -378,16 +401,13 @@ static int chain_steps(void *ctx, batch_t *batch, row_fn state_fn, const float *
  * Returns (per chain the list of its drafts after the first, per chain its seconds), or raises
  * on a failed decode. */
 static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *ctx, *batch_at, *state_at, *norm_at;
+    chain_args c;
     if (n != 9) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 arguments"); return NULL; }
-    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at) || !as_pointer(args[2], &state_at)
-        || !(args[3] == Py_None ? (norm_at = NULL, 1) : as_pointer(args[3], &norm_at)))
-        return NULL;
-    long n_embd = PyLong_AsLong(args[4]);
-    double eps = PyFloat_AsDouble(args[5]);
-    long nv = PyLong_AsLong(args[6]);
+    if (!parse_chain_args(args, &c)) return NULL;
+    void *ctx = c.ctx, *batch_at = c.batch, *state_at = c.state_fn, *norm_at = c.norm;
+    long n_embd = c.n_embd, nv = c.nv;
+    double eps = c.eps;
     PyObject *seqs = args[7], *positions = args[8];
-    if (PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(seqs) || !PyTuple_Check(positions) || PyTuple_GET_SIZE(seqs) != PyTuple_GET_SIZE(positions)) {
         PyErr_SetString(PyExc_TypeError, "greedy_rounds: seqs and positions, tuples of one length");
         return NULL;
@@ -475,18 +495,14 @@ fail:
  * (the positions of the steps after the first). Returns (the drafts after the first, seconds inside
  * llama_decode), or raises on a failed decode (its code in the message). */
 static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *ctx, *batch_at, *state_at, *norm_at;
+    chain_args c;
     if (n != 8) { PyErr_SetString(PyExc_TypeError, "greedy_chain takes 8 arguments"); return NULL; }
-    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at) || !as_pointer(args[2], &state_at)
-        || !(args[3] == Py_None ? (norm_at = NULL, 1) : as_pointer(args[3], &norm_at)))
-        return NULL;
-    long n_embd = PyLong_AsLong(args[4]);
-    double eps = PyFloat_AsDouble(args[5]);
-    long nv = PyLong_AsLong(args[6]);
+    if (!parse_chain_args(args, &c)) return NULL;
+    void *ctx = c.ctx, *batch_at = c.batch, *state_at = c.state_fn, *norm_at = c.norm;
+    long n_embd = c.n_embd, nv = c.nv;
+    double eps = c.eps;
     PyObject *positions = args[7];
-    if (PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(positions)) { PyErr_SetString(PyExc_TypeError, "positions: a tuple"); return NULL; }
-    if (!llama_decode_p || !state_at) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
     PyObject *drafts = PyList_New(0);
     if (!drafts) return NULL;
     double spent = 0.0;
