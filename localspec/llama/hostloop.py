@@ -1,9 +1,10 @@
-"""The host steps that run right after a llama.cpp compute (a row's argmax, a drafter's greedy
-chain), in C where ``_hostloop`` was built at install, else in numpy: the same tokens either way.
+"""The host steps around a llama.cpp compute (the decode's and the KV cache's calls, a row's
+argmax, a drafter's greedy chains, every token's text), in C where ``_hostloop`` was built at
+install, else in numpy and ctypes: the same tokens either way.
 
 After a decode has streamed the model's weights through the caches, each Python-level call runs
-cold: on a 2-core EPYC a ctypes call takes ~60 µs and numpy's argmax ~45 µs there, against ~10
-µs for both in one C call (docs/speculation.md, "The host loop in C")."""
+cold: on a 2-core EPYC a ctypes call takes ~20-45 µs and numpy's argmax ~45 µs there, against ~10
+µs for both in one C call (docs/speculation.md, "The host loop in C" and its second round)."""
 
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ def memory_calls(memory) -> tuple[Callable[[int, int, int], bool], Callable[[int
 
 
 def decode_clock() -> tuple[float, float, int]:
-    """(seconds, this thread's CPU seconds, calls) inside the llama_decode calls C made itself
-    (a greedy chain's, a catch-up's): what a bench that times llama.cpp's compute adds to its own
+    """(seconds, this thread's CPU seconds, calls) inside the llama_decode / llama_encode calls C
+    made itself (the target's decodes, the drafter's, its chains'): what a bench that times llama.cpp's compute adds to its own
     count. The CPU seconds count only after :func:`count_decode_cpu`."""
     return _c.clock() if _c is not None else (0.0, 0.0, 0)
 
