@@ -255,16 +255,17 @@ class Context:
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.n_outputs_max = min(n_outputs_max or n_batch, n_batch)
         self.memory = llama_cpp.llama_get_memory(self._ctx)
-        self._seq_rm, self._pos_max = hostloop.memory_calls(self.memory)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ctx))
         # a recurrent state (not an MTP context: its head's KV only): each sequence's rows in its last decode
         self._recurrent: dict[int, int] | None = {} if model.recurrent and not mtp else None
         self._rolled_back: set[int] = set()   # rolled back, not decoded past since
         self._views: dict[int, np.ndarray] = {}
-        self._init_batch(n_batch, n_seq_max)
+        self._init_calls(n_batch, n_seq_max)
 
-    def _init_batch(self, n_batch: int, n_seq_max: int) -> None:
-        """The token batch every decode fills, rows of sequence 0 until told otherwise."""
+    def _init_calls(self, n_batch: int, n_seq_max: int) -> None:
+        """The token batch every decode fills (rows of sequence 0 until told otherwise), and the
+        calls that run it and trim the memory: in C where the host loop was built."""
+        self._seq_rm, self._pos_max = hostloop.memory_calls(self.memory)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._run = hostloop.batch_runner(self._ctx, self._batch)   # run(n): llama_decode of its first n rows
         self._run_tokens = hostloop.token_runner(self._ctx, self._batch)   # sequence 0's rows filled and run, in C
