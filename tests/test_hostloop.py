@@ -193,6 +193,8 @@ def test_token_texts_and_cells_through_the_host_loop_are_llama_cpp_s(smollm2):
         assert model.piece(model.eos) == b"" and model.special_piece(model.eos) != b""
         with pytest.raises(Exception, match="not in the vocabulary"):
             model.piece(model.n_vocab)
+        with pytest.raises((OverflowError, ValueError)):   # never wrapped into another token id
+            ctx.decode([2 ** 32 + 5], 0, all_logits=False)
         ctx.decode(list(range(200, 210)), 0, all_logits=False)
         assert ctx.pos_max(0) == 9 == llama_cpp.llama_memory_seq_pos_max(ctx.memory, 0)
         ctx.seq_rm(6)

@@ -604,6 +604,11 @@ static PyObject *hl_decode_tokens(PyObject *self, PyObject *const *args, Py_ssiz
     for (Py_ssize_t i = 0; i < count; i++) {
         long t = PyLong_AsLong(items[i]);
         if (t == -1 && PyErr_Occurred()) { Py_DECREF(tokens); return NULL; }
+        if (t < INT32_MIN || t > INT32_MAX || start + i > INT32_MAX) {   /* never wrapped into another id */
+            Py_DECREF(tokens);
+            PyErr_Format(PyExc_OverflowError, "decode_tokens: token %ld at position %ld is out of range", t, start + (long)i);
+            return NULL;
+        }
         batch->token[i] = (int32_t)t;
         batch->pos[i] = (int32_t)(start + i);
         batch->logits[i] = (int8_t)(all || i == count - 1);
