@@ -68,10 +68,14 @@ class NgramLookup:
         toks, index, max_n, long = self.tokens, self._index, self.max_n, self._long
         for tok in tokens:
             i = len(toks)  # the new token's position: it continues every n-gram ending at i-1
-            for n in range(1, min(max_n, i) + 1):
-                index[tuple(toks[i - n:i])] = i
-            if i >= LONG_N:
-                long[tuple(toks[i - LONG_N:i])] = i
+            if i >= LONG_N:   # one tuple of the last LONG_N tokens; the short keys are its tails
+                tail = tuple(toks[i - LONG_N:i])
+                long[tail] = i
+                tail = tail[-max_n:] if max_n <= LONG_N else tuple(toks[i - max_n:i])
+            else:
+                tail = tuple(toks[max(0, i - max_n):i])
+            for j in range(len(tail)):
+                index[tail[j:]] = i
             toks.append(tok)
 
     def find(self) -> tuple[int, int]:
