@@ -177,6 +177,7 @@ def test_a_generation_ticks_between_cycles_and_counts_the_time(tiny):
 
     class Slow:
         changes = 0
+        adapts = True
 
         def tick(self, *, start=False):
             calls.append(start)

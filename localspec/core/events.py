@@ -28,8 +28,9 @@ class GenerationStats:
     # time split of the generation phase (seconds)
     target_seconds: float = 0.0
     drafter_seconds: float = 0.0
-    # per draft source ("eagle", "lookup"): (cycles, drafted, accepted); the values are tuples, replaced
-    # on each record, so that a snapshot copies the dicts, not each entry
+    # per draft source ("eagle", "lookup"): (cycles, drafted, accepted). This dict and the two
+    # per-position lists are replaced, never changed in place, when a cycle drafts: a snapshot (once
+    # a cycle, most of them plain) shares them rather than copies them
     sources: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # target decodes by batch size: {batch: (count, seconds)} (the run's own V(k))
     verify_by_batch: dict[int, tuple[int, float]] = field(default_factory=dict)
@@ -71,6 +72,13 @@ class GenerationStats:
         entry = self.verify_by_batch.get(batch)
         self.verify_by_batch[batch] = (1, seconds) if entry is None else (entry[0] + 1, entry[1] + seconds)
 
+    def record_plain(self, seconds: float) -> None:
+        """A plain step: ``record_verify(1, seconds)`` and ``record_cycle(0, 0)`` in one call."""
+        self.cycles += 1
+        self.target_seconds += seconds
+        entry = self.verify_by_batch.get(1)
+        self.verify_by_batch[1] = (1, seconds) if entry is None else (entry[0] + 1, entry[1] + seconds)
+
     def record_cycle(self, drafted: int, accepted: int, source: str | None = None, *, depth: int | None = None) -> None:
         """``depth``: a draft tree's depth (``drafted`` counts its nodes; per-position figures
         count positions down to ``depth``)."""
@@ -79,28 +87,27 @@ class GenerationStats:
             return
         if source is not None:
             c, d, a = self.sources.get(source, (0, 0, 0))
-            self.sources[source] = (c + 1, d + drafted, a + accepted)
+            self.sources = {**self.sources, source: (c + 1, d + drafted, a + accepted)}
         self.drafted += drafted
         self.accepted += accepted
         positions = drafted if depth is None else depth
-        while len(self.drafted_per_position) < positions:
-            self.drafted_per_position.append(0)
-            self.accepted_per_position.append(0)
+        drafted_at, accepted_at = self.drafted_per_position[:], self.accepted_per_position[:]
+        while len(drafted_at) < positions:
+            drafted_at.append(0)
+            accepted_at.append(0)
         for i in range(positions):
-            self.drafted_per_position[i] += 1
+            drafted_at[i] += 1
             if i < accepted:
-                self.accepted_per_position[i] += 1
+                accepted_at[i] += 1
+        self.drafted_per_position, self.accepted_per_position = drafted_at, accepted_at
 
     def snapshot(self) -> "GenerationStats":
-        # once per cycle: a copy of the fields, not a call of __init__ with each as a keyword
+        """A copy for an event (once per cycle): the fields, sharing the containers that are
+        replaced rather than changed (see ``sources``); ``verify_by_batch`` changes every cycle."""
         copy = object.__new__(GenerationStats)
         fields = copy.__dict__
         fields.update(self.__dict__)
-        fields["accepted_per_position"] = self.accepted_per_position[:]
-        fields["drafted_per_position"] = self.drafted_per_position[:]
-        fields["sources"] = self.sources.copy()
         fields["verify_by_batch"] = self.verify_by_batch.copy()
-        fields["policy_choices"] = dict(self.policy_choices)
         return copy
 
     def to_dict(self) -> dict:
@@ -147,7 +154,9 @@ class TokenLogprob:
     top: tuple["TokenLogprob", ...] = ()
 
 
-@dataclass(frozen=True)
+# TokenEvent and CycleEvent: made every cycle, so plain slotted dataclasses (a frozen one's __init__
+# sets each field through object.__setattr__: 3x the time); treat them as read-only all the same
+@dataclass(slots=True)
 class TokenEvent:
     """Text of one emitted token (may be empty while a multi-byte character or stop string is pending)."""
 
@@ -159,7 +168,7 @@ class TokenEvent:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CycleEvent:
     """One target verification step: how many tokens were drafted, accepted and emitted
     (emitted can fall short of accepted + 1 at a stop); ``stats`` includes this cycle."""

@@ -169,6 +169,11 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return token in self._eog
 
+    @property
+    def eog(self) -> frozenset[int]:
+        """Every end-of-generation token."""
+        return self._eog
+
     def close(self) -> None:
         # the handle is dropped before it is freed: a Ctrl-C raised right after the native call
         # (Python runs signal handlers there) must not leave it for __del__ to free twice

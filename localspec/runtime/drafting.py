@@ -61,6 +61,8 @@ class DraftStep:
         self.model = kind.create(ctx) if kind is not None else None
         self.shadow = (ShadowScore(policy.lookup_settled, hits=policy.lookup_hits)
                        if lookup is not None and not policy.fixed else None)
+        # commit() has something to tell (spec off: nothing, and a plain step skips the call)
+        self.listens = self.model is not None or bool(self.texts) or lookup is not None
 
     def draft(self, room: int, n_past: int, *, batched: bool = False) -> Draft | DraftChain:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``. ``batched``:

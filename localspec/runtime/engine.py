@@ -303,7 +303,8 @@ class Engine:
         and ``hold``: see :class:`~localspec.runtime.scheduler.Scheduler`."""
         drafter = self.drafter
         host = SlotHost(self.ctx, self.verifiers, self.drafters, self.open_generation, self._claim,
-                        self.calibrator.release, self.threads.tick, self._record_batch,
+                        self.calibrator.release, self.threads.tick if self.threads.adapts else None,
+                        self._record_batch,
                         drafter.decode_steps if drafter is not None else None,
                         drafter.catch_ups if drafter is not None else None,
                         drafter.greedy_rounds if drafter is not None else None)

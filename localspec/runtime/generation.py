@@ -16,9 +16,11 @@ dispatching on the plan's type). It decodes nothing itself: the scheduler
 (``Engine.generate`` is a scheduler of one slot). Its state (prefilling, generating, done) is what
 the scheduler's :class:`~localspec.runtime.scheduler.SlotState` follows.
 
-Observers (``after_prefill(ctx, sampler)``, ``after_verify(ctx, sampler, verified)``) read the
-target's logits before the sampler moves on, for measurement such as bench's logit margins
+Observers (``after_prefill(ctx, sampler)``, and optionally ``after_verify(ctx, sampler, verified)``)
+read the target's logits before the sampler moves on, for measurement such as bench's logit margins
 (:mod:`localspec.runtime.margins`); their time after the prompt is not counted as generation time.
+Only those with ``after_verify`` cost anything per cycle (a prefill-only probe, as bench's clock,
+leaves the cycles as a user's are).
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from .verifier import Decoded, TargetVerifier, TreeLayout, Verified
 
 
 class GenerationObserver(Protocol):
-    def after_prefill(self, ctx, sampler: Sampler) -> None: ...
+    """Reads the target's logits after the prompt; ``after_verify(ctx, sampler, verified)``, where
+    the observer has one, after every verification too."""
 
-    def after_verify(self, ctx, sampler: Sampler, verified: Verified) -> None: ...
+    def after_prefill(self, ctx, sampler: Sampler) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class Generation:
         self.drafter = drafter                    # None when this generation does not draft with it
         self.calibration = calibration
         self.observers = list(observers)
+        self._verify_observers = [o for o in observers if hasattr(o, "after_verify")]   # read every cycle
         self.cancel = cancel
         self.recall = recall                      # earlier generations' text: drafts from it, this one's text to it
         grammar = (Grammar(verifier.model, config.grammar, config.grammar_triggers)
@@ -215,7 +219,7 @@ class Generation:
         work, self._work = self._work, None
         self._shared = shared
         if type(work) is StepRow:   # the most frequent first
-            pending, cycle = self._plain_step(self._t_cycle, batch.at(work.offset))
+            pending, cycle = self._plain_step(self._t_cycle, work.offset, batch.seconds)
         elif isinstance(work, PrefillRows):
             first = self.verifier.prefill_done(work.n, self.sampler, work.offset)
             if first >= 0:
@@ -234,7 +238,16 @@ class Generation:
     def check(self) -> bool:
         """End the generation if it is due (after the driver handed the step's events on: a
         consumer may cancel on one); whether it is done."""
-        if not self.done and self._finished():
+        if self.done:
+            return True
+        finish = self.output.finish   # what ends it, tested inline (every step, right after a decode)
+        if finish is None and self.cancel is not None and self.cancel.is_set():
+            finish = "cancelled"
+        verifier = self.verifier
+        if finish is None and verifier.n_past >= verifier.n_ctx and not self.prefilling:
+            finish = "context"
+        self.finish = finish
+        if finish is not None:
             self.events.extend(self.output.close())
             self.stats.generation_seconds = time.perf_counter() - self._t_gen if self._t_gen else 0.0
             self.stats.policy_choices = dict(self.policy.choices)
@@ -250,12 +263,17 @@ class Generation:
         return self.done
 
     def _advance(self, pending: list[tuple[int, bool]], cycle: _Cycle | None) -> None:
-        before = len(self.output.tokens)
-        self.events.extend(self.output.emit(pending, self._pending_logprobs))
-        self._clock()
+        """The committed tokens' events, the clock (inline: a call less each cycle), the cycle's event."""
+        output, stats = self.output, self.stats
+        before = len(output.tokens)
+        self.events.extend(output.emit(pending, self._pending_logprobs))
+        stats.generated_tokens = len(output.tokens)
+        stats.generation_seconds = time.perf_counter() - self._t_gen
+        if self.drafter:
+            stats.drafter_seconds = self.drafter.seconds - self._drafter_t0
         if cycle is not None:
-            self.events.append(CycleEvent(cycle.drafted, cycle.accepted, len(self.output.tokens) - before,
-                                          self.stats.snapshot(), cycle.source))
+            self.events.append(CycleEvent(cycle.drafted, cycle.accepted, stats.generated_tokens - before,
+                                          stats.snapshot(), cycle.source))
 
     def _begin(self) -> None:
         """Start the prompt (reusing the cached prefix); its chunks follow in plan/settle."""
@@ -285,31 +303,18 @@ class Generation:
         self._drafter_t0 = self.drafter.seconds if self.drafter else 0.0
         return [(first, False)]
 
-    def _clock(self) -> None:
-        stats = self.stats
-        stats.generated_tokens = len(self.output.tokens)
-        stats.generation_seconds = time.perf_counter() - self._t_gen
-        if self.drafter:
-            stats.drafter_seconds = self.drafter.seconds - self._drafter_t0
-
-    def _finished(self) -> bool:
-        finish = self.output.finish
-        if finish is None and self.cancel is not None and self.cancel.is_set():
-            finish = "cancelled"
-        if finish is None and not self.prefilling and self.verifier.n_past >= self.verifier.n_ctx:
-            finish = "context"
-        self.finish = finish
-        return finish is not None
-
     def _verified(self, draft, v: Verified) -> tuple[list[tuple[int, bool]], _Cycle]:
         """After a verification: the committed tokens and the cycle's counts."""
         policy = self.policy
         self.stats.record_verify(v.batch, v.seconds)
-        t_cycle = self._t_cycle + self._observe(v)
-        self._record_logprobs(v.tokens, v.logit_rows)
+        t_cycle = self._t_cycle + self._observe(v) if self._verify_observers else self._t_cycle
+        if self.logprobs is not None:
+            self._record_logprobs(v.tokens, v.logit_rows)
         self.drafting.record(draft, v)
-        self.sampler.commit(v.tokens)
-        policy.declined(draft)
+        if self.sampler.needs_context:
+            self.sampler.commit(v.tokens)
+        if not draft.tokens:   # what policy.declined looks at (a model source that drafted nothing)
+            policy.declined(draft)
         source = draft.source if v.drafted else None   # every source by its own name
         depth = draft.tree.depth if draft.tree is not None else None
         self.stats.record_cycle(v.drafted, v.accepted, source, depth=depth)
@@ -319,28 +324,31 @@ class Generation:
                        batch=v.batch, cost_observed=self._shared)
         return [(d, True) for d in v.drafts] + [(v.correction, False)], _Cycle(v.drafted, v.accepted, source)
 
-    def _plain_step(self, t_cycle: float, decoded: Decoded) -> tuple[list[tuple[int, bool]], _Cycle]:
+    def _plain_step(self, t_cycle: float, offset: int, decoded_seconds: float) -> tuple[list[tuple[int, bool]], _Cycle]:
         """A cycle that drafts nothing, kept lean (most cycles of most text): the same outcome
-        and bookkeeping as verifying no drafts, without building a verification record."""
+        and bookkeeping as verifying no drafts, without building a verification record, and
+        without the calls that would do nothing (each costs 5-20 µs right after a decode)."""
         verifier = self.verifier
         pos = verifier.n_past
-        tok, seconds = verifier.step(self.sampler, decoded)
-        if self.observers:   # what they read of a verification: this step's one row, before the commit
-            t_cycle += self._observe(Verified(pos, [tok], [decoded.offset], 0, 1, seconds))
-        self._record_logprobs([tok], [decoded.offset])
-        self.stats.record_verify(1, seconds)
-        self.drafting.commit([tok], pos, [decoded.offset])
-        self.sampler.commit((tok,))
-        self.stats.record_cycle(0, 0)
+        tok, seconds = verifier.step(self.sampler, offset, decoded_seconds)
+        if self._verify_observers:   # what they read of a verification: this step's one row, before the commit
+            t_cycle += self._observe(Verified(pos, [tok], [offset], 0, 1, seconds))
+        if self.logprobs is not None:
+            self._record_logprobs([tok], [offset])
+        self.stats.record_plain(seconds)
+        if self.drafting.listens:
+            self.drafting.commit([tok], pos, [offset])
+        if self.sampler.needs_context:
+            self.sampler.commit((tok,))
         self.policy.observe_plain(seconds, time.perf_counter() - t_cycle, self._shared)
         return [(tok, False)], _PLAIN
 
     def _observe(self, verified: Verified) -> float:
         """Run the observers; their seconds, which do not count as generation time."""
-        if not self.observers:
+        if not self._verify_observers:
             return 0.0
         t0 = time.perf_counter()
-        for observer in self.observers:
+        for observer in self._verify_observers:
             observer.after_verify(self.verifier.ctx, self.sampler, verified)
         spent = time.perf_counter() - t0
         self._t_gen += spent

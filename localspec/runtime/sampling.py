@@ -112,11 +112,9 @@ class Sampler:
                           if params.penalized else None)
         # greedy on the raw row: a choice is its argmax, which the context reads in one call
         self.plain_greedy = params.greedy and self.penalties is None and grammar is None
-
-    @property
-    def needs_context(self) -> bool:
-        """Whether a judged position's ``after`` changes its distribution."""
-        return self.penalties is not None or self.grammar is not None
+        # whether a judged position's ``after`` changes its distribution; also whether commit() has
+        # anything to do (a plain step skips the call where not)
+        self.needs_context = self.penalties is not None or grammar is not None
 
     def commit(self, tokens: Iterable[int]) -> None:
         """Tokens that joined the context (emitted, accepted drafts and corrections alike)."""

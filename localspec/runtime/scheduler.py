@@ -85,7 +85,7 @@ class SlotHost:
     open_generation: OpenGeneration
     claim: Callable[[], bool]
     release: Callable[[], None]
-    tick: Callable[[], None]
+    tick: Callable[[], None] | None   # None: a fixed thread count, nothing to tick
     record_batch: Callable[[int, float], None]
     draft_steps: Callable | None = None
     catch_ups: Callable | None = None
@@ -108,6 +108,9 @@ class SlotState(Enum):
     PREFILL = "prefill"
     GENERATING = "generating"
     FINISHED = "finished"
+
+
+_IDLE, _PREFILL, _GENERATING = SlotState.IDLE, SlotState.PREFILL, SlotState.GENERATING   # read every step
 
 
 class Slot:
@@ -135,9 +138,11 @@ class Slot:
     def settled(self) -> None:
         """After the step's rows were read: its events to the sink; a prompt whose last chunk
         was in chose the first token, and the slot generates from the next step on."""
-        if self.state is SlotState.PREFILL and not self.generation.prefilling:
+        generation = self.generation
+        if self.state is SlotState.PREFILL and not generation.prefilling:
             self.state = SlotState.GENERATING
-        self.deliver()
+        for event in generation.take():   # deliver(), inline: once a step, right after the decode
+            self.sink(event)
 
     def finish(self) -> None:
         """The generation ended (its DoneEvent queued): deliver it, then the slot is free."""
@@ -197,7 +202,11 @@ class Scheduler:
 
     @property
     def active(self) -> int:
-        return sum(1 for s in self.slots if s.busy)
+        n = 0
+        for slot in self.slots:   # a driver reads this every step: no generator frame
+            if slot.state is not _IDLE:
+                n += 1
+        return n
 
     @property
     def free(self) -> int:
@@ -303,13 +312,17 @@ class Scheduler:
         each slot's events to its sink. A driver that hands the events on itself
         (``Engine.generate``) does so before :meth:`step_end`, so that a consumer who cancels on
         one ends the generation in this step."""
-        active = [s for s in self.slots if s.state is not SlotState.IDLE]
+        active = []
+        for slot in self.slots:   # a loop, not a comprehension: one frame less a step
+            if slot.state is not _IDLE:
+                active.append(slot)
         if not active:
             self._step_plan = None
             return
         if len(active) > 1:
             active.sort(key=_admitted)
-        self.host.tick()   # the thread count that fits the free cores (rate-limited inside)
+        if self.host.tick is not None:
+            self.host.tick()   # the thread count that fits the free cores (rate-limited inside)
         plan = self._step_plan = self.plan(active)
         self.run(plan)
         self.settle(plan)
@@ -344,8 +357,13 @@ class Scheduler:
         be drafted in :meth:`run`), and the prompts being prefilled, in order of arrival."""
         exact = active[0].generation.exact if len(active) == 1 else any(s.generation.exact for s in active)
         batch = Batch(self.host.ctx, exact=exact)
-        decoding = [s for s in active if s.state is SlotState.GENERATING]
-        plan = StepPlan(active, batch, [], [], [s for s in active if s.state is SlotState.PREFILL], {})
+        decoding, prefills = [], []
+        for slot in active:
+            if slot.state is _GENERATING:
+                decoding.append(slot)
+            elif slot.state is _PREFILL:
+                prefills.append(slot)
+        plan = StepPlan(active, batch, [], [], prefills, {})
         batched = len(decoding) > 1
         waiting = len(plan.prefills)   # a prompt takes one row at least: its first token waits on this step
         # just after steps of several slots, the clients whose answers ended are sending their next

@@ -70,6 +70,8 @@ def fitting(cores: int, other: float, threshold: float, n_max: int) -> int:
 class ThreadController:
     """Follows the free cores: ``tick()`` between cycles; ``apply(n)`` sets the new count."""
 
+    adapts = True
+
     def __init__(self, n_max: int, apply: Callable[[int], None], usage: Usage, *,
                  cores: int | None = None, interval: float = CHECK_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -123,6 +125,7 @@ class FixedThreads:
     """The user's thread count: nothing to adapt."""
 
     changes = 0
+    adapts = False   # a scheduler need not call tick() each step
 
     def tick(self, *, start: bool = False) -> None:
         pass

@@ -203,12 +203,12 @@ class TargetVerifier:
         self._advance(result, kept=accepted)
         return result
 
-    def step(self, sampler: Sampler, decoded: Decoded) -> tuple[int, float]:
+    def step(self, sampler: Sampler, offset: int, decoded_seconds: float) -> tuple[int, float]:
         """A plain decoding step, ``verify([])`` with nothing uncached, without the bookkeeping of
         drafts (the hot path where nothing is drafted): after the decode of ``last`` (at batch row
-        ``decoded.offset``), choose the token after it; (that token, seconds)."""
-        t0 = time.perf_counter() - decoded.seconds
-        tok = sampler.choose_at(self.ctx, decoded.offset)
+        ``offset``, ``decoded_seconds`` the decode's), choose the token after it; (that token, seconds)."""
+        t0 = time.perf_counter() - decoded_seconds
+        tok = self.ctx.argmax(offset) if sampler.plain_greedy else sampler.choose_at(self.ctx, offset)
         seconds = time.perf_counter() - t0
         self.kv_tokens.append(self.last)
         self.n_past += 1
