@@ -26,9 +26,22 @@ def test_the_c_host_loop_was_built():
         assert hostloop.COMPILED
 
 
+@pytest.fixture(params=["wide", "sse2"])
+def simd(request):
+    """The argmax's AVX2 path (where the CPU has it), then its SSE2 one."""
+    if hostloop._c is None:
+        yield "numpy"
+        return
+    hostloop._c.simd(request.param == "wide")
+    try:
+        yield hostloop._c.simd()
+    finally:
+        hostloop._c.simd(True)
+
+
 @C
-@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 1000, 49152])
-def test_argmax_is_numpy_s(n):
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 255, 256, 257, 1000, 49152])
+def test_argmax_is_numpy_s(n, simd):
     rng = np.random.default_rng(n)
     for trial in range(40):
         x = rng.standard_normal(n).astype(np.float32)

@@ -16,6 +16,11 @@
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 #define HOSTLOOP_SSE2 1
+/* floats ahead that a row's scan asks the cache for: a page and a half, so that the next page's
+ * TLB walk and first lines are under way before the scan reaches it (logits are cold after a decode) */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048
+#endif
 #endif
 
 /* llama.h's struct llama_batch, passed by value to llama_decode */
@@ -52,6 +57,7 @@ static float block_max(const float *x, int32_t n, int *nan) {
         __m128 a = _mm_loadu_ps(x), b = _mm_loadu_ps(x + 4), c = _mm_loadu_ps(x + 8), d = _mm_loadu_ps(x + 12);
         __m128 u = _mm_or_ps(_mm_cmpunord_ps(a, b), _mm_cmpunord_ps(c, d));
         for (i = 16; i + 16 <= n; i += 16) {
+            _mm_prefetch((const char *)(x + i + PREFETCH_AHEAD), _MM_HINT_T0);
             __m128 xa = _mm_loadu_ps(x + i), xb = _mm_loadu_ps(x + i + 4);
             __m128 xc = _mm_loadu_ps(x + i + 8), xd = _mm_loadu_ps(x + i + 12);
             u = _mm_or_ps(u, _mm_or_ps(_mm_cmpunord_ps(xa, xb), _mm_cmpunord_ps(xc, xd)));
@@ -72,6 +78,43 @@ static float block_max(const float *x, int32_t n, int *nan) {
     return m;
 }
 
+#if defined(HOSTLOOP_SSE2) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define HOSTLOOP_AVX2 1
+/* block_max in 8-wide AVX2 (half the instructions a row), for CPUs that have it (chosen at import:
+ * the module itself is built for any x86-64). */
+__attribute__((target("avx2"))) static float block_max_avx2(const float *x, int32_t n, int *nan) {
+    int32_t i = 0;
+    float m = x[0];
+    if (n >= 32) {
+        __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8), c = _mm256_loadu_ps(x + 16), d = _mm256_loadu_ps(x + 24);
+        __m256 u = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q));
+        for (i = 32; i + 32 <= n; i += 32) {
+            _mm_prefetch((const char *)(x + i + PREFETCH_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(x + i + PREFETCH_AHEAD + 16), _MM_HINT_T0);
+            __m256 xa = _mm256_loadu_ps(x + i), xb = _mm256_loadu_ps(x + i + 8);
+            __m256 xc = _mm256_loadu_ps(x + i + 16), xd = _mm256_loadu_ps(x + i + 24);
+            u = _mm256_or_ps(u, _mm256_or_ps(_mm256_cmp_ps(xa, xb, _CMP_UNORD_Q), _mm256_cmp_ps(xc, xd, _CMP_UNORD_Q)));
+            a = _mm256_max_ps(a, xa); b = _mm256_max_ps(b, xb); c = _mm256_max_ps(c, xc); d = _mm256_max_ps(d, xd);
+        }
+        a = _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, a);
+        m = lanes[0];
+        for (int j = 1; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+        if (_mm256_movemask_ps(u)) *nan = 1;
+    }
+    for (; i < n; i++) {
+        if (x[i] != x[i]) *nan = 1;
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+#endif
+
+typedef float (*block_max_fn)(const float *x, int32_t n, int *nan);
+static block_max_fn block_max_best = block_max;   /* block_max_avx2 where the CPU has AVX2 (module init) */
+
 /* The index of the largest value, the first of equal ones, as numpy's argmax; a NaN counts as
  * the largest (numpy's rule): its first index. One pass by blocks, then a scan of the first
  * block that holds the maximum. */
@@ -81,7 +124,7 @@ static int32_t argmax_f32(const float *x, int32_t n) {
     int32_t at = 0;
     int nan = 0;
     for (int32_t s = 0; s < n; s += BLOCK) {
-        float m = block_max(x + s, n - s < BLOCK ? n - s : BLOCK, &nan);
+        float m = block_max_best(x + s, n - s < BLOCK ? n - s : BLOCK, &nan);
         if (s == 0 || m > best) { best = m; at = s; }
     }
     if (nan) {
@@ -143,6 +186,24 @@ static PyObject *hl_count_cpu(PyObject *self, PyObject *on) {
     if (v < 0) return NULL;
     clock_cpu_on = v;
     Py_RETURN_NONE;
+}
+
+/* simd(wide): the argmax's SIMD width in use ("avx2" or "sse2"); wide False: SSE2 from now on (tests
+ * check both paths), True: AVX2 again where the CPU has it. */
+static PyObject *hl_simd(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n > 1) { PyErr_SetString(PyExc_TypeError, "simd([wide])"); return NULL; }
+    if (n == 1) {
+        int wide = PyObject_IsTrue(args[0]);
+        if (wide < 0) return NULL;
+        block_max_best = block_max;
+#ifdef HOSTLOOP_AVX2
+        if (wide && __builtin_cpu_supports("avx2")) block_max_best = block_max_avx2;
+#endif
+    }
+#ifdef HOSTLOOP_AVX2
+    if (block_max_best == block_max_avx2) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("sse2");
 }
 
 static int as_pointer(PyObject *o, void **out) {
@@ -806,6 +867,7 @@ static PyMethodDef methods[] = {
     {"pieces", (PyCFunction)(void (*)(void))hl_pieces, METH_FASTCALL, "pieces(vocab, n_vocab, special): every token's bytes"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
     {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab[, drafts]): each row's argmax (with drafts: until one differs)"},
+    {"simd", (PyCFunction)(void (*)(void))hl_simd, METH_FASTCALL, "simd([wide]): the argmax's SIMD width (avx2, sse2); wide False: SSE2"},
     {"count_cpu", (PyCFunction)hl_count_cpu, METH_O, "count_cpu(on): clock() adds the decodes' thread CPU time from now on"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
@@ -815,4 +877,10 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hostloop", "localspec's host loop in C", -1, methods};
 
-PyMODINIT_FUNC PyInit__hostloop(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__hostloop(void) {
+#ifdef HOSTLOOP_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) block_max_best = block_max_avx2;
+#endif
+    return PyModule_Create(&module);
+}

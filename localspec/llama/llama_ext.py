@@ -220,7 +220,6 @@ def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | No
 
 
 @functools.cache
-@functools.cache
 def _layer_inp_at() -> int:
     """The address of ``llama_get_embeddings_layer_inp`` (resolved once: it is read every cycle)."""
     return hostloop.address(_function("llama_get_embeddings_layer_inp"))

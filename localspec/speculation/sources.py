@@ -62,7 +62,7 @@ class Draft:
 Chain = Generator[tuple, tuple, Draft]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # made every model-drafted cycle: not frozen (a frozen __init__ is 3x)
 class CatchUp:
     """A chain's first step where its drafter sequence has committed rows to write first: its
     catch-up of at most ``rows`` rows (None: all), sent back (logits, state) as a step is; a
