@@ -115,7 +115,8 @@ class DraftStep:
         to every source."""
         if draft.tree is not None and self.model is not None:
             self.model.accepted(draft, verified)
-        self.commit(verified.tokens, verified.pos, verified.rows)
+        if self.listens:
+            self.commit(verified.tokens, verified.pos, verified.rows)
 
     def commit(self, committed: list[int], pos: int, rows: list[int]) -> None:
         """Committed tokens (the first at ``pos + 1``) whose target rows were ``rows`` of the last

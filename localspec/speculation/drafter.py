@@ -561,6 +561,8 @@ class DrafterSequence:
         self.name, self.shift, self.max_depth = drafter.name, drafter.shift, drafter.max_depth
         self.ctx, self.n_embd, self.tree_seqs = drafter.ctx, drafter.n_embd, drafter.tree_seqs
         self.block = drafter.kind.block
+        # whether the kind hears of each observe (DFlash's backlog): every cycle otherwise skips the call
+        self._tells_kind = type(self.kind).observed is not DrafterKind.observed
         self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
         self._pending_tokens: list[int] = []
         self._pending_start: int | None = None
@@ -606,9 +608,10 @@ class DrafterSequence:
                 self._pending_start = start_pos
         elif start_pos != self._pending_start + len(self._pending_tokens):
             raise LocalspecError("internal: drafter rows recorded out of order")
-        self._pending_feats.append(self.drafter.features(n_rows, rows))
+        self._pending_feats.append(self.kind.features(self.drafter, n_rows, rows))   # ModelDrafter.features, a call less
         self._pending_tokens.extend(tokens_next[:n_rows])
-        self.kind.observed(self)
+        if self._tells_kind:
+            self.kind.observed(self)
 
     def drop_pending(self) -> None:
         """Forget the recorded rows (the next ``observe`` may start at any later position; the
