@@ -37,7 +37,6 @@ def test_rows_go_in_sorted_by_sequence_and_keep_their_order_within_one():
 def test_auto_takes_streams_for_several_slots_and_the_pool_where_the_engine_relies_on_it():
     assert kv_layout("auto", 4) == "streams"
     assert kv_layout("auto", 1) == "unified"
-    assert kv_layout("auto", 4, rows_match=True) == "unified"
     assert kv_layout("auto", 4, shared_kv=True) == "unified"
     assert kv_layout("unified", 4) == "unified"
     with pytest.raises(LocalspecError, match="assistant"):

@@ -89,3 +89,31 @@ def check_rows(engine: Engine, ctx, tokens: list[int]) -> None:
     ctx.decode(nxt[:4], len(tokens), all_logits=True)   # the same tokens as one verify batch
     for k in range(4):
         assert np.array_equal(np.array(ctx.logits(k)), rows[k]), f"row {k} differs"
+
+
+
+def test_four_slots_of_eagle_chains_keep_plain_decodings_text(smollm2):
+    """rows_match with several slots: each slot's rows in its own KV stream. In one pool of cells a
+    slot's later rows landed in holes that other slots' rejected drafts left below its earlier
+    cells, the one-row attention summed its cells in another order, and 4 slots of fixed EAGLE
+    chains left plain decoding's text (here the third chat prompt at its 128th token; with the
+    store's Q4_0 target, two copy prompts at their 58th and 86th)."""
+    from localspec.core.events import DoneEvent
+    from localspec.runtime.bench import load_prompts
+    from localspec.runtime.config import GenerationConfig
+    from test_hostloop import DRAFTER
+
+    four = [([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
+            for p in load_prompts(ROOT / "bench" / "chat.jsonl")[:4]]
+    with Engine(smollm2, n_ctx=1024, n_threads=1, rows_match=True) as one:
+        alone = []
+        for messages in four:
+            one.clear_cache()
+            alone.append(list(run(one, messages, max_tokens=128, sampling=GREEDY, spec=False).tokens))
+    chains = GenerationConfig(max_tokens=128, sampling=GREEDY,
+                              policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
+    with Engine(smollm2, DRAFTER, n_ctx=1024, parallel=4, n_threads=1, rows_match=True) as multi:
+        assert multi.kv_layout == "streams"
+        done = {i: e for i, e in multi.batch_generate(four, chains) if isinstance(e, DoneEvent)}
+    assert sum(done[i].stats.accepted for i in range(4)) > 0
+    assert [list(done[i].tokens) for i in range(4)] == alone

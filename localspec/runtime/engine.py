@@ -132,7 +132,7 @@ class Engine:
         # for reports: localspec.memory.live reads it)
         self.memory_plan = memory_plan
         # the target's KV: one stream per slot, or one pool of every slot's cells (runtime.kv_layout)
-        self.kv_layout = kv_layouts.choose(kv_layout, self.n_slots, rows_match=rows_match, shared_kv=bool(
+        self.kv_layout = kv_layouts.choose(kv_layout, self.n_slots, shared_kv=bool(
             self.drafter_info and self.drafter_info.is_assistant))
         self._open(n_ctx, n_threads, n_gpu_layers, drafter_gpu_layers, kv_type, n_outputs_max)
         self.rows_match = rows_match

@@ -10,15 +10,16 @@ from ..core import options
 from ..core.errors import LocalspecError
 
 
-def choose(requested: str, slots: int, *, shared_kv: bool = False, rows_match: bool = False,
-           recurrent: bool = False) -> str:
+def choose(requested: str, slots: int, *, shared_kv: bool = False, recurrent: bool = False) -> str:
     """The target KV layout of an engine of ``slots`` slots: ``streams`` (one KV stream per slot,
     llama-server's layout: a row's attention spans its own slot's cells) or ``unified`` (one pool
     of cells: every row's attention spans every slot's, masked). ``auto``: streams wherever
     several slots decode together, except where the pool is what the engine relies on: a drafter
-    that reads the target's own cells (Gemma 4's assistant), exact batches (``rows_match``, whose
-    row invariance was established on the pool), a recurrent target. docs/server.md gives the
-    measurements behind it."""
+    that reads the target's own cells (Gemma 4's assistant), a recurrent target. Exact batches
+    (``rows_match``) take streams too: in the pool a slot's later rows can land in holes another
+    slot's rejected drafts left below its earlier cells, and the one-row attention then sums its
+    cells in another order (4 slots of EAGLE chains left plain decoding's text at tokens 58 and 86;
+    docs/speculation.md, "Exact mode"). docs/server.md gives the measurements behind ``auto``."""
     if requested not in options.KV_LAYOUTS:
         raise LocalspecError(f"unknown KV layout '{requested}' ({', '.join(options.KV_LAYOUTS)})")
     if slots <= 1 or recurrent:
@@ -28,4 +29,4 @@ def choose(requested: str, slots: int, *, shared_kv: bool = False, rows_match: b
                              "--kv-layout unified")
     if requested != "auto":
         return requested
-    return "unified" if shared_kv or rows_match else "streams"
+    return "unified" if shared_kv else "streams"
