@@ -16,7 +16,7 @@
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 #define HOSTLOOP_SSE2 1
-/* floats ahead that a row's scan asks the cache for: a page and a half, so that the next page's
+/* floats ahead that a row's scan asks the cache for (8 KB, two pages), so that the next page's
  * TLB walk and first lines are under way before the scan reaches it (logits are cold after a decode) */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048

@@ -45,7 +45,7 @@ from .drafting import Draft, DraftChain, DraftStep
 from .logprobs import LogprobRecorder
 from .sampling import Sampler
 from .text_stream import TokenOutput
-from .verifier import Decoded, TargetVerifier, TreeLayout, Verified
+from .verifier import TargetVerifier, TreeLayout, Verified
 
 
 class GenerationObserver(Protocol):
