@@ -101,7 +101,7 @@ def test_four_slots_of_eagle_chains_keep_plain_decodings_text(smollm2):
     from localspec.core.events import DoneEvent
     from localspec.runtime.bench import load_prompts
     from localspec.runtime.config import GenerationConfig
-    from test_hostloop import DRAFTER
+    from localspec.store.models import DEFAULT_DRAFTER_FILE
 
     four = [([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
             for p in load_prompts(ROOT / "bench" / "chat.jsonl")[:4]]
@@ -112,7 +112,8 @@ def test_four_slots_of_eagle_chains_keep_plain_decodings_text(smollm2):
             alone.append(list(run(one, messages, max_tokens=128, sampling=GREEDY, spec=False).tokens))
     chains = GenerationConfig(max_tokens=128, sampling=GREEDY,
                               policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
-    with Engine(smollm2, DRAFTER, n_ctx=1024, parallel=4, n_threads=1, rows_match=True) as multi:
+    drafter = ROOT / "localspec" / "data" / DEFAULT_DRAFTER_FILE
+    with Engine(smollm2, drafter, n_ctx=1024, parallel=4, n_threads=1, rows_match=True) as multi:
         assert multi.kv_layout == "streams"
         done = {i: e for i, e in multi.batch_generate(four, chains) if isinstance(e, DoneEvent)}
     assert sum(done[i].stats.accepted for i in range(4)) > 0
