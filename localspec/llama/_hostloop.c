@@ -327,12 +327,36 @@ static PyObject *hl_argmax_ith(PyObject *self, PyObject *const *args, Py_ssize_t
     return row ? PyLong_FromLong(argmax_f32(row, (int32_t)nv)) : NULL;
 }
 
-/* argmax_rows(ctx, rows, n_vocab): argmax_ith of each output row in the tuple ``rows``, a list */
+/* argmax_rows' trim: (memory, seq, p0, always); ``accepted`` of ``n_drafts`` drafts were. */
+static int trim_verified(PyObject *trim, Py_ssize_t accepted, Py_ssize_t n_drafts) {
+    void *mem;
+    if (!PyTuple_Check(trim) || PyTuple_GET_SIZE(trim) != 4 || n_drafts < 0) {
+        PyErr_SetString(PyExc_TypeError, "argmax_rows: trim, (memory, seq, p0, always) after drafts");
+        return 0;
+    }
+    if (!as_pointer(PyTuple_GET_ITEM(trim, 0), &mem)) return 0;
+    long seq = PyLong_AsLong(PyTuple_GET_ITEM(trim, 1)), p0 = PyLong_AsLong(PyTuple_GET_ITEM(trim, 2));
+    int always = PyObject_IsTrue(PyTuple_GET_ITEM(trim, 3));
+    if (PyErr_Occurred() || always < 0) return 0;
+    if (!llama_memory_seq_rm_p || !mem) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return 0; }
+    if ((accepted < n_drafts || always)
+        && !llama_memory_seq_rm_p(mem, (int32_t)seq, (int32_t)(p0 + accepted), -1)) {
+        PyErr_SetString(PyExc_RuntimeError, "could not trim the KV cache");
+        return 0;
+    }
+    return 1;
+}
+
+/* argmax_rows(ctx, rows, n_vocab[, drafts[, trim]]): argmax_ith of each output row in the tuple
+ * ``rows``, a list; with ``drafts`` (a greedy verify) only until the first row whose argmax is not
+ * its draft. ``trim``: None, or (memory, seq, p0, always): then the rejected drafts' cells go in
+ * this call too (llama_memory_seq_rm of ``seq`` from position p0 + the drafts accepted), where a
+ * draft was rejected or ``always`` (filler rows followed the drafts). */
 static PyObject *hl_argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     void *ctx;
-    if (n != 3 && n != 4) { PyErr_SetString(PyExc_TypeError, "argmax_rows(ctx, rows, n_vocab[, drafts])"); return NULL; }
+    if (n < 3 || n > 5) { PyErr_SetString(PyExc_TypeError, "argmax_rows(ctx, rows, n_vocab[, drafts[, trim]])"); return NULL; }
     if (!as_pointer(args[0], &ctx)) return NULL;
-    PyObject *rows = args[1], *drafts = n == 4 ? args[3] : Py_None;
+    PyObject *rows = args[1], *drafts = n >= 4 ? args[3] : Py_None;
     long nv = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) return NULL;
     if (!PyTuple_Check(rows) || (drafts != Py_None && !PyTuple_Check(drafts))) {
@@ -358,6 +382,10 @@ static PyObject *hl_argmax_rows(PyObject *self, PyObject *const *args, Py_ssize_
             if (d == -1 && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
             if (d != best) break;
         }
+    }
+    if (n == 5 && args[4] != Py_None && !trim_verified(args[4], PyList_GET_SIZE(out) - 1, n_drafts)) {
+        Py_DECREF(out);
+        return NULL;
     }
     return out;
 }
@@ -450,7 +478,32 @@ static int parse_chain_args(PyObject *const *args, chain_args *c) {
     return 1;
 }
 
-/* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions)
+/* trim: None, or (memory, p0s): after a chain's decodes, sequence seqs[i]'s drafted pairs from
+ * position p0s[i] on go (llama_memory_seq_rm), in this call: its cells are still warm from the
+ * chain, where the next catch-up would drop them cold after the target's decode (and through
+ * Python's calls). 0 and an error set on a failure. */
+static int trim_after(PyObject *trim, const long *seqs, Py_ssize_t m) {
+    if (trim == Py_None) return 1;
+    void *mem;
+    if (!PyTuple_Check(trim) || PyTuple_GET_SIZE(trim) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(trim, 1))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(trim, 1)) != m) {
+        PyErr_SetString(PyExc_TypeError, "trim: None or (memory, a position per sequence)");
+        return 0;
+    }
+    if (!as_pointer(PyTuple_GET_ITEM(trim, 0), &mem)) return 0;
+    if (!llama_memory_seq_rm_p || !mem) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return 0; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        long p0 = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(trim, 1), i));
+        if (p0 == -1 && PyErr_Occurred()) return 0;
+        if (!llama_memory_seq_rm_p(mem, (int32_t)seqs[i], (int32_t)p0, -1)) {
+            PyErr_SetString(PyExc_RuntimeError, "could not trim the drafter's cache");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions[, trim])
  * The greedy draft chains of several sequences (a scheduler's slots), their steps decoded
  * together: one decode a round of every chain that has a step left. The batch (a llama_batch at
  * address ``batch``, rows 0..m-1 filled with each chain's first draft, its sequence, position and
@@ -459,11 +512,11 @@ static int parse_chain_args(PyObject *const *args, chain_args *c) {
  * that draft, its state (state_fn of that row, normed by ``norm`` unless None) and its next
  * position. ``positions[i]``: chain i's positions after its first step (a tuple; its length + 1
  * is the chain's number of steps). Each round's seconds are shared among that round's chains.
- * Returns (per chain the list of its drafts after the first, per chain its seconds), or raises
- * on a failed decode. */
+ * ``trim``: see trim_after. Returns (per chain the list of its drafts after the first, per chain
+ * its seconds), or raises on a failed decode. */
 static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     chain_args c;
-    if (n != 9) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 arguments"); return NULL; }
+    if (n != 9 && n != 10) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 or 10 arguments"); return NULL; }
     if (!parse_chain_args(args, &c)) return NULL;
     void *ctx = c.ctx, *batch_at = c.batch, *state_at = c.state_fn, *norm_at = c.norm;
     long n_embd = c.n_embd, nv = c.nv;
@@ -531,6 +584,7 @@ static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssiz
         }
         rows = next;
     }
+    if (n == 10 && !trim_after(args[9], seq_of, m)) goto fail;
     seconds = PyList_New(m);
     if (!seconds) goto fail;
     for (Py_ssize_t i = 0; i < m; i++) {
@@ -578,7 +632,7 @@ static PyObject *hl_greedy_chain(PyObject *self, PyObject *const *args, Py_ssize
 
 /* gather_rows(out, layer_fn, ctx, layers, width, lo, n, rows, eps)
  * The inputs of target ``layers`` (layer_fn(ctx, layer): llama.cpp's buffer of that layer's rows,
- * ``width`` wide) for the batch rows ``rows`` (a tuple of indices) or, where rows is None, the
+ * ``width`` wide) for the batch rows ``rows`` (a tuple or list of indices) or, where rows is None, the
  * ``n`` rows from ``lo``: side by side per row in ``out`` (n_out x len(layers) * width). Where
  * ``eps`` >= 0 each block is divided by its RMS (EAGLE-3.1's fc_norm, its weight folded into fc). */
 static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -589,36 +643,39 @@ static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_
     long width = PyLong_AsLong(args[4]), lo = PyLong_AsLong(args[5]), count = PyLong_AsLong(args[6]);
     double eps = PyFloat_AsDouble(args[8]);
     if (PyErr_Occurred()) return NULL;
-    if (!PyTuple_Check(layers) || (rows != Py_None && !PyTuple_Check(rows)) || width < 1 || lo < 0 || count < 0) {
+    if (!PyTuple_Check(layers) || (rows != Py_None && !PyTuple_Check(rows) && !PyList_Check(rows)) || width < 1
+        || lo < 0 || count < 0) {
         PyErr_SetString(PyExc_ValueError, "gather_rows: bad arguments");
         return NULL;
     }
-    Py_ssize_t n_layers = PyTuple_GET_SIZE(layers), n_out = rows == Py_None ? count : PyTuple_GET_SIZE(rows);
+    Py_ssize_t n_layers = PyTuple_GET_SIZE(layers), n_out = rows == Py_None ? count : PySequence_Fast_GET_SIZE(rows);
     Py_ssize_t stride = n_layers * width;
+    long *at = PyMem_Malloc(sizeof(long) * (size_t)(n_out > 0 ? n_out : 1));   /* read before the GIL is let go */
+    if (!at) return PyErr_NoMemory();
+    for (Py_ssize_t r = 0; r < n_out; r++) {
+        at[r] = rows == Py_None ? lo + r : PyLong_AsLong(PySequence_Fast_GET_ITEM(rows, r));   /* a tuple or a list */
+        if (at[r] < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "gather_rows: a negative row");
+            PyMem_Free(at);
+            return NULL;
+        }
+    }
     Py_buffer out;
-    if (!float_buffer(args[0], &out, n_out * stride, 1)) return NULL;
+    if (!float_buffer(args[0], &out, n_out * stride, 1)) { PyMem_Free(at); return NULL; }
     float *dst = (float *)out.buf;
     row_fn layer_of = (row_fn)layer_at;
     for (Py_ssize_t k = 0; k < n_layers; k++) {
         long lid = PyLong_AsLong(PyTuple_GET_ITEM(layers, k));
-        if (lid == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); return NULL; }
+        if (lid == -1 && PyErr_Occurred()) { PyBuffer_Release(&out); PyMem_Free(at); return NULL; }
         const float *src = row_of(layer_of, ctx, (int32_t)lid);
         if (!src) {
             PyBuffer_Release(&out);
+            PyMem_Free(at);
             return PyErr_Format(PyExc_RuntimeError, "llama.cpp extracted no inputs of target layer %ld", lid);
         }
         for (Py_ssize_t r = 0; r < n_out; r++) {
-            long at = lo + r;
-            if (rows != Py_None) {
-                at = PyLong_AsLong(PyTuple_GET_ITEM(rows, r));
-                if (at < 0) {
-                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "gather_rows: a negative row");
-                    PyBuffer_Release(&out);
-                    return NULL;
-                }
-            }
             float *block = dst + r * stride + k * width;
-            memcpy(block, src + (size_t)at * (size_t)width, sizeof(float) * (size_t)width);
+            memcpy(block, src + (size_t)at[r] * (size_t)width, sizeof(float) * (size_t)width);
             if (eps >= 0.0) {
                 double ss = 0.0;
                 for (long j = 0; j < width; j++) ss += (double)block[j] * (double)block[j];
@@ -628,6 +685,7 @@ static PyObject *hl_gather_rows(PyObject *self, PyObject *const *args, Py_ssize_
         }
     }
     PyBuffer_Release(&out);
+    PyMem_Free(at);
     Py_RETURN_NONE;
 }
 
@@ -715,11 +773,11 @@ static PyObject *hl_argmax(PyObject *self, PyObject *row) {
  * whose arrays localspec owns (ext_rows.DirectRows). Returns (the address of the last row's
  * logits, seconds inside llama.cpp).
  *
- * catch_up_chain(the same 14 first arguments, n_vocab, positions)
+ * catch_up_chain(the same 14 first arguments, n_vocab, positions[, trim])
  * The catch-up, then the greedy chain from its last row (greedy_chain's steps): its argmax the
  * first draft and, for each entry of ``positions`` (the chain's positions from the first
- * draft's), one more decode of the last draft with the state before it. Returns (the drafts,
- * seconds inside llama.cpp). */
+ * draft's), one more decode of the last draft with the state before it; ``trim``: see
+ * trim_after. Returns (the drafts, seconds inside llama.cpp). */
 typedef struct {
     void *ctx, *norm;
     batch_t *enc, *dec;
@@ -813,7 +871,7 @@ static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     catch_up_args a;
-    if (n != 16) { PyErr_SetString(PyExc_TypeError, "catch_up_chain takes 16 arguments"); return NULL; }
+    if (n != 16 && n != 17) { PyErr_SetString(PyExc_TypeError, "catch_up_chain takes 16 or 17 arguments"); return NULL; }
     if (!parse_catch_up(args, &a)) return NULL;
     long nv = PyLong_AsLong(args[14]);
     PyObject *positions = args[15];
@@ -849,13 +907,14 @@ static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssi
             return NULL;
         }
     }
+    if (n == 17 && !trim_after(args[16], &a.seq, 1)) { Py_DECREF(drafts); return NULL; }
     result = Py_BuildValue("(Nd)", drafts, spent);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
-    {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it"},
+    {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it[, its drafted pairs trimmed]"},
     {"decode_tokens", (PyCFunction)(void (*)(void))hl_decode_tokens, METH_FASTCALL, "decode_tokens(ctx, batch, tokens, start, all_logits): fill the rows, then llama_decode"},
     {"decode", (PyCFunction)(void (*)(void))hl_decode, METH_FASTCALL, "decode(ctx, batch, n_tokens): llama_decode, its code"},
     {"encode", (PyCFunction)(void (*)(void))hl_encode, METH_FASTCALL, "encode(ctx, batch, n_tokens): llama_encode, its code"},
@@ -866,7 +925,7 @@ static PyMethodDef methods[] = {
     {"seq_pos_max", (PyCFunction)(void (*)(void))hl_seq_pos_max, METH_FASTCALL, "seq_pos_max(memory, seq)"},
     {"pieces", (PyCFunction)(void (*)(void))hl_pieces, METH_FASTCALL, "pieces(vocab, n_vocab, special): every token's bytes"},
     {"argmax_ith", (PyCFunction)(void (*)(void))hl_argmax_ith, METH_FASTCALL, "argmax_ith(ctx, i, n_vocab)"},
-    {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab[, drafts]): each row's argmax (with drafts: until one differs)"},
+    {"argmax_rows", (PyCFunction)(void (*)(void))hl_argmax_rows, METH_FASTCALL, "argmax_rows(ctx, rows, n_vocab[, drafts[, trim]]): each row's argmax (with drafts: until one differs; trim: the rejected cells dropped)"},
     {"simd", (PyCFunction)(void (*)(void))hl_simd, METH_FASTCALL, "simd([wide]): the argmax's SIMD width (avx2, sse2); wide False: SSE2"},
     {"count_cpu", (PyCFunction)hl_count_cpu, METH_O, "count_cpu(on): clock() adds the decodes' thread CPU time from now on"},
     {"clock", (PyCFunction)(void (*)(void))hl_clock, METH_FASTCALL, "clock(): (seconds, thread CPU seconds, calls) of the decodes run here"},

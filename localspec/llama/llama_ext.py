@@ -123,10 +123,10 @@ def set_nextn_layer_offset(ctx: Any, offset: int) -> None:
     _function("llama_set_nextn_layer_offset")(ctx, offset)
 
 
-def model_target_layer_ids(model: Any) -> list[int]:
+def model_target_layer_ids(model: Any) -> tuple[int, ...]:
     n = _function("llama_model_target_layer_ids_n")(model)
     ptr = _function("llama_model_target_layer_ids")(model)
-    return [int(ptr[i]) for i in range(n)] if n and ptr else []
+    return tuple(int(ptr[i]) for i in range(n)) if n and ptr else ()
 
 
 # -- the hot path: addresses as ints, numpy views cached per address ------------------------------
@@ -184,24 +184,25 @@ def float_view(address: int, shape: tuple[int, ...], cache: dict) -> Any:
     return view
 
 
-def layer_inputs(ctx: Any, layers, width: int, n_rows: int, rows: list[int] | None, cache: dict,
+def layer_inputs(ctx: Any, layers: tuple[int, ...], width: int, n_rows: int, rows: list[int] | None, cache: dict,
                  eps: float | None = None) -> np.ndarray:
     """The inputs of target ``layers`` (each ``width`` wide) for the first ``n_rows`` rows of the
     context's last batch (or its batch rows ``rows``, in that order), side by side per row: what
     an EAGLE or block drafter reads after each target decode. ``eps``: each block divided by its
     RMS (EAGLE-3.1's fc_norm). ``ctx``: a :class:`~.llama_model.Context`."""
+    if hostloop.gather_rows is not None:   # one C call, not three address calls and numpy copies
+        out = np.empty((n_rows if rows is None else len(rows), len(layers) * width), dtype=np.float32)
+        try:
+            hostloop.gather_rows(out, _layer_inp_at(), ctx.address, layers, width, 0, n_rows, rows,
+                                 -1.0 if eps is None else eps)
+        except RuntimeError as e:
+            raise LocalspecError(str(e)) from None
+        return out
     lo = 0
     if rows and rows == list(range(rows[0], rows[0] + len(rows))):   # a chain's rows: a slice
         lo, n_rows, rows = rows[0], len(rows), None
     n_out = n_rows if rows is None else len(rows)
     out = np.empty((n_out, len(layers) * width), dtype=np.float32)
-    if hostloop.gather_rows is not None:   # one C call, not three address calls and numpy copies
-        try:
-            hostloop.gather_rows(out, _layer_inp_at(), ctx.address, tuple(layers), width, lo,
-                                 n_rows, None if rows is None else tuple(rows), -1.0 if eps is None else eps)
-        except RuntimeError as e:
-            raise LocalspecError(str(e)) from None
-        return out
     n_batch = lo + n_rows if rows is None else max(rows) + 1
     ctx = ctx.ptr
     for k, lid in enumerate(layers):

@@ -271,6 +271,8 @@ class Context:
         """The token batch every decode fills (rows of sequence 0 until told otherwise), and the
         calls that run it and trim the memory: in C where the host loop was built."""
         self._seq_rm, self._pos_max = hostloop.memory_calls(self.memory)
+        # the memory's address for a C loop that trims it itself (plain llama_memory_seq_rm: no recurrent state)
+        self.trim_address = hostloop.address(self.memory) if hostloop.COMPILED and self._recurrent is None else None
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._run = hostloop.batch_runner(self._ctx, self._batch)   # run(n): llama_decode of its first n rows
         self._run_tokens = hostloop.token_runner(self._ctx, self._batch)   # sequence 0's rows filled and run, in C
@@ -455,6 +457,25 @@ class Context:
             if drafts is None:
                 return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
             return hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts))
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+
+    def verify_greedy(self, first: int, drafts: Sequence[int], seq: int, p0: int, always: bool) -> list[int]:
+        """A greedy verify of ``drafts`` (output rows ``first``.., see :meth:`argmax_rows`), the
+        rejected drafts' cells of ``seq`` dropped (positions from ``p0`` + the drafts accepted;
+        ``always``: also where none was rejected, filler rows followed them): one C call where the
+        memory is a plain KV cache, no second cold call after the decode."""
+        if hostloop.argmax_rows is None or self.trim_address is None:
+            best = self.argmax_rows(first, len(drafts) + 1, drafts)
+            if len(best) <= len(drafts) or always:
+                self.seq_rm(p0 + len(best) - 1, seq=seq)
+            return best
+        at = self._sent_at
+        n = len(drafts) + 1
+        rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
+        try:
+            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts),
+                                        (self.trim_address, seq, p0, always))
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
 

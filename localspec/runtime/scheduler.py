@@ -141,7 +141,8 @@ class Slot:
         generation = self.generation
         if self.state is SlotState.PREFILL and not generation.prefilling:
             self.state = SlotState.GENERATING
-        for event in generation.take():   # deliver(), inline: once a step, right after the decode
+        events, generation.events = generation.events, []   # deliver(), inline: once a step, right after the decode
+        for event in events:
             self.sink(event)
 
     def finish(self) -> None:
@@ -501,12 +502,19 @@ def drive(scheduler: Scheduler, queues: list[tuple[int, list[Event]]],
     A slot that failed on its own raises its error here. Closed early (the consumer stopped):
     the running generations end where they are, their sequences keep what they committed; a
     failure: they are dropped, their sequences emptied. The engine is released either way."""
+    halves = (scheduler.step_rows, scheduler.step_end)
     try:
         while scheduler.active:
-            scheduler.step_rows()
-            yield from _handed(queues)
-            scheduler.step_end()
-            yield from _handed(queues)
+            for half in halves:
+                half()
+                for i, queue in queues:   # the half step's events, inline: no generator a half step
+                    if queue:
+                        events = queue[:]
+                        queue.clear()
+                        for event in events:
+                            if type(event) is SlotFailed:
+                                raise event.error
+                            yield i, event
             if between is not None:
                 between()
     except GeneratorExit:
@@ -516,14 +524,3 @@ def drive(scheduler: Scheduler, queues: list[tuple[int, list[Event]]],
         raise
     finally:
         scheduler.close()
-
-
-def _handed(queues: list[tuple[int, list[Event]]]) -> Iterator[tuple[int, Event]]:
-    for i, queue in queues:
-        if queue:
-            events = queue[:]
-            queue.clear()
-            for event in events:
-                if isinstance(event, SlotFailed):
-                    raise event.error
-                yield i, event

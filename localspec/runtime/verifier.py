@@ -102,6 +102,8 @@ class TargetVerifier:
         self._drafter = None            # the drafter recording this generation's rows, if any
         self._prompt: list[int] | None = None   # a prompt being prefilled (chunk by chunk)
         self._fill = 0                  # its next position to decode
+        # a prompt is under way (begin), its first token not chosen yet: an attribute, read every step
+        self.prefilling = False
 
     def room(self) -> int:
         """Most drafts the next batch can hold: free context, and rows with logits in one batch."""
@@ -109,11 +111,6 @@ class TargetVerifier:
         return room if self.ctx.rollback is None else min(room, self.ctx.rollback)   # a recurrent state
 
     # -- prompt ----------------------------------------------------------------------------------
-    @property
-    def prefilling(self) -> bool:
-        """A prompt is under way (:meth:`begin`), its first token not chosen yet."""
-        return self._prompt is not None
-
     def begin(self, prompt: list[int], drafter=None, *, exact: bool = False) -> None:
         """Start a generation from ``prompt``: keep the cached prefix, drop the rest of the
         sequence; :meth:`prefill_chunk` and :meth:`prefill_done` then decode the rest. ``exact``
@@ -139,6 +136,7 @@ class TargetVerifier:
         self.exact_upto = EVERY if exact else min(self.exact_upto, start)
         self._drafter = drafter
         self._prompt, self._fill = prompt, start
+        self.prefilling = True
 
     def prefill_chunk(self, budget: int) -> tuple[list[int], int]:
         """The prompt's next rows to decode (at most ``budget``) and the first one's position; only
@@ -160,6 +158,7 @@ class TargetVerifier:
         self._fill = end
         if end == n:
             self._prompt = None
+            self.prefilling = False
             self.n_past, self.last, self.uncached = n, first, []
         return first
 
@@ -183,8 +182,9 @@ class TargetVerifier:
         base, n_past = len(self.uncached), self.n_past
         t0, at = time.perf_counter() - decoded.seconds, decoded.offset
         accepted, correction = 0, -1
-        if drafts and sampler.plain_greedy:   # the rows' argmaxes in one call, up to the first disagreement
-            best = ctx.argmax_rows(at + base, len(drafts) + 1, drafts)
+        padded = n_rows > base + 1 + len(drafts)
+        if drafts and sampler.plain_greedy:   # the rows' argmaxes up to the first disagreement, the rest dropped: one call
+            best = ctx.verify_greedy(at + base, drafts, self.seq, n_past + 1, padded)
             accepted, correction = len(best) - 1, best[-1]
         else:
             for i, d in enumerate(drafts):
@@ -193,10 +193,10 @@ class TargetVerifier:
                     correction = tok
                     break
                 accepted += 1
-        if correction < 0:
-            correction = sampler.choose_at(ctx, at + base + len(drafts) if drafts else at + n_rows - 1, drafts)
-        if accepted < len(drafts) or n_rows > base + 1 + len(drafts):
-            ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
+            if correction < 0:
+                correction = sampler.choose_at(ctx, at + base + len(drafts) if drafts else at + n_rows - 1, drafts)
+            if accepted < len(drafts) or padded:
+                ctx.seq_rm(n_past + accepted + 1, seq=self.seq)
         seconds = time.perf_counter() - t0
         result = Verified(n_past, drafts[:accepted] + [correction], list(range(at + base, at + base + accepted + 1)),
                           len(drafts), n_rows, seconds)

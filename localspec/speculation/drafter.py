@@ -231,13 +231,22 @@ class ModelDrafter:
         if args is None:
             raise LocalspecError("internal: a fused catch-up where the C host loop does not apply")
         position, seq = self.kind.position, who.seq
+        trim = self._trim((who,))
         try:
             drafts, seconds = hostloop.catch_up_chain(*args, self.model.n_vocab,
-                                                      tuple(position(seq, pos + n) for n in range(k - 1)))
+                                                      tuple(position(seq, pos + n) for n in range(k - 1)), trim)
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         who.seconds += seconds
+        if trim is not None:
+            who.trimmed()
         return drafts
+
+    def _trim(self, sequences) -> tuple | None:
+        """A C chain's ``trim`` argument: the sequences' drafted pairs dropped as it ends (None: a
+        recurrent state, trimmed through :meth:`~.llama_model.Context.seq_rm` only)."""
+        at = self.ctx.trim_address
+        return None if at is None else (at, tuple(who.drafted_from() for who in sequences))
 
     def _catch_up_args(self, who, tokens: list[int], feats: np.ndarray, start: int) -> tuple | None:
         """The C catch-up's arguments (see :func:`llama.hostloop.catch_up`), or None where it does not apply."""
@@ -461,13 +470,16 @@ class ModelDrafter:
                     [position(seq, row[3]) for seq, row in zip(seqs, rows)], True)
         norm, eps = self.kind.state_norm
         later = tuple(tuple(position(seq, row[3] + n) for n in range(1, row[4] - 1)) for seq, row in zip(seqs, rows))
+        trim = self._trim([who for who, *_ in rows])
         try:
             drafts, seconds = hostloop.greedy_rounds(self.ctx.address, direct.address, self._nextn_at, norm,
-                                                     self.n_embd, eps, self.model.n_vocab, seqs, later)
+                                                     self.n_embd, eps, self.model.n_vocab, seqs, later, trim)
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         for (who, *_), spent in zip(rows, seconds):
             who.seconds += spent
+            if trim is not None:
+                who.trimmed()
         return drafts
 
     def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
@@ -567,6 +579,7 @@ class DrafterSequence:
         self._pending_tokens: list[int] = []
         self._pending_start: int | None = None
         self.written_until = 0   # committed pairs are written below this position; drafts above
+        self._trimmed = False    # the drafts above written_until are gone already (trim)
         self._first: int | None = None   # the prompt's first token (first_pair kinds)
         self.seconds = 0.0        # time inside llama.cpp calls for this sequence, read by the engine
         self.kind.begin_sequence(self)
@@ -587,7 +600,21 @@ class DrafterSequence:
 
     def rm(self, p: int) -> None:
         """Forget this sequence's pairs at positions >= ``p`` (0 or below: all of them)."""
-        self.ctx.seq_rm(p + self.shift if p > 0 else 0, seq=self.seq)
+        self.ctx.seq_rm(self._cell(p), seq=self.seq)
+
+    def _cell(self, p: int) -> int:
+        """The drafter context's position of this sequence's pair ``p`` as :meth:`rm` counts it."""
+        return p + self.shift if p > 0 else 0
+
+    def drafted_from(self) -> int:
+        """Where the pairs a chain drafts after the committed ones begin in the drafter's
+        context: what a C chain drops once it ends (``trim``), then :meth:`trimmed` is told."""
+        return self._cell(self.written_until)
+
+    def trimmed(self) -> None:
+        """A C chain dropped its drafted pairs while the drafter's cells were warm: the next
+        catch-up (:meth:`take`), run after the target's decode, need not drop them cold."""
+        self._trimmed = True
 
     # -- cycle-level API used by the engine ----------------------------------------------------
     # The target's features must be read right after each target decode, but feeding them to the
@@ -659,7 +686,9 @@ class DrafterSequence:
         # drop speculative pairs of earlier drafts; llama.cpp takes a sequence's positions only
         # consecutively, so rows after a gap (drop_pending, or the cut above) start afresh: the
         # drafter then attends to the recent rows only
-        self.rm(start if start <= self.written_until else 0)
+        if not (self._trimmed and start == self.written_until):
+            self.rm(start if start <= self.written_until else 0)
+        self._trimmed = False
         self.written_until = start + len(tokens)
         return tokens, feats, start
 
@@ -672,6 +701,7 @@ class DrafterSequence:
         """Forget drafter pairs (written or recorded) at positions >= keep (0: all of them, the
         first token's pair too)."""
         self.rm(keep)
+        self._trimmed = False
         self.written_until = min(self.written_until, max(keep, 0))
         self.kind.forgot(self, keep)
         if keep <= 0:
