@@ -111,9 +111,10 @@ def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeyp
 
 @C
 def test_slots_greedy_chains_in_c_draft_what_their_python_rounds_draft(smollm2, monkeypatch):
-    """Three slots with fixed EAGLE chains of 4: the chains' steps after their first drafts in
-    one C call a step (greedy_rounds) give every slot the drafts, accepted drafts and output
-    that the scheduler's Python rounds give (the same rows decoded, round by round)."""
+    """Three slots with fixed EAGLE chains of 4: every slot's catch-up and chain in one C call a
+    step (catch_up_rounds), or its chain's steps after the first draft in one (greedy_rounds),
+    give every slot the drafts, accepted drafts and output that the scheduler's Python rounds
+    give (the same rows decoded, round by round)."""
     from localspec import GenerationConfig
     from localspec.speculation.policy import PolicyConfig
     from engine_checks import Collect, drain
@@ -121,12 +122,15 @@ def test_slots_greedy_chains_in_c_draft_what_their_python_rounds_draft(smollm2, 
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
                "Write a short poem about the sea.", "Count: 1, 2, 3, 4, 5, 6,"]
     config = GenerationConfig(max_tokens=40, policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
-    calls = []
-    rounds = hostloop.greedy_rounds
+    calls: dict[str, list[int]] = {"catch_up_rounds": [], "greedy_rounds": []}
 
-    def counted(*args):
-        calls.append(len(args[7]))
-        return rounds(*args)
+    def counted(name: str, chains_at: int):
+        fn = getattr(hostloop, name)
+
+        def call(*args):
+            calls[name].append(len(args[chains_at]))
+            return fn(*args)
+        return call
 
     def slots() -> dict:
         with Engine(smollm2, DRAFTER, n_ctx=256, parallel=3) as eng:
@@ -134,12 +138,16 @@ def test_slots_greedy_chains_in_c_draft_what_their_python_rounds_draft(smollm2, 
             drain(eng.scheduler(), [(p, config, sinks[p]) for p in prompts], prepare=eng.prepare)
         return {p: (sinks[p].done.tokens, sinks[p].done.stats.sources) for p in prompts}
 
-    monkeypatch.setattr(hostloop, "greedy_rounds", counted)
-    in_c = slots()
-    assert calls and max(calls) >= 2                 # several chains' rounds in one call
+    monkeypatch.setattr(hostloop, "catch_up_rounds", counted("catch_up_rounds", 12))
+    fused = slots()
+    assert calls["catch_up_rounds"] and max(calls["catch_up_rounds"]) >= 2   # several chains in one call
+    monkeypatch.setattr(hostloop, "catch_up_rounds", None)
+    monkeypatch.setattr(hostloop, "greedy_rounds", counted("greedy_rounds", 7))
+    assert slots() == fused
+    assert calls["greedy_rounds"] and max(calls["greedy_rounds"]) >= 2
     monkeypatch.setattr(hostloop, "greedy_rounds", None)
-    assert slots() == in_c
-    assert sum(sources.get("eagle", (0, 0, 0))[2] for _, sources in in_c.values()) > 0
+    assert slots() == fused
+    assert sum(sources.get("eagle", (0, 0, 0))[2] for _, sources in fused.values()) > 0
 
 
 @C

@@ -514,67 +514,39 @@ static int trim_after(PyObject *trim, const long *seqs, Py_ssize_t m) {
  * is the chain's number of steps). Each round's seconds are shared among that round's chains.
  * ``trim``: see trim_after. Returns (per chain the list of its drafts after the first, per chain
  * its seconds), or raises on a failed decode. */
-static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    chain_args c;
-    if (n != 9 && n != 10) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 or 10 arguments"); return NULL; }
-    if (!parse_chain_args(args, &c)) return NULL;
-    void *ctx = c.ctx, *batch_at = c.batch, *state_at = c.state_fn, *norm_at = c.norm;
-    long n_embd = c.n_embd, nv = c.nv;
-    double eps = c.eps;
-    PyObject *seqs = args[7], *positions = args[8];
-    if (!PyTuple_Check(seqs) || !PyTuple_Check(positions) || PyTuple_GET_SIZE(seqs) != PyTuple_GET_SIZE(positions)) {
-        PyErr_SetString(PyExc_TypeError, "greedy_rounds: seqs and positions, tuples of one length");
-        return NULL;
-    }
-    Py_ssize_t m = PyTuple_GET_SIZE(seqs);
-    if (m < 1) { PyErr_SetString(PyExc_ValueError, "greedy_rounds: no chains"); return NULL; }
-    batch_t *batch = (batch_t *)batch_at;
-    long *seq_of = PyMem_Calloc((size_t)m, sizeof(long));
-    Py_ssize_t *steps = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t)), *active = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t));
-    double *spent = PyMem_Calloc((size_t)m, sizeof(double));
-    PyObject *drafts = NULL, *seconds = NULL;
-    if (!seq_of || !steps || !active || !spent) { PyErr_NoMemory(); goto fail; }
-    Py_ssize_t rounds = 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *pos_i = PyTuple_GET_ITEM(positions, i);
-        if (!PyTuple_Check(pos_i)) { PyErr_SetString(PyExc_TypeError, "greedy_rounds: each chain's positions, a tuple"); goto fail; }
-        steps[i] = PyTuple_GET_SIZE(pos_i) + 1;
-        if (steps[i] > rounds) rounds = steps[i];
-        seq_of[i] = PyLong_AsLong(PyTuple_GET_ITEM(seqs, i));
-        if (seq_of[i] == -1 && PyErr_Occurred()) goto fail;
-        active[i] = i;
-    }
-    drafts = PyList_New(m);
-    if (!drafts) goto fail;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *l = PyList_New(0);
-        if (!l) goto fail;
-        PyList_SET_ITEM(drafts, i, l);
-    }
-    Py_ssize_t rows = m;
-    for (Py_ssize_t r = 0; r < rounds && rows > 0; r++) {
+/* The rounds of several greedy chains (greedy_rounds, catch_up_rounds): the batch's first ``rows``
+ * rows hold chain active[j]'s next step each (every row an output). Each round one decode; each
+ * row's argmax appended to its chain's list in ``drafts``, and where the chain has a step left
+ * (steps[i] decodes in all) its row refilled (moved up past the chains that ended) with that
+ * draft, its state and its next position, positions[i][r + offset] after round r. Each round's
+ * seconds are shared among its rows (spent[i]). 0 and an error set on a failure. */
+static int run_rounds(chain_args *c, long m, const long *seq_of, const Py_ssize_t *steps, Py_ssize_t *active,
+                      Py_ssize_t rows, PyObject *positions, Py_ssize_t offset, PyObject *drafts, double *spent) {
+    batch_t *batch = (batch_t *)c->batch;
+    for (Py_ssize_t r = 0; rows > 0; r++) {
         batch->n_tokens = (int32_t)rows;
         double dt = 0.0;
-        int32_t rc = run_timed(llama_decode_p, ctx, batch, &dt);
+        int32_t rc = run_timed(llama_decode_p, c->ctx, batch, &dt);
         if (rc != 0) {
             PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc);
-            goto fail;
+            return 0;
         }
         Py_ssize_t next = 0;
         for (Py_ssize_t j = 0; j < rows; j++) {   /* row j is chain active[j]; the rows left move up */
             Py_ssize_t i = active[j];
             spent[i] += dt / (double)rows;
-            const float *row = logits_row(ctx, (int32_t)j);
-            if (!row) goto fail;
-            int32_t tok = argmax_f32(row, (int32_t)nv);
+            const float *row = logits_row(c->ctx, (int32_t)j);
+            if (!row) return 0;
+            int32_t tok = argmax_f32(row, (int32_t)c->nv);
             PyObject *t = PyLong_FromLong(tok);
-            if (!t || PyList_Append(PyList_GET_ITEM(drafts, i), t) < 0) { Py_XDECREF(t); goto fail; }
+            if (!t || PyList_Append(PyList_GET_ITEM(drafts, i), t) < 0) { Py_XDECREF(t); return 0; }
             Py_DECREF(t);
             if (r + 1 >= steps[i]) continue;   /* its last step: no state read */
-            if (!state_into(batch->embd + (size_t)next * (size_t)n_embd, (row_fn)state_at, ctx, (int32_t)j, (const float *)norm_at, n_embd, eps))
-                goto fail;
-            long p = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(positions, i), r));
-            if (p == -1 && PyErr_Occurred()) goto fail;
+            if (!state_into(batch->embd + (size_t)next * (size_t)c->n_embd, (row_fn)c->state_fn, c->ctx, (int32_t)j,
+                            (const float *)c->norm, c->n_embd, c->eps))
+                return 0;
+            long p = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(positions, i), r + offset));
+            if (p == -1 && PyErr_Occurred()) return 0;
             batch->token[next] = tok;
             batch->pos[next] = (int32_t)p;
             batch->n_seq_id[next] = 1;
@@ -584,21 +556,67 @@ static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssiz
         }
         rows = next;
     }
-    if (n == 10 && !trim_after(args[9], seq_of, m)) goto fail;
-    seconds = PyList_New(m);
-    if (!seconds) goto fail;
+    return 1;
+}
+
+/* m lists, a new list; NULL and an error set on a failure. */
+static PyObject *lists(Py_ssize_t m) {
+    PyObject *out = PyList_New(m);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *l = PyList_New(0);
+        if (!l) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, l);
+    }
+    return out;
+}
+
+/* (drafts, per chain its seconds as a list of floats), stealing ``drafts``; NULL on a failure. */
+static PyObject *drafts_and_seconds(PyObject *drafts, const double *spent, Py_ssize_t m) {
+    PyObject *seconds = PyList_New(m);
+    if (!seconds) { Py_DECREF(drafts); return NULL; }
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *f = PyFloat_FromDouble(spent[i]);
-        if (!f) goto fail;
+        if (!f) { Py_DECREF(drafts); Py_DECREF(seconds); return NULL; }
         PyList_SET_ITEM(seconds, i, f);
     }
-    PyMem_Free(seq_of); PyMem_Free(steps); PyMem_Free(active); PyMem_Free(spent);
     return Py_BuildValue("(NN)", drafts, seconds);
-fail:
+}
+
+static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    chain_args c;
+    if (n != 9 && n != 10) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 or 10 arguments"); return NULL; }
+    if (!parse_chain_args(args, &c)) return NULL;
+    PyObject *seqs = args[7], *positions = args[8];
+    if (!PyTuple_Check(seqs) || !PyTuple_Check(positions) || PyTuple_GET_SIZE(seqs) != PyTuple_GET_SIZE(positions)) {
+        PyErr_SetString(PyExc_TypeError, "greedy_rounds: seqs and positions, tuples of one length");
+        return NULL;
+    }
+    Py_ssize_t m = PyTuple_GET_SIZE(seqs);
+    if (m < 1) { PyErr_SetString(PyExc_ValueError, "greedy_rounds: no chains"); return NULL; }
+    long *seq_of = PyMem_Calloc((size_t)m, sizeof(long));
+    Py_ssize_t *steps = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t)), *active = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t));
+    double *spent = PyMem_Calloc((size_t)m, sizeof(double));
+    PyObject *drafts = NULL, *result = NULL;
+    if (!seq_of || !steps || !active || !spent) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pos_i = PyTuple_GET_ITEM(positions, i);
+        if (!PyTuple_Check(pos_i)) { PyErr_SetString(PyExc_TypeError, "greedy_rounds: each chain's positions, a tuple"); goto done; }
+        steps[i] = PyTuple_GET_SIZE(pos_i) + 1;
+        seq_of[i] = PyLong_AsLong(PyTuple_GET_ITEM(seqs, i));
+        if (seq_of[i] == -1 && PyErr_Occurred()) goto done;
+        active[i] = i;
+    }
+    drafts = lists(m);
+    if (!drafts || !run_rounds(&c, m, seq_of, steps, active, m, positions, 0, drafts, spent)
+        || (n == 10 && !trim_after(args[9], seq_of, m))) {
+        Py_XDECREF(drafts);
+        goto done;
+    }
+    result = drafts_and_seconds(drafts, spent, m);
+done:
     PyMem_Free(seq_of); PyMem_Free(steps); PyMem_Free(active); PyMem_Free(spent);
-    Py_XDECREF(drafts);
-    Py_XDECREF(seconds);
-    return NULL;
+    return result;
 }
 
 /* greedy_chain(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, positions)
@@ -912,6 +930,137 @@ static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssi
     return result;
 }
 
+/* catch_up_rounds(ctx, enc_batch, dec_batch, g_fn, state_fn, norm, n_embd, eps, n_vocab, width, memory,
+ *                 max_rows, groups[, trim])
+ * Several sequences' catch-ups and greedy chains (a scheduler's slots drafting together), in one
+ * call: ONE llama_encode of every sequence's target features (each sequence's rows at positions
+ * from seq_pos_max + 1 of ``memory``), ONE llama_decode of every pair (each its own sequence and
+ * position, every row an output), each sequence's last row's argmax its first draft, then
+ * greedy_rounds' rounds from those (the rows ModelDrafter.catch_ups, then greedy_rounds, decode).
+ * ``groups``: per chain (seq, tokens, feats: len(tokens) x width floats, the first row's
+ * position, positions: those of its k - 1 steps after the catch-up, the first draft's pair
+ * first); all rows at most ``max_rows``. The catch-up's seconds are shared among the chains.
+ * ``trim``: see trim_after. Returns (per chain its k drafts, per chain its seconds). */
+static PyObject *hl_catch_up_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *enc_at, *dec_at, *g_at, *mem;
+    chain_args c;
+    c.norm = NULL;
+    if (n != 13 && n != 14) { PyErr_SetString(PyExc_TypeError, "catch_up_rounds takes 13 or 14 arguments"); return NULL; }
+    if (!as_pointer(args[0], &c.ctx) || !as_pointer(args[1], &enc_at) || !as_pointer(args[2], &dec_at)
+        || !as_pointer(args[3], &g_at) || !as_pointer(args[4], &c.state_fn)
+        || (args[5] != Py_None && !as_pointer(args[5], &c.norm)) || !as_pointer(args[10], &mem))
+        return NULL;
+    c.batch = dec_at;
+    c.n_embd = PyLong_AsLong(args[6]);
+    c.eps = PyFloat_AsDouble(args[7]);
+    c.nv = PyLong_AsLong(args[8]);
+    long width = PyLong_AsLong(args[9]), max_rows = PyLong_AsLong(args[11]);
+    PyObject *groups = args[12];
+    if (PyErr_Occurred()) return NULL;
+    if (!PyTuple_Check(groups) || PyTuple_GET_SIZE(groups) < 1 || c.n_embd < 1 || width < 1) {
+        PyErr_SetString(PyExc_ValueError, "catch_up_rounds: bad arguments");
+        return NULL;
+    }
+    if (!llama_decode_p || !llama_encode_p || !llama_get_logits_ith_p || !llama_memory_seq_pos_max_p || !g_at
+        || !c.state_fn || !mem) {
+        PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound");
+        return NULL;
+    }
+    batch_t *enc = (batch_t *)enc_at, *dec = (batch_t *)dec_at;
+    Py_ssize_t m = PyTuple_GET_SIZE(groups);
+    long *seq_of = PyMem_Calloc((size_t)m, sizeof(long));
+    Py_ssize_t *steps = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t)), *active = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t));
+    Py_ssize_t *last = PyMem_Calloc((size_t)m, sizeof(Py_ssize_t));
+    double *spent = PyMem_Calloc((size_t)m, sizeof(double));
+    PyObject *positions = PyTuple_New(m), *drafts = NULL, *result = NULL;
+    if (!seq_of || !steps || !active || !last || !spent || !positions) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t rows = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {   /* every group's rows into both batches */
+        PyObject *g = PyTuple_GET_ITEM(groups, i);
+        if (!PyTuple_Check(g) || PyTuple_GET_SIZE(g) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(g, 1))
+            || !PyTuple_Check(PyTuple_GET_ITEM(g, 4))) {
+            PyErr_SetString(PyExc_TypeError, "catch_up_rounds: a group is (seq, tokens, feats, position, positions)");
+            goto done;
+        }
+        PyObject *tokens = PyTuple_GET_ITEM(g, 1), *pos_i = PyTuple_GET_ITEM(g, 4);
+        Py_ssize_t k = PyTuple_GET_SIZE(tokens);
+        seq_of[i] = PyLong_AsLong(PyTuple_GET_ITEM(g, 0));
+        long dec_pos = PyLong_AsLong(PyTuple_GET_ITEM(g, 3));
+        if (PyErr_Occurred()) goto done;
+        if (k < 1 || rows + k > max_rows) {
+            PyErr_SetString(PyExc_ValueError, "catch_up_rounds: no rows, or more than max_rows");
+            goto done;
+        }
+        Py_INCREF(pos_i);
+        PyTuple_SET_ITEM(positions, i, pos_i);
+        steps[i] = PyTuple_GET_SIZE(pos_i);
+        Py_buffer feats;
+        if (!float_buffer(PyTuple_GET_ITEM(g, 2), &feats, k * width, 0)) goto done;
+        memcpy(enc->embd + (size_t)rows * (size_t)width, feats.buf, sizeof(float) * (size_t)(k * width));
+        PyBuffer_Release(&feats);
+        long enc_pos = llama_memory_seq_pos_max_p(mem, (int32_t)seq_of[i]) + 1;
+        for (Py_ssize_t r = 0; r < k; r++, rows++) {
+            long tok = PyLong_AsLong(PyTuple_GET_ITEM(tokens, r));
+            if (tok == -1 && PyErr_Occurred()) goto done;
+            enc->pos[rows] = (int32_t)(enc_pos + r);
+            enc->n_seq_id[rows] = dec->n_seq_id[rows] = 1;
+            enc->seq_id[rows][0] = dec->seq_id[rows][0] = (int32_t)seq_of[i];
+            enc->logits[rows] = dec->logits[rows] = 1;
+            dec->token[rows] = (int32_t)tok;
+            dec->pos[rows] = (int32_t)(dec_pos + r);
+        }
+        last[i] = rows - 1;
+    }
+    double dt = 0.0;
+    enc->n_tokens = dec->n_tokens = (int32_t)rows;
+    int32_t rc = run_timed(llama_encode_p, c.ctx, enc, &dt);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_encode code %d)", (int)rc); goto done; }
+    const float *gs = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    gs = ((all_fn)g_at)(c.ctx);
+    Py_END_ALLOW_THREADS
+    if (!gs) { PyErr_SetString(PyExc_RuntimeError, "the drafter encoder produced no output"); goto done; }
+    memcpy(dec->embd, gs, sizeof(float) * (size_t)rows * (size_t)c.n_embd);
+    rc = run_timed(llama_decode_p, c.ctx, dec, &dt);
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "the drafter failed (llama_decode code %d)", (int)rc); goto done; }
+    drafts = lists(m);
+    if (!drafts) goto done;
+    Py_ssize_t next = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {   /* each first draft; the chains with steps left refill the rows */
+        spent[i] = dt / (double)m;
+        const float *row = logits_row(c.ctx, (int32_t)last[i]);
+        if (!row) goto fail;
+        int32_t tok = argmax_f32(row, (int32_t)c.nv);
+        PyObject *t = PyLong_FromLong(tok);
+        if (!t || PyList_Append(PyList_GET_ITEM(drafts, i), t) < 0) { Py_XDECREF(t); goto fail; }
+        Py_DECREF(t);
+        if (steps[i] < 1) continue;
+        /* the rows read so far are below ``next``'s: the state of row last[i] is read before any later row is written */
+        if (!state_into(dec->embd + (size_t)next * (size_t)c.n_embd, (row_fn)c.state_fn, c.ctx, (int32_t)last[i],
+                        (const float *)c.norm, c.n_embd, c.eps))
+            goto fail;
+        long p = PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(positions, i), 0));
+        if (p == -1 && PyErr_Occurred()) goto fail;
+        dec->token[next] = tok;
+        dec->pos[next] = (int32_t)p;
+        dec->n_seq_id[next] = 1;
+        dec->seq_id[next][0] = (int32_t)seq_of[i];
+        dec->logits[next] = 1;
+        active[next++] = i;
+    }
+    if (!run_rounds(&c, m, seq_of, steps, active, next, positions, 1, drafts, spent)
+        || (n == 14 && !trim_after(args[13], seq_of, m)))
+        goto fail;
+    result = drafts_and_seconds(drafts, spent, m);
+    drafts = NULL;
+fail:
+    Py_XDECREF(drafts);
+done:
+    PyMem_Free(seq_of); PyMem_Free(steps); PyMem_Free(active); PyMem_Free(last); PyMem_Free(spent);
+    Py_XDECREF(positions);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it[, its drafted pairs trimmed]"},
@@ -932,6 +1081,7 @@ static PyMethodDef methods[] = {
     {"normed_state", (PyCFunction)(void (*)(void))hl_normed_state, METH_FASTCALL, "normed_state(out, h, norm, eps)"},
     {"greedy_chain", (PyCFunction)(void (*)(void))hl_greedy_chain, METH_FASTCALL, "a greedy EAGLE draft chain"},
     {"greedy_rounds", (PyCFunction)(void (*)(void))hl_greedy_rounds, METH_FASTCALL, "several sequences' greedy chains, a decode a round"},
+    {"catch_up_rounds", (PyCFunction)(void (*)(void))hl_catch_up_rounds, METH_FASTCALL, "several sequences' catch-ups, then their greedy chains' rounds"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hostloop", "localspec's host loop in C", -1, methods};

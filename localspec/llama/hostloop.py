@@ -55,6 +55,7 @@ greedy_rounds = _c.greedy_rounds if _c is not None else None      # see _hostloo
 gather_rows = _c.gather_rows if _c is not None else None          # see _hostloop.c
 catch_up = _c.catch_up if _c is not None else None                # see _hostloop.c
 catch_up_chain = _c.catch_up_chain if _c is not None else None    # see _hostloop.c
+catch_up_rounds = _c.catch_up_rounds if _c is not None else None  # see _hostloop.c
 
 
 def batch_runner(ctx_ptr, batch, *, encode: bool = False) -> Callable[[int], int]:

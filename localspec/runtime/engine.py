@@ -307,7 +307,8 @@ class Engine:
                         self._record_batch,
                         drafter.decode_steps if drafter is not None else None,
                         drafter.catch_ups if drafter is not None else None,
-                        drafter.greedy_rounds if drafter is not None else None)
+                        drafter.greedy_rounds if drafter is not None else None,
+                        drafter.catch_up_rounds if drafter is not None else None)
         return Scheduler(host, prompt_cache, slots=slots, hold=hold)
 
     def _claim(self) -> bool:

@@ -77,7 +77,8 @@ class SlotHost:
     False when a generation holds it; ``release``), the thread count's tick (once a step),
     ``record_batch(rows, seconds)`` (a batch of several slots, timed once for the cost model),
     the drafter's decode of every slot's next chain step, its catch-up of every slot's
-    committed rows, and its run of greedy chains' steps in one call (None: no model drafter)."""
+    committed rows, its run of greedy chains' steps in one call, and of their catch-ups and
+    steps in one call (None: no model drafter)."""
 
     ctx: object
     verifiers: Sequence[TargetVerifier]
@@ -90,6 +91,7 @@ class SlotHost:
     draft_steps: Callable | None = None
     catch_ups: Callable | None = None
     greedy_rounds: Callable | None = None
+    catch_up_rounds: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -392,7 +394,7 @@ class Scheduler:
         batch, failed = plan.batch, plan.failed
         if plan.chains:
             for slot, draft in drive_chains(self.host.draft_steps, plan.chains, self.host.catch_ups,
-                                            self.host.greedy_rounds):
+                                            self.host.greedy_rounds, self.host.catch_up_rounds):
                 try:
                     slot.generation.add_rows(batch, draft)
                 except Exception as exc:
@@ -458,13 +460,16 @@ def _admitted(slot: Slot) -> int:
 
 
 def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]],
-                 catch_ups: Callable, greedy_rounds: Callable | None = None) -> list[tuple[Slot, Draft]]:
+                 catch_ups: Callable, greedy_rounds: Callable | None = None,
+                 catch_up_rounds: Callable | None = None) -> list[tuple[Slot, Draft]]:
     """The slots' model-drafter chains drafted together: first every chain's catch-up
     (``catch_ups``: the drafter's ``catch_ups``, one encode and one decode of every slot's
     committed rows), then each round one drafter decode (``draft_steps``: the drafter's
     ``decode_steps``) of every chain's next step (each in its slot's drafter sequence, which the
     decode's time is shared among). Where every chain left is greedy (``DraftChain.finish``), its
-    rounds run in one call of ``greedy_rounds`` (the drafter's: the same decodes, in C)."""
+    rounds run in one call of ``greedy_rounds`` (the drafter's: the same decodes, in C); where every
+    chain is greedy from its catch-up on, the catch-ups and the rounds in one call of
+    ``catch_up_rounds``."""
     done: list[tuple[Slot, Draft]] = []
     waiting: list[tuple[Slot, DraftChain, tuple]] = []
 
@@ -476,6 +481,14 @@ def drive_chains(draft_steps: Callable, chains: list[tuple[Slot, DraftChain]],
 
     for slot, chain in chains:
         advance(slot, chain, None)
+    if (catch_up_rounds is not None and waiting and len(waiting) == len(chains)
+            and all(c.finish and type(step) is CatchUp for _, c, step in waiting)):
+        drafts = catch_up_rounds([(chain.drafter, step.rows, chain.pos, chain.k) for _, chain, step in waiting])
+        if drafts is not None:   # each chain's Draft from all its drafts
+            for (slot, chain, _), tokens in zip(waiting, drafts):
+                chain.steps.close()
+                done.append((slot, chain.finish(tokens)))
+            return done
     while waiting:
         if greedy_rounds is not None and type(waiting[0][2]) is not CatchUp and all(c.finish for _, c, _ in waiting):
             drafts = greedy_rounds([(chain.drafter, *step[:3], chain.k) for _, chain, step in waiting])

@@ -482,6 +482,49 @@ class ModelDrafter:
                 who.trimmed()
         return drafts
 
+    def catch_up_rounds(self, asks: list[tuple]) -> list[list[int]] | None:
+        """Several sequences' catch-ups and greedy chains in one C call
+        (:func:`llama.hostloop.catch_up_rounds`): ((sequence, max_rows, pos, k) each, ``pos`` the
+        position of the token its first draft follows) the rows :meth:`catch_ups`, then
+        :meth:`greedy_rounds`, decode, their drafts' pairs dropped as it ends. Per chain its ``k``
+        drafts; None where the call does not apply (not built, another kind, more rows than one
+        decode outputs): the driver takes the general path, nothing taken yet."""
+        if hostloop.catch_up_rounds is None or not self._c_catch_up or self.ctx.trim_address is None:
+            return None
+        rows = 0
+        for who, max_rows, _, k in asks:
+            n = who.pending if max_rows is None else min(who.pending, max_rows)
+            if k < 1 or n < 1:
+                return None
+            rows += n
+        if rows > self._c_catch_up_rows:
+            return None
+        position, groups = self.kind.position, []
+        for who, max_rows, pos, k in asks:
+            tokens, feats, start = who.take(max_rows)
+            seq = who.seq
+            groups.append((seq, tuple(tokens), np.ascontiguousarray(feats, dtype=np.float32), position(seq, start),
+                           tuple(position(seq, pos + n) for n in range(k - 1))))
+        width = groups[0][2].shape[1]
+        enc = self._direct_enc
+        if enc is None or enc.width != width:
+            enc = self._direct_enc = DirectRows(self.ctx.n_batch, width, tokens=False, ctx_ptr=self.ctx.ptr)
+        norm, eps = self.kind.state_norm
+        whos = [who for who, *_ in asks]
+        trim = self._trim(whos)
+        try:
+            drafts, seconds = hostloop.catch_up_rounds(self.ctx.address, enc.address, self._direct.address,
+                                                       self._nextn_all_at, self._nextn_at, norm, self.n_embd, eps,
+                                                       self.model.n_vocab, width, self.ctx.trim_address,
+                                                       self._c_catch_up_rows, tuple(groups), trim)
+        except RuntimeError as e:
+            raise llama_failure(str(e)) from None
+        for who, spent in zip(whos, seconds):
+            who.seconds += spent
+            if trim is not None:
+                who.trimmed()
+        return drafts
+
     def _greedy_direct(self, who, tokens: list[int], state: np.ndarray, pos: int, k: int) -> list[int]:
         """:meth:`greedy`'s steps through :class:`DirectRows`: one row, refilled in place (token,
         position; the state written into it by the kind), one ``llama_decode`` each."""

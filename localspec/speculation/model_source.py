@@ -94,7 +94,7 @@ class EagleSource(ModelSource):
                 logits, state = drafter.catch_up(rows)
                 tokens = drafter.greedy(logits, state, n_past, k)
             return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
-        chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter)
+        chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter, pos=n_past)
         if self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):   # the chain's tokens are argmaxes
             chain.finish = lambda tokens: Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0),
                                                 seconds=drafter.seconds - t0)

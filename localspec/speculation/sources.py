@@ -81,6 +81,7 @@ class DraftChain:
     # a greedy chain's (each step the argmax of the last, no test, no grammar): its Draft from all its
     # tokens, so that a driver may run the steps after its first draft itself (ModelDrafter.greedy_rounds)
     finish: Callable[[list[int]], Draft] | None = None
+    pos: int = -1       # the position of the token its first draft follows
 
 
 def run_chain(chain: DraftChain) -> Draft:
