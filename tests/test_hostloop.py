@@ -28,7 +28,7 @@ def test_the_c_host_loop_was_built():
 
 @pytest.fixture(params=["wide", "sse2"])
 def simd(request):
-    """The argmax's AVX2 path (where the CPU has it), then its SSE2 one."""
+    """The argmax's (and the exp-sum's) AVX2 path where the CPU has it, then the SSE2 (scalar) one."""
     if hostloop._c is None:
         yield "numpy"
         return
@@ -59,6 +59,31 @@ def test_argmax_is_numpy_s(n, simd):
 
 
 @C
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 255, 256, 257, 272, 49152, 49153])
+def test_the_top_token_s_probability_is_numpy_s(n, simd):
+    """hostloop.top1 (a drafter's confidence test: the argmax and its softmax probability) against
+    numpy's exp and sum over the row, on both SIMD paths: the same token, the probability within
+    1e-6; a row whose top is NaN or +inf gives NaN, as numpy's sum does."""
+    rng = np.random.default_rng(n)
+    for scale in (0.05, 1.0, 4.0, 30.0, 200.0):
+        x = (rng.standard_normal(n) * scale).astype(np.float32)
+        if n > 3:
+            x[rng.random(n) < 0.2] = -np.inf          # a drafter's row outside its vocabulary
+            x[0] = max(x[0], 0.0)                     # not all of it
+        best = int(np.argmax(x))
+        ref = 1.0 / float(np.exp(x - x[best], dtype=np.float32).sum())
+        tok, prob = hostloop.top1(x)
+        assert tok == best
+        assert abs(prob - ref) <= 1e-6 * ref, (n, scale, prob, ref)
+    for bad in (np.nan, np.inf):
+        x = np.zeros(max(n, 2), np.float32)
+        x[1] = bad
+        assert hostloop.top1(x)[0] == 1 and np.isnan(hostloop.top1(x)[1])
+    with pytest.raises(ValueError):
+        hostloop.top1(np.empty(0, np.float32))
+
+
+@C
 def test_the_fed_back_state_is_numpy_s_up_to_rounding():
     rng = np.random.default_rng(0)
     h = (rng.standard_normal(576) * 3).astype(np.float32)
@@ -84,6 +109,8 @@ def test_bad_arguments_are_errors_not_crashes():
         hostloop.argmax_rows(1)
     with pytest.raises(TypeError):
         hostloop.greedy_chain(1, 2, 3)
+    with pytest.raises(TypeError):
+        hostloop.catch_up_rounds(1, 2, 3)
     with pytest.raises(ValueError):   # a row of another type, or too short for its output
         hostloop.normed_state(np.empty(4, np.float32), np.ones(4, np.float64), 1, 1e-5)
     with pytest.raises(ValueError):
@@ -195,6 +222,32 @@ def test_the_argmax_of_a_verify_s_rows_is_numpy_s(smollm2, parallel):
         assert ctx.argmax_rows(3, 4, ref[3:6]) == ref[3:7]           # every draft agreed: the last is the next token
         assert ctx.argmax_rows(3, 4, [ref[3], ref[4] + 1, ref[5]]) == ref[3:5]
         assert ctx.argmax_rows(3, 4, [ref[3] + 1, ref[4], ref[5]]) == ref[3:4]
+
+
+@C
+def test_a_greedy_verify_drops_the_rejected_drafts_cells(smollm2):
+    """Context.verify_greedy: the verify's argmaxes as argmax_rows gives them, and in the same C
+    call the cells from the first rejected draft's on dropped (or after the drafts, with filler
+    rows), as the verifier's seq_rm did; a malformed trim is an error, not a crash."""
+    with Engine(smollm2, None, n_ctx=256) as eng:
+        ctx = eng.ctx
+
+        def rows() -> list[int]:   # positions 0..11 decoded; the argmax of each
+            ctx.seq_rm(0)
+            ctx.decode(list(range(200, 212)), 0, all_logits=True)
+            return [int(np.argmax(ctx.logits(i))) for i in range(12)]
+
+        ref = rows()   # row r verifies the draft at position r + 1
+        assert ctx.verify_greedy(3, [ref[3], ref[4] + 1, ref[5]], 0, 4, False) == ref[3:5]
+        assert ctx.pos_max(0) == 4                     # position 5 held the rejected draft
+        rows()
+        assert ctx.verify_greedy(3, ref[3:6], 0, 4, False) == ref[3:7]
+        assert ctx.pos_max(0) == 11                    # every draft kept, nothing dropped
+        rows()
+        assert ctx.verify_greedy(3, ref[3:6], 0, 4, True) == ref[3:7]
+        assert ctx.pos_max(0) == 6                     # the rows after the drafts were filler
+        with pytest.raises(TypeError):
+            hostloop.argmax_rows(ctx.address, (0,), eng.model.n_vocab, (1,), (ctx.trim_address, 0))
 
 
 def test_token_texts_and_cells_through_the_host_loop_are_llama_cpp_s(smollm2):

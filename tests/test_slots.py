@@ -359,6 +359,16 @@ def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shar
         return done
 
     monkeypatch.setattr(ModelDrafter, "write_direct", direct)
+    rounds = ModelDrafter.catch_up_rounds
+
+    def fused(self, asks):   # every slot's catch-up and chain in one C call: one encode of all their rows
+        rows = sum(who.pending if most is None else min(who.pending, most) for who, most, _, _ in asks)
+        done = rounds(self, asks)
+        if done is not None:
+            encodes.append(rows)
+        return done
+
+    monkeypatch.setattr(ModelDrafter, "catch_up_rounds", fused)
     if not shared:
         monkeypatch.setattr(EagleKind, "shares_catch_up", False)
     try:
@@ -373,9 +383,9 @@ def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shar
 def test_four_slots_catch_up_together_and_draft_what_each_catch_up_alone_drafts(smollm2, monkeypatch):
     """Four slots drafting EAGLE chains with the shipped SmolLM2 pair (greedy, fixed depth 4):
     each step writes every slot's committed rows in one drafter encode and one decode
-    (ModelDrafter.catch_ups), and every slot's drafts, accepted drafts and output are those of
-    the per-slot path (each slot's catch-up its own encode and decode), the output that of plain
-    decoding."""
+    (ModelDrafter.catch_ups, or catch_up_rounds in C), and every slot's drafts, accepted drafts
+    and output are those of the per-slot path (each slot's catch-up its own encode and decode),
+    the output that of plain decoding."""
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
                "The capital of France is Paris. The capital of Italy is",
                "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",

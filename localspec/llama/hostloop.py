@@ -48,6 +48,7 @@ def _numpy_argmax(row) -> int:
 
 argmax = _c.argmax if _c is not None else _numpy_argmax           # (a float32 row) -> its argmax
 argmax_ith = _c.argmax_ith if _c is not None else None            # (ctx address, row, n_vocab) -> token
+top1 = _c.top1 if _c is not None else None                        # (a float32 row) -> (argmax, its probability)
 argmax_rows = _c.argmax_rows if _c is not None else None          # (ctx address, rows tuple, n_vocab) -> tokens
 normed_state = _c.normed_state if _c is not None else None        # (out row, h row, norm address, eps)
 greedy_chain = _c.greedy_chain if _c is not None else None        # see _hostloop.c

@@ -489,7 +489,8 @@ class ModelDrafter:
         :meth:`greedy_rounds`, decode, their drafts' pairs dropped as it ends. Per chain its ``k``
         drafts; None where the call does not apply (not built, another kind, more rows than one
         decode outputs): the driver takes the general path, nothing taken yet."""
-        if hostloop.catch_up_rounds is None or not self._c_catch_up or self.ctx.trim_address is None:
+        if (hostloop.catch_up_rounds is None or not self._c_catch_up or not self.kind.shares_catch_up
+                or self.ctx.trim_address is None):
             return None
         rows = 0
         for who, max_rows, _, k in asks:
