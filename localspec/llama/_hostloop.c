@@ -125,10 +125,7 @@ static double exp_sum(const float *x, int32_t n, float top) {
 }
 
 #ifdef HOSTLOOP_AVX2
-/* exp_sum 8-wide: e^v = 2^k e^r, k = round(v log2 e), r = v - k ln 2 (in two parts), e^r by the
- * Cephes single-precision polynomial (within ~2 ulp of expf); v clamped at -87 (e^-87 ~ 1.6e-38:
- * nothing the sum can hold). Each block of 256 values summed in float, the blocks in double: ~1e-6
- * of numpy's float32 exp and pairwise sum, some 10x faster than numpy's exp over a row. */
+/* e^(x - top) of 8 values (see exp_sum_avx2). */
 __attribute__((target("avx2"))) static inline __m256 exp8(__m256 x, __m256 top) {
     const __m256 lo = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504088896341f);
     const __m256 magic = _mm256_set1_ps(12582912.0f);   /* 1.5 * 2^23: adding it rounds to an integer */
@@ -570,17 +567,6 @@ static int trim_after(PyObject *trim, const long *seqs, Py_ssize_t m) {
     return 1;
 }
 
-/* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions[, trim])
- * The greedy draft chains of several sequences (a scheduler's slots), their steps decoded
- * together: one decode a round of every chain that has a step left. The batch (a llama_batch at
- * address ``batch``, rows 0..m-1 filled with each chain's first draft, its sequence, position and
- * state, every row with its output) is decoded; each row's argmax is that chain's next draft, and
- * where the chain has a step left its row is refilled (moved up past the chains that ended) with
- * that draft, its state (state_fn of that row, normed by ``norm`` unless None) and its next
- * position. ``positions[i]``: chain i's positions after its first step (a tuple; its length + 1
- * is the chain's number of steps). Each round's seconds are shared among that round's chains.
- * ``trim``: see trim_after. Returns (per chain the list of its drafts after the first, per chain
- * its seconds), or raises on a failed decode. */
 /* Row ``next`` of the chains' batch refilled for a chain's next step: its draft ``tok``, the state
  * of output row ``j`` (llama.cpp's, normed), the position positions_i[at], sequence ``seq``, an
  * output. 0 and an error set on a failure. */
@@ -606,7 +592,7 @@ static int refill_row(chain_args *c, Py_ssize_t next, int32_t j, int32_t tok, lo
  * (steps[i] decodes in all) its row refilled (moved up past the chains that ended) with that
  * draft, its state and its next position, positions[i][r + offset] after round r. Each round's
  * seconds are shared among its rows (spent[i]). 0 and an error set on a failure. */
-static int run_rounds(chain_args *c, long m, const long *seq_of, const Py_ssize_t *steps, Py_ssize_t *active,
+static int run_rounds(chain_args *c, const long *seq_of, const Py_ssize_t *steps, Py_ssize_t *active,
                       Py_ssize_t rows, PyObject *positions, Py_ssize_t offset, PyObject *drafts, double *spent) {
     batch_t *batch = (batch_t *)c->batch;
     for (Py_ssize_t r = 0; rows > 0; r++) {
@@ -660,6 +646,17 @@ static PyObject *drafts_and_seconds(PyObject *drafts, const double *spent, Py_ss
     return Py_BuildValue("(NN)", drafts, seconds);
 }
 
+/* greedy_rounds(ctx, batch, state_fn, norm, n_embd, eps, n_vocab, seqs, positions[, trim])
+ * The greedy draft chains of several sequences (a scheduler's slots), their steps decoded
+ * together: one decode a round of every chain that has a step left. The batch (a llama_batch at
+ * address ``batch``, rows 0..m-1 filled with each chain's first draft, its sequence, position and
+ * state, every row with its output) is decoded; each row's argmax is that chain's next draft, and
+ * where the chain has a step left its row is refilled (moved up past the chains that ended) with
+ * that draft, its state (state_fn of that row, normed by ``norm`` unless None) and its next
+ * position. ``positions[i]``: chain i's positions after its first step (a tuple; its length + 1
+ * is the chain's number of steps). Each round's seconds are shared among that round's chains.
+ * ``trim``: see trim_after. Returns (per chain the list of its drafts after the first, per chain
+ * its seconds), or raises on a failed decode. */
 static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     chain_args c;
     if (n != 9 && n != 10) { PyErr_SetString(PyExc_TypeError, "greedy_rounds takes 9 or 10 arguments"); return NULL; }
@@ -685,7 +682,7 @@ static PyObject *hl_greedy_rounds(PyObject *self, PyObject *const *args, Py_ssiz
         active[i] = i;
     }
     drafts = lists(m);
-    if (!drafts || !run_rounds(&c, m, seq_of, steps, active, m, positions, 0, drafts, spent)
+    if (!drafts || !run_rounds(&c, seq_of, steps, active, m, positions, 0, drafts, spent)
         || (n == 10 && !trim_after(args[9], seq_of, m))) {
         Py_XDECREF(drafts);
         goto done;
@@ -1132,7 +1129,7 @@ static PyObject *hl_catch_up_rounds(PyObject *self, PyObject *const *args, Py_ss
         if (!refill_row(&c, next, (int32_t)last[i], tok, seq_of[i], PyTuple_GET_ITEM(positions, i), 0)) goto fail;
         active[next++] = i;
     }
-    if (!run_rounds(&c, m, seq_of, steps, active, next, positions, 1, drafts, spent)
+    if (!run_rounds(&c, seq_of, steps, active, next, positions, 1, drafts, spent)
         || (n == 14 && !trim_after(args[13], seq_of, m)))
         goto fail;
     result = drafts_and_seconds(drafts, spent, m);
