@@ -250,6 +250,37 @@ def test_a_greedy_verify_drops_the_rejected_drafts_cells(smollm2):
             hostloop.argmax_rows(ctx.address, (0,), eng.model.n_vocab, (1,), (ctx.trim_address, 0))
 
 
+@C
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_several_sequences_rows_in_c_decode_as_through_numpy(smollm2, monkeypatch, parallel):
+    """Context.decode_batch fills several sequences' rows in one C call (decode_rows): every
+    row's logits are those of the numpy and ctypes fill, in one KV stream and in one per slot;
+    after it every row is sequence 0's again (decode() relies on it); a token out of range is an
+    OverflowError, never wrapped."""
+    tokens = list(range(300, 316))
+    seqs = [i % parallel for i in range(len(tokens))]
+    positions = [i // parallel for i in range(len(tokens))]
+    outputs = [i % 3 != 1 for i in range(len(tokens))]
+    rows = [i for i, o in enumerate(outputs) if o]
+
+    def logits(ctx) -> np.ndarray:
+        for s in range(parallel):
+            ctx.seq_rm(0, seq=s)
+        ctx.decode_batch(tokens, positions, seqs, outputs)
+        return np.stack([np.array(ctx.logits(i)) for i in rows])
+
+    with Engine(smollm2, None, n_ctx=256, parallel=parallel) as eng:
+        ctx = eng.ctx
+        in_c = logits(ctx)
+        assert all(ctx._batch.seq_id[i][0] == 0 for i in range(len(tokens)))
+        with monkeypatch.context() as m:
+            m.setattr(ctx, "_run_rows", None)
+            np.testing.assert_array_equal(logits(ctx), in_c)
+        with pytest.raises(OverflowError):
+            ctx.decode_batch([2 ** 32 + 5, 7], [0, 0], [0, parallel - 1], [True, True])
+        assert all(ctx._batch.seq_id[i][0] == 0 for i in range(2))
+
+
 def test_token_texts_and_cells_through_the_host_loop_are_llama_cpp_s(smollm2):
     """Every token's text (one C call for the vocabulary) is llama_token_to_piece's, and the
     cells' calls (seq_rm, seq_pos_max) give what llama.cpp's own give through ctypes."""

@@ -830,6 +830,52 @@ static PyObject *hl_decode_tokens(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromLong(run_timed(llama_decode_p, ctx, batch, &spent));
 }
 
+/* decode_rows(ctx, batch, tokens, positions, seqs, outputs): row i is tokens[i] at positions[i] of
+ * sequence seqs[i], logits where outputs[i] (four sequences of one length, at most the batch's
+ * rows), then llama_decode; each row's sequence is 0 again after it (decode_tokens' rows). The
+ * scheduler's step of several slots without numpy's and ctypes' calls a row. llama.cpp's code. */
+static PyObject *hl_decode_rows(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *ctx, *batch_at;
+    if (n != 6) { PyErr_SetString(PyExc_TypeError, "decode_rows(ctx, batch, tokens, positions, seqs, outputs)"); return NULL; }
+    if (!as_pointer(args[0], &ctx) || !as_pointer(args[1], &batch_at)) return NULL;
+    if (!llama_decode_p || !ctx || !batch_at) { PyErr_SetString(PyExc_RuntimeError, "hostloop: not bound"); return NULL; }
+    PyObject *cols[4] = {NULL, NULL, NULL, NULL};
+    PyObject *result = NULL;
+    Py_ssize_t count = -1;
+    for (int c = 0; c < 4; c++) {
+        cols[c] = PySequence_Fast(args[2 + c], "decode_rows: tokens, positions, seqs and outputs, sequences");
+        if (!cols[c]) goto done;
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(cols[c]);
+        if (count >= 0 && len != count) { PyErr_SetString(PyExc_ValueError, "decode_rows: sequences of one length"); goto done; }
+        count = len;
+    }
+    batch_t *batch = (batch_t *)batch_at;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(cols[0], i));
+        long p = PyLong_AsLong(PySequence_Fast_GET_ITEM(cols[1], i));
+        long q = PyLong_AsLong(PySequence_Fast_GET_ITEM(cols[2], i));
+        int o = PyObject_IsTrue(PySequence_Fast_GET_ITEM(cols[3], i));
+        if (PyErr_Occurred() || o < 0) goto reset;
+        if (t < INT32_MIN || t > INT32_MAX || p < INT32_MIN || p > INT32_MAX || q < INT32_MIN || q > INT32_MAX) {   /* never wrapped */
+            PyErr_Format(PyExc_OverflowError, "decode_rows: row %ld (token %ld, position %ld, sequence %ld) is out of range",
+                         (long)i, t, p, q);
+            goto reset;
+        }
+        batch->token[i] = (int32_t)t;
+        batch->pos[i] = (int32_t)p;
+        batch->seq_id[i][0] = (int32_t)q;
+        batch->logits[i] = (int8_t)o;
+    }
+    batch->n_tokens = (int32_t)count;
+    double spent = 0.0;
+    result = PyLong_FromLong(run_timed(llama_decode_p, ctx, batch, &spent));
+reset:
+    for (Py_ssize_t i = 0; i < count; i++) batch->seq_id[i][0] = 0;
+done:
+    for (int c = 0; c < 4; c++) Py_XDECREF(cols[c]);
+    return result;
+}
+
 static PyObject *hl_decode(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return run_batch(llama_decode_p, args, n);
 }
@@ -1146,6 +1192,7 @@ static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
     {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it[, its drafted pairs trimmed]"},
     {"decode_tokens", (PyCFunction)(void (*)(void))hl_decode_tokens, METH_FASTCALL, "decode_tokens(ctx, batch, tokens, start, all_logits): fill the rows, then llama_decode"},
+    {"decode_rows", (PyCFunction)(void (*)(void))hl_decode_rows, METH_FASTCALL, "decode_rows(ctx, batch, tokens, positions, seqs, outputs): several sequences' rows, then llama_decode"},
     {"decode", (PyCFunction)(void (*)(void))hl_decode, METH_FASTCALL, "decode(ctx, batch, n_tokens): llama_decode, its code"},
     {"encode", (PyCFunction)(void (*)(void))hl_encode, METH_FASTCALL, "encode(ctx, batch, n_tokens): llama_encode, its code"},
     {"argmax", (PyCFunction)hl_argmax, METH_O, "argmax(row): a float32 array's argmax, as numpy's"},

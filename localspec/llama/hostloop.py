@@ -98,6 +98,16 @@ def token_runner(ctx_ptr, batch) -> Callable[[Sequence[int], int, bool], int] | 
     return functools.partial(_c.decode_tokens, address(ctx_ptr), ctypes.addressof(batch))
 
 
+def rows_runner(ctx_ptr, batch) -> Callable[[Sequence[int], Sequence[int], Sequence[int], Sequence[bool]], int] | None:
+    """``run(tokens, positions, seqs, outputs) -> code``: rows of several sequences (each row's
+    token, position, sequence and whether it has logits; at most the batch's rows), then
+    ``llama_decode``, in one C call, every row's sequence 0 again after it; None where C was not
+    built (the caller fills the rows through numpy and ctypes)."""
+    if _c is None:
+        return None
+    return functools.partial(_c.decode_rows, address(ctx_ptr), ctypes.addressof(batch))
+
+
 def memory_calls(memory) -> tuple[Callable[[int, int, int], bool], Callable[[int], int]]:
     """A context's ``(seq_rm(seq, p0, p1) -> done, seq_pos_max(seq) -> pos)`` of its memory
     (``llama_get_memory``): one C call each where built, else ctypes' (looked up at each call)."""

@@ -276,6 +276,7 @@ class Context:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, n_seq_max)
         self._run = hostloop.batch_runner(self._ctx, self._batch)   # run(n): llama_decode of its first n rows
         self._run_tokens = hostloop.token_runner(self._ctx, self._batch)   # sequence 0's rows filled and run, in C
+        self._run_rows = hostloop.rows_runner(self._ctx, self._batch)   # several sequences' rows, in C
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -328,34 +329,41 @@ class Context:
             return
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
-        out = np.asarray(outputs, dtype=np.int8)
-        if int(out.sum()) > self.n_outputs_max:  # llama.cpp would abort the process
-            raise LocalspecError(f"internal: {int(out.sum())} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        n_out = sum(1 for o in outputs if o)
+        if n_out > self.n_outputs_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"internal: {n_out} logit rows exceed n_outputs_max {self.n_outputs_max}")
         sent = stream_rows.arrange(seqs) if self.streams else None
         self._sent_at = self._token_rows = None
         if sent is not None:   # sorted by sequence: one micro-batch per run of consecutive slots
             self._token_rows = stream_rows.inverse(sent)
-            last = max((i for i in range(n) if out[i]), default=n - 1)
+            last = max((i for i in range(n) if outputs[i]), default=n - 1)
             self._sent_at = self._token_rows + [self._token_rows[last]]   # [-1]: the last row with logits
-            tokens, positions, out = [tokens[i] for i in sent], [positions[i] for i in sent], out[sent]
-            seqs = [seqs[i] for i in sent]
-        self._tok[:n] = tokens
-        self._pos[:n] = positions
-        self._out[:n] = out
-        seq_id = self._batch.seq_id
-        moved = [i for i, s in enumerate(seqs) if s]
-        for i in moved:
-            seq_id[i][0] = seqs[i]
-        try:
-            rc = self._run(n)
-        finally:
-            for i in moved:  # decode() writes sequence 0 only
-                seq_id[i][0] = 0
+            tokens, positions = [tokens[i] for i in sent], [positions[i] for i in sent]
+            seqs, outputs = [seqs[i] for i in sent], [outputs[i] for i in sent]
+        rc = self._run_rows(tokens, positions, seqs, outputs) if self._run_rows is not None else \
+            self._fill_and_run(tokens, positions, seqs, outputs)
         if self._recurrent is not None:
             self._decoded(Counter(seqs))
         interrupts.raise_if_pending()
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
+
+    def _fill_and_run(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
+                      outputs: Sequence[bool]) -> int:
+        """:meth:`decode_batch`'s rows through numpy and ctypes (no C host loop); llama.cpp's code."""
+        n = len(tokens)
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        self._out[:n] = np.asarray(outputs, dtype=np.int8)
+        seq_id = self._batch.seq_id
+        moved = [i for i, s in enumerate(seqs) if s]
+        for i in moved:
+            seq_id[i][0] = seqs[i]
+        try:
+            return self._run(n)
+        finally:
+            for i in moved:  # decode() writes sequence 0 only
+                seq_id[i][0] = 0
 
     def decode_rows(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         """Decode rows of several sequences at once: (seq, token, pos, wants_logits) each; read a
@@ -585,7 +593,7 @@ class Context:
     def close(self) -> None:
         ctx, self._ctx = getattr(self, "_ctx", None), None          # see Model.close
         batch, self._batch = getattr(self, "_batch", None), None
-        self._run = self._run_tokens = self._seq_rm = self._pos_max = _closed
+        self._run = self._run_tokens = self._run_rows = self._seq_rm = self._pos_max = _closed
         if batch is not None:
             llama_cpp.llama_batch_free(batch)
         if ctx:
