@@ -543,9 +543,8 @@ static int parse_chain_args(PyObject *const *args, chain_args *c) {
 }
 
 /* trim: None, or (memory, p0s): after a chain's decodes, sequence seqs[i]'s drafted pairs from
- * position p0s[i] on go (llama_memory_seq_rm), in this call: its cells are still warm from the
- * chain, where the next catch-up would drop them cold after the target's decode (and through
- * Python's calls). 0 and an error set on a failure. */
+ * position p0s[i] on go (llama_memory_seq_rm), in this call, rather than through Python's calls
+ * at the next catch-up. 0 and an error set on a failure. */
 static int trim_after(PyObject *trim, const long *seqs, Py_ssize_t m) {
     if (trim == Py_None) return 1;
     void *mem;

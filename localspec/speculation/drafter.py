@@ -656,8 +656,9 @@ class DrafterSequence:
         return self._cell(self.written_until)
 
     def trimmed(self) -> None:
-        """A C chain dropped its drafted pairs while the drafter's cells were warm: the next
-        catch-up (:meth:`take`), run after the target's decode, need not drop them cold."""
+        """A C chain dropped its drafted pairs itself: the next catch-up (:meth:`take`) needs no
+        trim of its own (it cost three Python frames after the target's decode, though moving it
+        did not shorten one slot's cycle: docs/speculation.md, fourth round)."""
         self._trimmed = True
 
     # -- cycle-level API used by the engine ----------------------------------------------------
