@@ -225,10 +225,10 @@ def test_the_argmax_of_a_verify_s_rows_is_numpy_s(smollm2, parallel):
 
 
 @C
-def test_a_greedy_verify_drops_the_rejected_drafts_cells(smollm2):
-    """Context.verify_greedy: the verify's argmaxes as argmax_rows gives them, and in the same C
-    call the cells from the first rejected draft's on dropped (or after the drafts, with filler
-    rows), as the verifier's seq_rm did; a malformed trim is an error, not a crash."""
+def test_a_greedy_verify_drops_the_rejected_drafts_cells(smollm2, monkeypatch):
+    """Context.argmax_rows with a trim (a greedy verify): the verify's argmaxes as without it, and in
+    the same C call the cells from the first rejected draft's on dropped (or after the drafts, with
+    filler rows), as the verifier's seq_rm did; a malformed trim is an error, not a crash."""
     with Engine(smollm2, None, n_ctx=256) as eng:
         ctx = eng.ctx
 
@@ -238,16 +238,20 @@ def test_a_greedy_verify_drops_the_rejected_drafts_cells(smollm2):
             return [int(np.argmax(ctx.logits(i))) for i in range(12)]
 
         ref = rows()   # row r verifies the draft at position r + 1
-        assert ctx.verify_greedy(3, [ref[3], ref[4] + 1, ref[5]], 0, 4, False) == ref[3:5]
+        assert ctx.argmax_rows(3, 4, [ref[3], ref[4] + 1, ref[5]], trim=(0, 4, False)) == ref[3:5]
         assert ctx.pos_max(0) == 4                     # position 5 held the rejected draft
         rows()
-        assert ctx.verify_greedy(3, ref[3:6], 0, 4, False) == ref[3:7]
+        assert ctx.argmax_rows(3, 4, ref[3:6], trim=(0, 4, False)) == ref[3:7]
         assert ctx.pos_max(0) == 11                    # every draft kept, nothing dropped
         rows()
-        assert ctx.verify_greedy(3, ref[3:6], 0, 4, True) == ref[3:7]
+        assert ctx.argmax_rows(3, 4, ref[3:6], trim=(0, 4, True)) == ref[3:7]
         assert ctx.pos_max(0) == 6                     # the rows after the drafts were filler
         with pytest.raises(TypeError):
             hostloop.argmax_rows(ctx.address, (0,), eng.model.n_vocab, (1,), (ctx.trim_address, 0))
+        monkeypatch.setattr(hostloop, "argmax_rows", None)   # numpy's argmaxes, llama.cpp's own seq_rm
+        rows()
+        assert ctx.argmax_rows(3, 4, [ref[3], ref[4] + 1, ref[5]], trim=(0, 4, False)) == ref[3:5]
+        assert ctx.pos_max(0) == 4
 
 
 @C

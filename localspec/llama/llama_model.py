@@ -448,44 +448,37 @@ class Context:
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
 
-    def argmax_rows(self, first: int, n: int, drafts: Sequence[int] | None = None) -> list[int]:
+    def argmax_rows(self, first: int, n: int, drafts: Sequence[int] | None = None, *,
+                    trim: tuple[int, int, bool] | None = None) -> list[int]:
         """:meth:`argmax` of output rows ``first .. first + n - 1`` (a verify's rows), in one C call;
         with ``drafts``, only until the first row whose argmax is not its draft (``drafts[r]`` for
-        row ``first + r``): a greedy verify's tokens, the last one the correction."""
+        row ``first + r``): a greedy verify's tokens, the last one the correction. ``trim``: (seq,
+        p0, always) drops that verify's rejected cells of ``seq`` too (positions from ``p0`` + the
+        drafts accepted; ``always``: also where none was rejected, filler rows followed them), in the
+        same C call where the memory is a plain KV cache."""
         if hostloop.argmax_rows is None:
             out = []
             for r, i in enumerate(range(first, first + n)):
                 out.append(int(self.logits(i).argmax()))
                 if drafts is not None and (r >= len(drafts) or out[-1] != drafts[r]):
                     break
-            return out
-        at = self._sent_at
-        rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
-        try:
-            if drafts is None:
-                return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
-            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts))
-        except RuntimeError as e:
-            raise llama_failure(str(e)) from None
-
-    def verify_greedy(self, first: int, drafts: Sequence[int], seq: int, p0: int, always: bool) -> list[int]:
-        """A greedy verify of ``drafts`` (output rows ``first``.., see :meth:`argmax_rows`), the
-        rejected drafts' cells of ``seq`` dropped (positions from ``p0`` + the drafts accepted;
-        ``always``: also where none was rejected, filler rows followed them): one C call where the
-        memory is a plain KV cache, no second cold call after the decode."""
-        if hostloop.argmax_rows is None or self.trim_address is None:
-            best = self.argmax_rows(first, len(drafts) + 1, drafts)
-            if len(best) <= len(drafts) or always:
-                self.seq_rm(p0 + len(best) - 1, seq=seq)
-            return best
-        at = self._sent_at
-        n = len(drafts) + 1
-        rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
-        try:
-            return hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts),
-                                        (self.trim_address, seq, p0, always))
-        except RuntimeError as e:
-            raise llama_failure(str(e)) from None
+        else:
+            at = self._sent_at
+            rows = tuple(range(first, first + n)) if at is None else tuple(at[i] for i in range(first, first + n))
+            in_c = (self.trim_address, *trim) if trim is not None and self.trim_address is not None else None
+            try:
+                if drafts is None:
+                    return hostloop.argmax_rows(self.address, rows, self.model.n_vocab)
+                out = hostloop.argmax_rows(self.address, rows, self.model.n_vocab, tuple(drafts), in_c)
+            except RuntimeError as e:
+                raise llama_failure(str(e)) from None
+            if in_c is not None:
+                return out
+        if trim is not None:   # no C call trimmed: llama.cpp's own (a recurrent state's rules, see seq_rm)
+            seq, p0, always = trim
+            if len(out) <= len(drafts) or always:
+                self.seq_rm(p0 + len(out) - 1, seq=seq)
+        return out
 
     def logits_block(self, n_rows: int) -> np.ndarray | None:
         """The logits of the last batch's first ``n_rows`` output rows as one ``(n_rows, n_vocab)``

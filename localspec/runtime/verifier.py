@@ -184,7 +184,7 @@ class TargetVerifier:
         accepted, correction = 0, -1
         padded = n_rows > base + 1 + len(drafts)
         if drafts and sampler.plain_greedy:   # the rows' argmaxes up to the first disagreement, the rest dropped: one call
-            best = ctx.verify_greedy(at + base, drafts, self.seq, n_past + 1, padded)
+            best = ctx.argmax_rows(at + base, len(drafts) + 1, drafts, trim=(self.seq, n_past + 1, padded))
             accepted, correction = len(best) - 1, best[-1]
         else:
             for i, d in enumerate(drafts):
