@@ -12,6 +12,7 @@ import pytest
 
 from localspec.llama import hostloop
 from localspec.runtime.engine import Engine
+from localspec.speculation.drafter import ALL_OUTPUT_ROWS
 
 from engine_checks import chain_drafts
 
@@ -121,11 +122,23 @@ def test_bad_arguments_are_errors_not_crashes():
 def test_a_greedy_chain_in_c_drafts_what_the_python_loop_drafts(smollm2, monkeypatch):
     """A fixed EAGLE chain of 4 through a greedy generation: every chain's drafts and the output
     with the C loop, then with the whole host loop in numpy (argmax, states, the layer inputs,
-    the catch-up's encode and decode, the Python chain)."""
+    the catch-up's encode and decode, the Python chain). The last prompt's first catch-up is
+    longer than the drafter's batch: C sends it in the chunks the Python path sends."""
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",
-               "Write a short poem about the sea."]
+               "Write a short poem about the sea.",
+               "Summarize: " + " ".join(f"Item {i} is a {c} box on shelf {i % 7}." for i, c in
+                                        zip(range(14), ["red", "blue", "green"] * 5))]
+    rows = []
+    chain = hostloop.catch_up_chain
+
+    def counted(*args):
+        rows.append(len(args[10]))
+        return chain(*args)
     with Engine(smollm2, DRAFTER, n_ctx=512) as eng:
-        in_c = [chain_drafts(eng, p, 48) for p in prompts]   # a catch-up and its chain in one call
+        with monkeypatch.context() as m:
+            m.setattr(hostloop, "catch_up_chain", counted)
+            in_c = [chain_drafts(eng, p, 48) for p in prompts]   # a catch-up and its chain in one call
+        assert max(rows) > 2 * eng.drafter.ctx.n_batch and min(rows) <= ALL_OUTPUT_ROWS
         with monkeypatch.context() as m:
             m.setattr(hostloop, "catch_up_chain", None)        # the catch-up's call, then the chain's
             assert [chain_drafts(eng, p, 48) for p in prompts] == in_c
@@ -308,3 +321,10 @@ def test_token_texts_and_cells_through_the_host_loop_are_llama_cpp_s(smollm2):
         assert ctx.pos_max(0) == 9 == llama_cpp.llama_memory_seq_pos_max(ctx.memory, 0)
         ctx.seq_rm(6)
         assert ctx.pos_max(0) == 5 == llama_cpp.llama_memory_seq_pos_max(ctx.memory, 0)
+
+
+@C
+def test_the_c_catch_up_marks_the_rows_the_drafter_marks():
+    """The C catch-up sends a catch-up whole up to the rows whose every output the drafter's
+    Python path asks for, and in chunks past them: the two agree on where that is."""
+    assert hostloop.ALL_OUTPUT_ROWS == ALL_OUTPUT_ROWS

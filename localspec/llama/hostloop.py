@@ -46,6 +46,7 @@ def _numpy_argmax(row) -> int:
     return int(row.argmax())
 
 
+ALL_OUTPUT_ROWS = _c.ALL_OUTPUT_ROWS if _c is not None else None   # rows a C catch-up decodes whole (drafter.ALL_OUTPUT_ROWS)
 argmax = _c.argmax if _c is not None else _numpy_argmax           # (a float32 row) -> its argmax
 argmax_ith = _c.argmax_ith if _c is not None else None            # (ctx address, row, n_vocab) -> token
 top1 = _c.top1 if _c is not None else None                        # (a float32 row) -> (argmax, its probability)

@@ -193,7 +193,7 @@ def layer_inputs(ctx: Any, layers: tuple[int, ...], width: int, n_rows: int, row
     if hostloop.gather_rows is not None:   # one C call, not three address calls and numpy copies
         out = np.empty((n_rows if rows is None else len(rows), len(layers) * width), dtype=np.float32)
         try:
-            hostloop.gather_rows(out, _layer_inp_at(), ctx.address, layers, width, 0, n_rows, rows,
+            hostloop.gather_rows(out, layer_inputs_function(), ctx.address, layers, width, 0, n_rows, rows,
                                  -1.0 if eps is None else eps)
         except RuntimeError as e:
             raise LocalspecError(str(e)) from None
@@ -221,8 +221,9 @@ def layer_inputs(ctx: Any, layers: tuple[int, ...], width: int, n_rows: int, row
 
 
 @functools.cache
-def _layer_inp_at() -> int:
-    """The address of ``llama_get_embeddings_layer_inp`` (resolved once: it is read every cycle)."""
+def layer_inputs_function() -> int:
+    """The address of ``llama_get_embeddings_layer_inp`` (resolved once: it is read every cycle),
+    as ``hostloop.gather_rows`` takes it."""
     return hostloop.address(_function("llama_get_embeddings_layer_inp"))
 
 

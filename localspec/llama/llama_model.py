@@ -253,8 +253,8 @@ class Context:
         self.address = hostloop.address(self._ctx)   # the context as C code is handed it (llama.hostloop)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx))
         self.n_seq_max = n_seq_max
-        # one KV stream per sequence (llama-server's layout): rows go in sorted by sequence (llama.stream_rows)
-        self.streams, self._sent_at, self._token_rows = not kv_unified and n_seq_max > 1, None, None
+        # one KV stream per sequence (llama-server's layout): rows go in sorted (llama.stream_rows; token_order: where)
+        self.streams, self._sent_at, self.token_order = not kv_unified and n_seq_max > 1, None, None
         # llama.cpp may lower n_batch to the requested n_ctx (while it grows the context): every
         # batch, hence every batch of logit rows (a padded verify, a tree), must fit in it
         n_batch = self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
@@ -296,7 +296,7 @@ class Context:
         n = len(tokens)
         if n == 0:
             return
-        self._sent_at = self._token_rows = None
+        self._sent_at = self.token_order = None
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
@@ -333,11 +333,11 @@ class Context:
         if n_out > self.n_outputs_max:  # llama.cpp would abort the process
             raise LocalspecError(f"internal: {n_out} logit rows exceed n_outputs_max {self.n_outputs_max}")
         sent = stream_rows.arrange(seqs) if self.streams else None
-        self._sent_at = self._token_rows = None
+        self._sent_at = self.token_order = None
         if sent is not None:   # sorted by sequence: one micro-batch per run of consecutive slots
-            self._token_rows = stream_rows.inverse(sent)
+            self.token_order = stream_rows.inverse(sent)
             last = max((i for i in range(n) if outputs[i]), default=n - 1)
-            self._sent_at = self._token_rows + [self._token_rows[last]]   # [-1]: the last row with logits
+            self._sent_at = self.token_order + [self.token_order[last]]   # [-1]: the last row with logits
             tokens, positions = [tokens[i] for i in sent], [positions[i] for i in sent]
             seqs, outputs = [seqs[i] for i in sent], [outputs[i] for i in sent]
         rc = self._run_rows(tokens, positions, seqs, outputs) if self._run_rows is not None else \
@@ -392,7 +392,7 @@ class Context:
     def _decode_seqs(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[Sequence[int]],
                      outputs: Sequence[bool]) -> None:
         n = len(tokens)
-        self._sent_at = self._token_rows = None
+        self._sent_at = self.token_order = None
         if n > self.n_batch:
             raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
         n_seq = self._batch.n_seq_id
@@ -501,8 +501,8 @@ class Context:
     def token_rows(self, n_rows: int, rows: list[int] | None) -> tuple[int, list[int] | None]:
         """Where rows ``rows`` (None: the first ``n_rows``) of the last batch are in the per-token
         outputs (target layer inputs, MTP hidden states): themselves, unless the batch went in
-        re-ordered (:mod:`.stream_rows`)."""
-        at = self._token_rows
+        re-ordered (:mod:`.stream_rows`; ``token_order`` maps them then)."""
+        at = self.token_order
         if at is None:
             return n_rows, rows
         return n_rows, [at[r] for r in (range(n_rows) if rows is None else rows)]

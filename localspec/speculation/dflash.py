@@ -126,6 +126,9 @@ class BlockKind(DrafterKind):
         return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
                                       d.views)
 
+    def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None]:
+        return self.layers, self.n_embd_tgt, None
+
     def begin_sequence(self, who: DrafterSequence) -> None:
         who.anchor = None   # (last committed token, its position pos0)
 

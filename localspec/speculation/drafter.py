@@ -32,6 +32,8 @@ from ..llama.process import llama_failure
 
 # Up to this many rows, a drafter batch asks for every row's output (see ModelDrafter.decode_groups).
 ALL_OUTPUT_ROWS = 16
+# A sequence's buffer of recorded feature rows holds this many (more only while a prompt's are recorded).
+KEPT_ROWS = 64
 # Sequences besides the committed one (0), for the branches of a draft tree (speculation.tree).
 TREE_SEQS = DRAFTER_TREE_SEQS   # tree.MAX_WIDTH: the drafter context's settings (llama.contexts) hold them
 
@@ -63,6 +65,12 @@ class DrafterKind:
         """What the drafter reads of the first ``n_rows`` rows of the target's last batch (or of
         its rows ``rows``), one row each."""
         raise NotImplementedError
+
+    def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None] | None:
+        """Where :meth:`features` are the target's layer inputs: (layers, each one's width, the
+        eps of each block's RMS scaling or None), which a sequence then gathers straight into its
+        recorded rows (:meth:`DrafterSequence.observe`); None: :meth:`features` reads them."""
+        return None
 
     def encode(self, d: "ModelDrafter", features: np.ndarray, who: "DrafterSequence") -> np.ndarray:
         """The ``g`` rows paired with the committed tokens: the features as they are."""
@@ -137,10 +145,11 @@ class ModelDrafter:
         self._nextn_ith = llama_ext.nextn_ith_getter()   # a state's address, read every step
         self._nextn_at = hostloop.address(self._nextn_ith)
         # a lone catch-up's encode and decode in one C call (write_direct): EAGLE's kind, whose
-        # catch-up is its fc encode then a decode of the pairs (up to the rows one decode outputs)
+        # catch-up is its fc encode then a decode of the pairs (past one decode's outputs, in chunks)
         self._c_catch_up = (hostloop.catch_up is not None and kind.direct and self._plain_decode
-                            and kind.state_norm is not None and type(kind).write is DrafterKind.write)
-        self._c_catch_up_rows = min(ALL_OUTPUT_ROWS, ctx.n_batch, ctx.n_outputs_max)
+                            and kind.state_norm is not None and type(kind).write is DrafterKind.write
+                            and ctx.n_batch >= ALL_OUTPUT_ROWS)
+        self._c_catch_up_rows = min(ALL_OUTPUT_ROWS, ctx.n_batch, ctx.n_outputs_max)   # the slots' fused catch-ups
         self._nextn_all_at = hostloop.address(llama_ext.nextn_getter()) if self._c_catch_up else 0
         self._sequences: dict[int, object] = {}
 
@@ -204,8 +213,8 @@ class ModelDrafter:
         """A lone catch-up (:meth:`DrafterSequence.catch_up`) in one C call
         (:func:`llama.hostloop.catch_up`): the encode of ``feats`` and the decode of the pairs
         (tokens[i], g[i]) from ``start``, as ``kind.write(who, tokens, encode(feats), start)`` runs
-        them; the last row's logits (a view) and state. None where that call does not apply (not
-        built, another kind, more rows than one decode outputs): the caller takes the kind's path."""
+        them (a prompt's rows too, in the same chunks); the last row's logits (a view) and state.
+        None where that call does not apply (not built, another kind): the caller takes the kind's path."""
         args = self._catch_up_args(who, tokens, feats, start)
         if args is None:
             return None
@@ -220,8 +229,7 @@ class ModelDrafter:
     def fuses(self, n: int, k: int) -> bool:
         """Whether a catch-up of ``n`` rows and a greedy chain of ``k`` after it run as one C call
         (:meth:`greedy_after`)."""
-        return (self._c_catch_up and hostloop.catch_up_chain is not None and 0 < n <= self._c_catch_up_rows
-                and k >= 1)
+        return self._c_catch_up and hostloop.catch_up_chain is not None and n > 0 and k >= 1
 
     def greedy_after(self, who, tokens: list[int], feats: np.ndarray, start: int, pos: int, k: int) -> list[int]:
         """:meth:`write_direct`, then :meth:`greedy`'s chain of ``k`` drafts from its last row
@@ -251,7 +259,7 @@ class ModelDrafter:
     def _catch_up_args(self, who, tokens: list[int], feats: np.ndarray, start: int) -> tuple | None:
         """The C catch-up's arguments (see :func:`llama.hostloop.catch_up`), or None where it does not apply."""
         n = len(tokens)
-        if not self._c_catch_up or hostloop.catch_up is None or not 0 < n <= self._c_catch_up_rows or feats.shape[0] != n:
+        if not self._c_catch_up or hostloop.catch_up is None or n == 0 or feats.shape[0] != n:
             return None
         enc = self._direct_enc
         if enc is None or enc.width != feats.shape[1]:
@@ -259,7 +267,7 @@ class ModelDrafter:
         seq, (norm, eps) = who.seq, self.kind.state_norm
         return (self.ctx.address, enc.address, self._direct.address, self._nextn_all_at, self._nextn_at, norm,
                 self.n_embd, eps, feats, feats.shape[1], tuple(tokens), self.ctx.pos_max(seq) + 1,
-                self.kind.position(seq, start), seq)
+                self.kind.position(seq, start), seq, self.ctx.n_batch)
 
     def encode_rows(self, seqs: np.ndarray, embd: np.ndarray, positions: np.ndarray, who) -> None:
         """One encode of embedding rows alone (row ``i`` in sequence ``seqs[i]`` at
@@ -619,7 +627,9 @@ class DrafterSequence:
         self.block = drafter.kind.block
         # whether the kind hears of each observe (DFlash's backlog): every cycle otherwise skips the call
         self._tells_kind = type(self.kind).observed is not DrafterKind.observed
-        self._pending_feats: list[np.ndarray] = []   # recorded, not yet written (see observe)
+        self._feats: np.ndarray | None = None   # rows [0, pending) recorded, not yet written (see observe)
+        self._gather = _gatherer(self.kind, drafter.target)   # the C gather's arguments (layer inputs), or None
+        self._target = drafter.target
         self._pending_tokens: list[int] = []
         self._pending_start: int | None = None
         self.written_until = 0   # committed pairs are written below this position; drafts above
@@ -669,28 +679,59 @@ class DrafterSequence:
     def observe(self, tokens_next: list[int], n_rows: int, start_pos: int, rows: list[int] | None = None) -> None:
         """Record the committed rows of the target's last batch: ``n_rows`` positions from
         ``start_pos`` (the batch's first rows, or its rows ``rows``); ``tokens_next[i]`` is the
-        token at ``start_pos + i + 1``."""
+        token at ``start_pos + i + 1``. Layer inputs are gathered by one C call straight into the
+        recorded rows: right after a decode every Python frame runs cold, and the three that read
+        them through the kind cost ~60 µs a cycle there (docs/speculation.md, fifth round)."""
+        pending = self._pending_tokens
         if self._pending_start is None:
             if start_pos == 0 and self.kind.first_pair and self._first is not None:
                 # the first token's pair, (x_0, a zero state) at position 0, as draft-mtp writes it
                 self._pending_start = -1
-                self._pending_tokens.append(self._first)
-                self._pending_feats.append(np.zeros((1, self.n_embd), dtype=np.float32))
+                self._rows(1, self.n_embd)[:] = 0.0
+                pending.append(self._first)
             else:
                 self._pending_start = start_pos
-        elif start_pos != self._pending_start + len(self._pending_tokens):
+        elif start_pos != self._pending_start + len(pending):
             raise LocalspecError("internal: drafter rows recorded out of order")
-        self._pending_feats.append(self.kind.features(self.drafter, n_rows, rows))   # ModelDrafter.features, a call less
-        self._pending_tokens.extend(tokens_next[:n_rows])
+        gather, gather_rows = self._gather, hostloop.gather_rows   # (None: C not built, or turned off by a test)
+        if gather is not None and gather_rows is not None:
+            if self._target.token_order is not None:   # the batch went in re-ordered (llama.stream_rows)
+                n_rows, rows = self._target.token_rows(n_rows, rows)
+            out = self._rows(n_rows if rows is None else len(rows), gather[4])
+            try:
+                gather_rows(out, gather[0], gather[1], gather[2], gather[3], 0, n_rows, rows, gather[5])
+            except RuntimeError as e:
+                raise LocalspecError(str(e)) from None
+        else:
+            feats = self.kind.features(self.drafter, n_rows, rows)
+            self._rows(feats.shape[0], feats.shape[1])[:] = feats
+        pending.extend(tokens_next[:n_rows])
         if self._tells_kind:
             self.kind.observed(self)
+
+    def _rows(self, n: int, width: int) -> np.ndarray:
+        """The next ``n`` recorded rows (``width`` floats each), to be filled: the buffer grows
+        by doubling, so that recording a row copies nothing but its features."""
+        feats, at = self._feats, len(self._pending_tokens)
+        if feats is None or at + n > feats.shape[0] or feats.shape[1] != width:
+            grown = np.empty((max(2 * at + n, KEPT_ROWS), width), dtype=np.float32)
+            if at:
+                grown[:at] = feats[:at]
+            feats = self._feats = grown
+        return feats[at:at + n]
 
     def drop_pending(self) -> None:
         """Forget the recorded rows (the next ``observe`` may start at any later position; the
         drafter's cache then restarts from there, see catch_up)."""
         if self._pending_start is not None:   # none recorded (most rested cycles): nothing to renew
-            self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+            self._pending_tokens, self._pending_start = [], None
+            self._release()
         self.kind.forgot(self, -1)
+
+    def _release(self) -> None:
+        """A buffer grown past KEPT_ROWS (a prompt's rows) is not kept for the next cycles' few."""
+        if self._feats is not None and self._feats.shape[0] > KEPT_ROWS:
+            self._feats = None
 
     @property
     def pending(self) -> int:
@@ -722,9 +763,10 @@ class DrafterSequence:
         the speculative pairs after the written ones dropped (see :meth:`catch_up`)."""
         if self._pending_start is None:
             raise LocalspecError("internal: the drafter has no committed rows to draft from")
-        feats = np.concatenate(self._pending_feats) if len(self._pending_feats) > 1 else self._pending_feats[0]
         start, tokens = self._pending_start, self._pending_tokens
-        self._pending_feats, self._pending_tokens, self._pending_start = [], [], None
+        feats = self._feats[:len(tokens)]   # a view: read by the catch-up before the next observe writes
+        self._pending_tokens, self._pending_start = [], None
+        self._release()   # (the view keeps a prompt's buffer until the catch-up is done with it)
         if max_rows is not None and len(tokens) > max_rows:
             cut = len(tokens) - max_rows
             feats, tokens, start = feats[cut:], tokens[cut:], start + cut
@@ -756,8 +798,7 @@ class DrafterSequence:
             if n == 0:
                 self.drop_pending()
             elif n < len(self._pending_tokens):
-                self._pending_feats = [np.concatenate(self._pending_feats)[:n]]
-                self._pending_tokens = self._pending_tokens[:n]
+                self._pending_tokens = self._pending_tokens[:n]   # rows past n in the buffer: free again
 
     # -- draft trees (speculation.tree) --------------------------------------------------------
     def fork(self, src: int, dst: int) -> None:
@@ -772,6 +813,18 @@ class DrafterSequence:
 
     def close(self) -> None:
         """Nothing of its own outside Python: the drafter closes the context."""
+
+
+def _gatherer(kind: DrafterKind, target: Context) -> tuple | None:
+    """hostloop.gather_rows' arguments for a kind whose features are the target's layer inputs
+    (the function's and the target's addresses, the layers, their width, the row width, the RMS
+    eps or -1), or None: the kind reads its features itself (or C is not built)."""
+    spec = kind.layer_inputs()
+    if spec is None or hostloop.gather_rows is None:
+        return None
+    layers, width, eps = spec
+    return (llama_ext.layer_inputs_function(), target.address, tuple(layers), width, len(layers) * width,
+            -1.0 if eps is None else eps)
 
 
 def open_context(model: Model, target: Context, **settings) -> Context:

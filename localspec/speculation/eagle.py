@@ -66,6 +66,9 @@ class EagleKind(DrafterKind):
         return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
                                       d.views, self.fc_norm_eps if self.info.fc_norm else None)
 
+    def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None]:
+        return self.layers, self.n_embd_tgt, self.fc_norm_eps if self.info.fc_norm else None
+
     def encode(self, d: ModelDrafter, features: np.ndarray, who: DrafterSequence) -> np.ndarray:
         """fc over target features: one ``g`` row per feature row, after the pairs of ``who``."""
         return self.encode_groups(d, [(who, features)])[0]
