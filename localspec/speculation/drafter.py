@@ -139,6 +139,7 @@ class ModelDrafter:
         self.direct = kind.direct   # rows through DirectRows (False: the extended batch, as other kinds)
         # a chain step is one row of decode_rows (no decode of the kind's own): step takes it directly
         self._plain_decode = type(kind).decode is DrafterKind.decode and kind.sequence_class is None
+        self._shifts = type(kind).position is DrafterKind.position   # every pair at P + shift (see positions)
         self._direct = DirectRows(ctx.n_batch, kind.n_embd, tokens=True, ctx_ptr=ctx.ptr) if kind.direct else None
         self._direct_enc: DirectRows | None = None   # made at the first encode (its width: the features')
         self.views: dict = {}    # numpy views of llama.cpp's output buffers, by (address, shape)
@@ -238,11 +239,9 @@ class ModelDrafter:
         args = self._catch_up_args(who, tokens, feats, start)
         if args is None:
             raise LocalspecError("internal: a fused catch-up where the C host loop does not apply")
-        position, seq = self.kind.position, who.seq
         trim = self._trim((who,))
         try:
-            drafts, seconds = hostloop.catch_up_chain(*args, self.model.n_vocab,
-                                                      tuple(position(seq, pos + n) for n in range(k - 1)), trim)
+            drafts, seconds = hostloop.catch_up_chain(*args, self.model.n_vocab, self.positions(who.seq, pos, k - 1), trim)
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         who.seconds += seconds
@@ -254,7 +253,16 @@ class ModelDrafter:
         """A C chain's ``trim`` argument: the sequences' drafted pairs dropped as it ends (None: a
         recurrent state, trimmed through :meth:`~.llama_model.Context.seq_rm` only)."""
         at = self.ctx.trim_address
-        return None if at is None else (at, tuple(who.drafted_from() for who in sequences))
+        return None if at is None else (at, tuple([who.drafted_from() for who in sequences]))
+
+    def positions(self, seq: int, pos: int, n: int) -> tuple[int, ...]:
+        """Where the pairs of positions ``pos..pos + n - 1`` of sequence ``seq`` go in the drafter's
+        context (:meth:`DrafterKind.position`): a chain's steps, as the C calls take them; a range
+        where the kind shifts every pair alike (no Python call a step, right after a decode)."""
+        if self._shifts:
+            return tuple(range(pos + self.shift, pos + self.shift + n))
+        position = self.kind.position
+        return tuple([position(seq, pos + i) for i in range(n)])
 
     def _catch_up_args(self, who, tokens: list[int], feats: np.ndarray, start: int) -> tuple | None:
         """The C catch-up's arguments (see :func:`llama.hostloop.catch_up`), or None where it does not apply."""
@@ -457,7 +465,7 @@ class ModelDrafter:
         norm, eps = self.kind.state_norm
         try:
             more, seconds = hostloop.greedy_chain(self.ctx.address, direct.address, self._nextn_at, norm, self.n_embd,
-                                                  eps, self.model.n_vocab, tuple(position(seq, pos + n) for n in range(1, k - 1)))
+                                                  eps, self.model.n_vocab, self.positions(seq, pos + 1, k - 2))
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         who.seconds += seconds
@@ -477,7 +485,7 @@ class ModelDrafter:
         direct.fill(seqs, [row[1] for row in rows], np.stack([row[2] for row in rows]),
                     [position(seq, row[3]) for seq, row in zip(seqs, rows)], True)
         norm, eps = self.kind.state_norm
-        later = tuple(tuple(position(seq, row[3] + n) for n in range(1, row[4] - 1)) for seq, row in zip(seqs, rows))
+        later = tuple([self.positions(seq, row[3] + 1, row[4] - 2) for seq, row in zip(seqs, rows)])
         trim = self._trim([who for who, *_ in rows])
         try:
             drafts, seconds = hostloop.greedy_rounds(self.ctx.address, direct.address, self._nextn_at, norm,
@@ -513,7 +521,7 @@ class ModelDrafter:
             tokens, feats, start = who.take(max_rows)
             seq = who.seq
             groups.append((seq, tuple(tokens), np.ascontiguousarray(feats, dtype=np.float32), position(seq, start),
-                           tuple(position(seq, pos + n) for n in range(k - 1))))
+                           self.positions(seq, pos, k - 1)))
         width = groups[0][2].shape[1]
         enc = self._direct_enc
         if enc is None or enc.width != width:
