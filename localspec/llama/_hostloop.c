@@ -1039,7 +1039,6 @@ static const float *run_long_catch_up(catch_up_args *a, const float *feats, doub
         if (!ran(run_timed(llama_encode_p, a->ctx, a->enc, spent), "llama_encode") || !(encoded_g = encoded(a))) goto done;
         memcpy(g + (size_t)s * g_row, encoded_g, sizeof(float) * g_row * (size_t)n);
     }
-    out = NULL;
     for (Py_ssize_t s = 0; s < rows - 1; s += chunk) {   /* the pairs but the last, without outputs */
         Py_ssize_t n = rows - 1 - s < chunk ? rows - 1 - s : chunk;
         if (!catch_up_rows(a, a->dec, 0, s, n, a->dec_pos + s, 0)) goto done;

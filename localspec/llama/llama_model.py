@@ -452,10 +452,10 @@ class Context:
                     trim: tuple[int, int, bool] | None = None) -> list[int]:
         """:meth:`argmax` of output rows ``first .. first + n - 1`` (a verify's rows), in one C call;
         with ``drafts``, only until the first row whose argmax is not its draft (``drafts[r]`` for
-        row ``first + r``): a greedy verify's tokens, the last one the correction. ``trim``: (seq,
-        p0, always) drops that verify's rejected cells of ``seq`` too (positions from ``p0`` + the
-        drafts accepted; ``always``: also where none was rejected, filler rows followed them), in the
-        same C call where the memory is a plain KV cache."""
+        row ``first + r``): a greedy verify's tokens, the last one the correction. ``trim`` (with
+        ``drafts``): (seq, p0, always) drops that verify's rejected cells of ``seq`` too (positions
+        from ``p0`` + the drafts accepted; ``always``: also where none was rejected, filler rows
+        followed them), in the same C call where the memory is a plain KV cache."""
         if hostloop.argmax_rows is None:
             out = []
             for r, i in enumerate(range(first, first + n)):
