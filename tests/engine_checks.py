@@ -154,7 +154,7 @@ def chain_drafts(eng, prompt: str, n: int) -> tuple[list[tuple[int, list[int]]],
 
     def recorded(self, k, *args, **kw):
         draft = propose(self, k, *args, **kw)
-        drafts.append((k, list(draft.tokens)))
+        drafts.append((k, draft))   # a planned chain's tokens are drafted in the step's run phase: read after
         return draft
 
     EagleSource.propose = recorded
@@ -165,4 +165,4 @@ def chain_drafts(eng, prompt: str, n: int) -> tuple[list[tuple[int, list[int]]],
         done = [e for e in eng.generate(prompt, cfg) if isinstance(e, DoneEvent)][0]
     finally:
         EagleSource.propose = propose
-    return drafts, list(done.tokens)
+    return [(k, list(draft.tokens)) for k, draft in drafts], list(done.tokens)

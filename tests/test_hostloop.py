@@ -112,6 +112,8 @@ def test_bad_arguments_are_errors_not_crashes():
         hostloop.greedy_chain(1, 2, 3)
     with pytest.raises(TypeError):
         hostloop.catch_up_rounds(1, 2, 3)
+    with pytest.raises(TypeError, match="then"):   # a verify to run after the chain, not a tuple of six
+        hostloop.catch_up_chain(*[None] * 18, (1, 2))
     with pytest.raises(ValueError):   # a row of another type, or too short for its output
         hostloop.normed_state(np.empty(4, np.float32), np.ones(4, np.float64), 1, 1e-5)
     with pytest.raises(ValueError):

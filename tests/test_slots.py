@@ -347,8 +347,8 @@ def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shar
     drafts, encodes = [], []
     add_rows, encode_rows = Generation.add_rows, ModelDrafter.encode_rows
     monkeypatch.setattr(Generation, "add_rows",
-                        lambda self, batch, draft: drafts.append((self.verifier.seq, list(draft.tokens)))
-                        or add_rows(self, batch, draft))
+                        lambda self, batch, draft: drafts.append((self.verifier.seq, draft))
+                        or add_rows(self, batch, draft))   # (a lone slot's planned chain: its tokens after the step)
     monkeypatch.setattr(ModelDrafter, "encode_rows", lambda self, *a: encodes.append(len(a[0])) or encode_rows(self, *a))
     write_direct = ModelDrafter.write_direct
 
@@ -377,7 +377,43 @@ def _eagle_slots(target, prompts, config: GenerationConfig, monkeypatch, *, shar
             drain(engine.scheduler(), [(p, config, sinks[p]) for p in prompts], prepare=engine.prepare)
     finally:
         monkeypatch.undo()
-    return drafts, encodes, {p: sinks[p].done for p in prompts}
+    return [(seq, list(d.tokens)) for seq, d in drafts], encodes, {p: sinks[p].done for p in prompts}
+
+
+def test_a_lone_slot_s_chain_is_drafted_into_its_verify_rows_alone_or_beside_a_prompt(smollm2, monkeypatch):
+    """A slot drafting alone plans its greedy EAGLE chain and drafts it in the step's decode
+    (``Draft.planned``, ``Batch.decode``): in the chain's own C call where its rows are the
+    batch's only ones, and filled in Python where another slot's prompt shares the batch. Either
+    way the verify rows hold the chain's drafts (then the last one again), and the drafts pay."""
+    from localspec.runtime.batch import Batch
+
+    seen = []
+    decode = Batch.decode
+
+    def recorded(self):
+        chain = self.chain
+        decode(self)
+        if chain is not None:
+            draft, row, n = chain
+            k = len(draft.tokens)
+            seen.append((len(self.segments), self.tokens[row:row + n], draft.tokens + [draft.tokens[-1]] * (n - k),
+                         draft.planned))
+    monkeypatch.setattr(Batch, "decode", recorded)
+    config = GenerationConfig(max_tokens=40, policy=PolicyConfig("fixed", 4, source="eagle", tree="off"))
+    with Engine(smollm2, EAGLE_DRAFTER, n_ctx=512, parallel=2) as engine:
+        scheduler = engine.scheduler()
+        first, second = Collect(), Collect()
+        scheduler.admit(engine.prepare("Repeat exactly: the quick brown fox jumps over the lazy dog. the quick"),
+                        config, None, first)
+        for _ in range(6):
+            scheduler.step()
+        scheduler.admit(engine.prepare("Summarize: " + " ".join(f"Item {i} is a box on shelf {i % 7}." for i in range(40))),
+                        GenerationConfig(max_tokens=4, spec=False), None, second)
+        drain(scheduler)
+    assert {segments > 1 for segments, *_ in seen} == {True, False}   # both paths ran
+    for segments, rows, drafts, planned in seen:
+        assert rows == drafts and planned is None
+    assert first.done.stats.accepted > 0 and second.done is not None
 
 
 def test_four_slots_catch_up_together_and_draft_what_each_catch_up_alone_drafts(smollm2, monkeypatch):

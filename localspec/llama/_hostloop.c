@@ -940,11 +940,16 @@ static PyObject *hl_top1(PyObject *self, PyObject *row) {
  * those addresses whose arrays localspec owns (ext_rows.DirectRows). Returns (the address of the
  * last row's logits, seconds inside llama.cpp).
  *
- * catch_up_chain(the same 15 first arguments, n_vocab, positions[, trim])
+ * catch_up_chain(the same 15 first arguments, n_vocab, positions[, trim[, then]])
  * The catch-up, then the greedy chain from its last row (greedy_chain's steps): its argmax the
  * first draft and, for each entry of ``positions`` (the chain's positions from the first
  * draft's), one more decode of the last draft with the state before it; ``trim``: see
- * trim_after. Returns (the drafts, seconds inside llama.cpp). */
+ * trim_after. Returns (the drafts, seconds inside llama.cpp). ``then`` (None: nothing): the
+ * target decode that verifies the chain, run right after it with no Python between the drafter's
+ * decodes and the target's: (run, tokens, start, all_logits, row, n), items row .. row + n - 1
+ * of the list ``tokens`` set to the drafts, then the last draft again (filler rows), then
+ * run(tokens, start, all_logits) (decode_tokens); returns (the drafts, seconds, run's result, its
+ * wall seconds). */
 typedef struct {
     void *ctx, *norm;
     batch_t *enc, *dec;
@@ -1090,9 +1095,39 @@ static PyObject *hl_catch_up(PyObject *self, PyObject *const *args, Py_ssize_t n
     return result;
 }
 
+/* catch_up_chain's ``then``: the chain's drafts into the verify's rows of ``tokens``, then the
+ * target's decode of them; (drafts, seconds, the decode's result, its wall seconds). Steals drafts. */
+static PyObject *verify_after(PyObject *then, PyObject *drafts, double spent) {
+    PyObject *tokens = PyTuple_GET_ITEM(then, 1);
+    Py_ssize_t k = PyList_GET_SIZE(drafts);
+    Py_ssize_t row = PyLong_AsSsize_t(PyTuple_GET_ITEM(then, 4)), rows = PyLong_AsSsize_t(PyTuple_GET_ITEM(then, 5));
+    if (PyErr_Occurred()) { Py_DECREF(drafts); return NULL; }
+    if (k < 1 || row < 0 || rows < k || row + rows > PyList_GET_SIZE(tokens)) {
+        Py_DECREF(drafts);
+        PyErr_SetString(PyExc_ValueError, "then: the drafts' rows are not inside the tokens");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        PyObject *t = PyList_GET_ITEM(drafts, i < k ? i : k - 1);
+        Py_INCREF(t);
+        PyList_SetItem(tokens, row + i, t);   /* steals t, releases the placeholder */
+    }
+    PyObject *call[3] = {tokens, PyTuple_GET_ITEM(then, 2), PyTuple_GET_ITEM(then, 3)};
+    double t0 = seconds_now();
+    PyObject *rc = PyObject_Vectorcall(PyTuple_GET_ITEM(then, 0), call, 3, NULL);
+    double wall = seconds_now() - t0;
+    if (!rc) { Py_DECREF(drafts); return NULL; }
+    return Py_BuildValue("(NdNd)", drafts, spent, rc, wall);
+}
+
 static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     catch_up_args a;
-    if (n != 17 && n != 18) { PyErr_SetString(PyExc_TypeError, "catch_up_chain takes 17 or 18 arguments"); return NULL; }
+    if (n < 17 || n > 19) { PyErr_SetString(PyExc_TypeError, "catch_up_chain takes 17 to 19 arguments"); return NULL; }
+    PyObject *then = n == 19 && args[18] != Py_None ? args[18] : NULL;
+    if (then && (!PyTuple_Check(then) || PyTuple_GET_SIZE(then) != 6 || !PyList_Check(PyTuple_GET_ITEM(then, 1)))) {
+        PyErr_SetString(PyExc_TypeError, "then: None or (run, a list of tokens, start, all_logits, row, n)");
+        return NULL;
+    }
     if (!parse_catch_up(args, &a)) return NULL;
     long nv = PyLong_AsLong(args[15]);
     PyObject *positions = args[16];
@@ -1129,7 +1164,8 @@ static PyObject *hl_catch_up_chain(PyObject *self, PyObject *const *args, Py_ssi
             return NULL;
         }
     }
-    if (n == 18 && !trim_after(args[17], &a.seq, 1)) { Py_DECREF(drafts); return NULL; }
+    if (n >= 18 && !trim_after(args[17], &a.seq, 1)) { Py_DECREF(drafts); return NULL; }
+    if (then) return verify_after(then, drafts, spent);
     result = Py_BuildValue("(Nd)", drafts, spent);
     return result;
 }
@@ -1258,7 +1294,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"catch_up", (PyCFunction)(void (*)(void))hl_catch_up, METH_FASTCALL, "a drafter sequence's catch-up: one encode, one decode"},
-    {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it[, its drafted pairs trimmed]"},
+    {"catch_up_chain", (PyCFunction)(void (*)(void))hl_catch_up_chain, METH_FASTCALL, "a catch-up, then a greedy chain from it[, its drafted pairs trimmed[, then the target's decode that verifies it]]"},
     {"decode_tokens", (PyCFunction)(void (*)(void))hl_decode_tokens, METH_FASTCALL, "decode_tokens(ctx, batch, tokens, start, all_logits): fill the rows, then llama_decode"},
     {"decode_rows", (PyCFunction)(void (*)(void))hl_decode_rows, METH_FASTCALL, "decode_rows(ctx, batch, tokens, positions, seqs, outputs): several sequences' rows, then llama_decode"},
     {"decode", (PyCFunction)(void (*)(void))hl_decode, METH_FASTCALL, "decode(ctx, batch, n_tokens): llama_decode, its code"},

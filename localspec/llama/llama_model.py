@@ -320,6 +320,28 @@ class Context:
         if rc != 0:
             raise llama_failure(f"llama_decode failed (code {rc})")
 
+    def decode_call(self, tokens: list[int], start_pos: int, *, all_logits: bool) -> tuple | None:
+        """:meth:`decode`'s C call, checked but not run, for a planned drafter chain's C call to run
+        right after its drafts fill ``tokens`` (``hostloop.catch_up_chain``'s ``then`` without its
+        rows); :meth:`decoded` follows it. None where C was not built."""
+        n = len(tokens)
+        if self._run_tokens is None or n == 0:
+            return None
+        if n > self.n_batch:
+            raise LocalspecError(f"internal: batch of {n} exceeds n_batch {self.n_batch}")
+        if all_logits and n > self.n_outputs_max:  # llama.cpp would abort the process
+            raise LocalspecError(f"internal: {n} logit rows exceed n_outputs_max {self.n_outputs_max}")
+        self._sent_at = self.token_order = None
+        return self._run_tokens, tokens, start_pos, all_logits
+
+    def decoded(self, n: int, rc: int) -> None:
+        """After :meth:`decode_call`'s decode of ``n`` rows ran (llama.cpp's code ``rc``): as :meth:`decode` ends."""
+        if self._recurrent is not None:
+            self._decoded({0: n})
+        interrupts.raise_if_pending()
+        if rc != 0:
+            raise llama_failure(f"llama_decode failed (code {rc})")
+
     def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
                      outputs: Sequence[bool]) -> None:
         """Decode rows of several sequences in one batch, one sequence per row (the scheduler's

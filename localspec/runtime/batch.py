@@ -48,6 +48,7 @@ class Batch:
         self.segments: list[tuple[int, int, int, bool]] = []   # (seq, offset, start position, all logits)
         self.sets = False     # some row belongs to several sequences (a draft tree's)
         self.promised = 0     # rows (each with logits) held for chains still being drafted
+        self.chain = None     # (draft, its first draft's row, rows it fills): a planned chain drafted in decode
         self.seconds = 0.0
 
     @property
@@ -86,9 +87,18 @@ class Batch:
         self.sets = True
         return offset
 
+    def draft_at(self, draft, row: int, n: int) -> None:
+        """``draft``'s planned chain (``Draft.planned``) fills rows ``row..row + n - 1``: its
+        drafts, then its last draft again (a verify's filler rows). It is drafted in :meth:`decode`,
+        right before the target's decode, so that no return through the plan's frames runs between
+        the drafter's decodes and the target's."""
+        self.chain = (draft, row, n)
+
     def decode(self) -> None:
-        """One ``llama_decode`` of every row (none: nothing to do)."""
+        """One ``llama_decode`` of every row (none: nothing to do), a planned chain drafted first."""
         if not self.tokens:
+            return
+        if self.chain is not None and self._draft_chain():
             return
         t0 = time.perf_counter()
         pad = self.ctx.pad_single
@@ -103,6 +113,24 @@ class Batch:
         else:
             self.ctx.decode_batch(self.tokens, self.positions, self.seqs, self.outputs)
         self.seconds = time.perf_counter() - t0
+
+    def _draft_chain(self) -> bool:
+        """The planned chain drafted, its drafts into its rows; where the batch is sequence 0's
+        rows alone, its decode runs in the chain's own C call, right after the drafter's last
+        decode: True, the batch is decoded."""
+        draft, row, n = self.chain
+        seq, _, start, all_logits = self.segments[0]
+        then = (self.ctx.decode_call(self.tokens, start, all_logits=all_logits)
+                if len(self.segments) == 1 and seq == 0 else None)
+        drafts, decoded = draft.planned.run(draft, None if then is None else (*then, row, n))
+        if decoded is not None:
+            self.ctx.decoded(len(self.tokens), decoded[0])
+            self.seconds = decoded[1]
+            return True
+        k = len(drafts)
+        self.tokens[row:row + k] = drafts
+        self.tokens[row + k:row + n] = [drafts[-1]] * (n - k)
+        return False
 
     def _decode_padded(self) -> None:
         """One row decoded as two (``rows_match``): a filler after it, without logits, then dropped."""

@@ -63,12 +63,19 @@ class DraftStep:
                        if lookup is not None and not policy.fixed else None)
         # commit() has something to tell (spec off: nothing, and a plain step skips the call)
         self.listens = self.model is not None or bool(self.texts) or lookup is not None
+        # fixed, with the model source alone: every cycle it drafts as deep as the room allows, as
+        # policy.choose would say, without a proposal built and weighed (draft's first lines)
+        self._model_only = (policy.fixed and not self.texts and self.model is not None
+                            and self.model.name == policy.model)
 
     def draft(self, room: int, n_past: int, *, batched: bool = False) -> Draft | DraftChain:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``. ``batched``:
         a model chain comes back undriven (:class:`DraftChain`), for a scheduler that runs the
         drafter steps of several slots in one drafter decode."""
         policy, model = self.policy, self.model
+        if self._model_only:
+            k = policy.depth_limit(room)
+            return model.propose(k, room, n_past, batched) if k > 0 else Draft()
         proposal, cls, origin = self._proposal(room) if self.texts else _NONE
         if not proposal and self.texts and policy.rest(room):   # no text match, no probe due: nothing weighed
             return Draft()
@@ -92,7 +99,7 @@ class DraftStep:
         rests where none has a match (their index grows every commit: a match can come on any cycle)."""
         if self.texts:
             return self.policy.rest_shared()
-        return self.policy.rest()
+        return not self._model_only and self.policy.rest()
 
     def _proposal(self, room: int) -> tuple[list[int], int, str]:
         """The text sources' proposal with the longest match (the earlier source's on a tie), its

@@ -209,8 +209,11 @@ class Generation:
         else:
             rows = self.policy.verify_rows(len(draft.tokens) + 1) if draft.tokens and self._alone else 0
             tokens, start = verifier.chain_rows(draft.tokens, rows)
-            self._work = VerifyRows(batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens)), draft,
-                                    len(tokens))
+            offset = batch.add(verifier.seq, tokens, start, all_logits=bool(draft.tokens))
+            if draft.planned is not None:   # its drafts (placeholders now) fill the rows after last
+                at = len(verifier.uncached) + 1
+                batch.draft_at(draft, offset + at, len(tokens) - at)
+            self._work = VerifyRows(offset, draft, len(tokens))
 
     def settle(self, batch: Batch, *, shared: bool = False) -> None:
         """After the batch's decode: commit what the rows decided and queue the events.

@@ -229,25 +229,34 @@ class ModelDrafter:
 
     def fuses(self, n: int, k: int) -> bool:
         """Whether a catch-up of ``n`` rows and a greedy chain of ``k`` after it run as one C call
-        (:meth:`greedy_after`)."""
+        (:meth:`chain_args`)."""
         return self._c_catch_up and hostloop.catch_up_chain is not None and n > 0 and k >= 1
 
-    def greedy_after(self, who, tokens: list[int], feats: np.ndarray, start: int, pos: int, k: int) -> list[int]:
-        """:meth:`write_direct`, then :meth:`greedy`'s chain of ``k`` drafts from its last row
-        (the pair of the token at ``pos``), all in one C call (:func:`llama.hostloop.catch_up_chain`):
-        the same decodes. Only where :meth:`fuses` says so."""
+    def chain_args(self, who, tokens: list[int], feats: np.ndarray, start: int, pos: int, k: int) -> tuple:
+        """A catch-up (:meth:`write_direct`'s) and :meth:`greedy`'s chain of ``k`` drafts from its
+        last row (the pair of the token at ``pos``) as one C call (:func:`llama.hostloop.catch_up_chain`),
+        planned: its arguments, for :meth:`run_chain` in the step's run phase
+        (:class:`.sources.PlannedChain`). Only where :meth:`fuses` says so."""
         args = self._catch_up_args(who, tokens, feats, start)
         if args is None:
             raise LocalspecError("internal: a fused catch-up where the C host loop does not apply")
-        trim = self._trim((who,))
+        return (*args, self.model.n_vocab, self.positions(who.seq, pos, k - 1), self._trim((who,)))
+
+    def run_chain(self, who, args: tuple, then: tuple | None = None) -> tuple[list[int], float, tuple | None]:
+        """The C call :meth:`chain_args` planned, with the target decode ``then`` after it (see
+        :func:`llama.hostloop.catch_up_chain`): (its drafts, its seconds inside llama.cpp, None
+        or (the target decode's code, its seconds))."""
         try:
-            drafts, seconds = hostloop.catch_up_chain(*args, self.model.n_vocab, self.positions(who.seq, pos, k - 1), trim)
+            if then is None:
+                (drafts, seconds), decoded = hostloop.catch_up_chain(*args), None
+            else:
+                drafts, seconds, *decoded = hostloop.catch_up_chain(*args, then)
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         who.seconds += seconds
-        if trim is not None:
+        if args[-1] is not None:
             who.trimmed()
-        return drafts
+        return drafts, seconds, decoded
 
     def _trim(self, sequences) -> tuple | None:
         """A C chain's ``trim`` argument: the sequences' drafted pairs dropped as it ends (None: a
@@ -760,11 +769,18 @@ class DrafterSequence:
             return done
         return self.kind.write(self, tokens, self.drafter.encode(feats, self), start)
 
-    def catch_up_greedy(self, max_rows: int | None, pos: int, k: int) -> list[int]:
+    def plan_greedy(self, max_rows: int | None, pos: int, k: int) -> tuple:
         """:meth:`catch_up`, then :meth:`greedy`'s ``k`` drafts from it (the pair of the token at
-        ``pos``), in one C call: where the drafter :meth:`~ModelDrafter.fuses` them."""
+        ``pos``), planned as one C call where the drafter :meth:`~ModelDrafter.fuses` them: the
+        rows taken now, the call's arguments for :meth:`run_planned` (the step's run phase, right
+        before the target's decode)."""
         tokens, feats, start = self.take(max_rows)
-        return self.drafter.greedy_after(self, tokens, feats, start, pos, k)
+        return self.drafter.chain_args(self, tokens, feats, start, pos, k)
+
+    def run_planned(self, args: tuple, then: tuple | None = None) -> tuple[list[int], float, tuple | None]:
+        """The chain :meth:`plan_greedy` planned (then the target decode ``then``, see
+        :meth:`ModelDrafter.run_chain`)."""
+        return self.drafter.run_chain(self, args, then)
 
     def take(self, max_rows: int | None = None) -> tuple[list[int], np.ndarray, int]:
         """A catch-up's rows, taken from the recorded ones: (tokens, features, first position),

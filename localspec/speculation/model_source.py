@@ -25,7 +25,7 @@ import numpy as np
 
 from ..llama import hostloop
 from . import tree
-from .sources import CatchUp, Chain, Draft, DraftChain, ModelSource, SourceContext, run_chain
+from .sources import CatchUp, Chain, Draft, DraftChain, ModelSource, PlannedChain, SourceContext, run_chain
 
 # a drafter's acceptance prior (first draft, later drafts), before it drafted on this engine
 DRAFTER_PRIOR = (0.5, 0.6)
@@ -90,11 +90,11 @@ class EagleSource(ModelSource):
             return Draft(source=TREE, tree=draft_tree, steps=steps, seconds=drafter.seconds - t0)
         if not batched and self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):
             # alone, no confidence test, no grammar: the same drafts without the chain's layers
-            if drafter.drafter.fuses(steps, k):   # the catch-up and the chain in one C call
-                tokens = drafter.catch_up_greedy(rows, n_past, k)
-            else:
-                logits, state = drafter.catch_up(rows)
-                tokens = drafter.greedy(logits, state, n_past, k)
+            if drafter.drafter.fuses(steps, k):   # the catch-up and the chain in one C call, run with the target's decode
+                return Draft([0] * k, self.name, steps=steps + k - 1,
+                             planned=PlannedChain(drafter, drafter.plan_greedy(rows, n_past, k)))
+            logits, state = drafter.catch_up(rows)
+            tokens = drafter.greedy(logits, state, n_past, k)
             return Draft(tokens, self.name, steps=steps + max(len(tokens) - 1, 0), seconds=drafter.seconds - t0)
         chain = DraftChain(k, self._chain(k, CatchUp(rows), n_past, steps, t0), drafter, pos=n_past)
         if self.grammar is None and (policy.fixed or policy.config.p_min <= 0.0):   # the chain's tokens are argmaxes

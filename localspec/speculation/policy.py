@@ -310,7 +310,7 @@ class DraftPolicy:
         cost model's live figures learn from them) (docs/speculation.md, "Resting")."""
         if self.fixed:
             return False
-        if self.model is not None and (room is None or self._depth_limit(room) > 0):
+        if self.model is not None and (room is None or self.depth_limit(room) > 0):
             if not (self.cost is not None and self._batch_too_dear()):
                 probe = self._probes.get(self.model)
                 if probe is None or probe.since + 1 >= self._wake:
@@ -340,7 +340,7 @@ class DraftPolicy:
         weighed by its class's live acceptance against its price and the verify it needs; the
         best beats plain decoding by a margin or nothing drafts. A model source not chosen is
         probed now and then (its acceptance is learned only by drafting)."""
-        k_max = self._depth_limit(room)
+        k_max = self.depth_limit(room)
         if k_max <= 0 or not self.active:
             return None, 0
         texts = [p for p in proposals if not p.model and p.depth] if self.lookup else []
@@ -362,8 +362,9 @@ class DraftPolicy:
             best_rate, best = self._plan_model(model, k_max, best_rate, short_bar, best)
         return best
 
-    def _depth_limit(self, room: int) -> int:
-        """The deepest draft this cycle may verify: the configured depth, the room left, the cap."""
+    def depth_limit(self, room: int) -> int:
+        """The deepest draft this cycle may verify: the configured depth, the room left, the cap
+        (what ``fixed`` drafts with its model source alone)."""
         return min(self.config.draft_max, room, options.DRAFT_MAX)
 
     def _batch_too_dear(self) -> bool:

@@ -53,6 +53,32 @@ class Draft:
     # per position, how sure the source is: a model drafter's softmax top-1 probabilities (where it
     # computed them: auto with p_min > 0), a text source's 1.0 per token; empty: not computed
     confidence: list[float] = field(default_factory=list)
+    # a greedy model chain planned, not drafted: ``tokens`` are placeholders until the step's run
+    # phase drafts them, right before the target's decode (:meth:`PlannedChain.run`)
+    planned: "PlannedChain | None" = None
+
+
+@dataclass(slots=True)
+class PlannedChain:
+    """A greedy model chain whose drafter decodes run in the step's run phase (``Batch.decode``,
+    just before the target decode that verifies it), not while the step is planned: the host
+    work between the drafter's last decode and the target's is then a few lines, where a return
+    through the plan's frames cost ~120 µs a cycle, every frame cold after the drafter's decodes
+    (docs/speculation.md, sixth round). ``sequence``: its drafter sequence; ``args``: the C
+    call it planned (``DrafterSequence.plan_greedy``)."""
+
+    sequence: object
+    args: tuple
+
+    def run(self, draft: Draft, then: tuple | None = None) -> tuple[list[int], tuple | None]:
+        """Draft the chain: ``draft``'s tokens (placeholders, the list itself) and seconds filled
+        in. ``then``: the target decode that verifies it, run in the same C call
+        (``hostloop.catch_up_chain``'s). (Its tokens, (the decode's code, its seconds) or None.)"""
+        drafts, seconds, decoded = self.sequence.run_planned(self.args, then)
+        draft.tokens[:] = drafts
+        draft.seconds = seconds
+        draft.planned = None
+        return drafts, decoded
 
 
 # A model chain under way: it yields each drafter step it needs, (token, fed-back state,
