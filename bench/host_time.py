@@ -26,8 +26,10 @@ hits them alike; the best of ``--repeats`` runs):
   four slots (the scheduler of ``serve --parallel 4``), plain, EAGLE chains or the default policy
   (what a served C = 4 level runs); per step (one decode of every slot's rows) and per slot-cycle.
 ``--native`` adds llama.cpp's ``llama-speculative-simple`` on the same prompts (built once from the
-pinned sdist, as bench/peer_llamacpp.py builds it): ``plain`` (ngram-mod that never matches) and
-``ngram-mod``, its host time read from its own timings: the decode loop's wall time less the
+pinned sdist, as bench/peer_llamacpp.py builds it): ``plain`` (ngram-mod that never matches),
+``ngram-mod`` (its defaults: a 24-token match, 48 drafts at least, which on chat-length answers
+drafts nothing) and ``ngram-mod-chain`` (a chain of 1 to 4 drafts from a 4-token match: what
+``lookup`` does), its host time read from its own timings: the decode loop's wall time less the
 target's eval and prompt-eval time (llama_perf) after the prompt pass. That is the anchor.
 ``--profile N`` prints the N costliest Python functions of each mode (cProfile, own time), the
 place to cut. Absolute figures move with machine load: compare ratios taken in one run, and say
@@ -364,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(BENCH))
         from peer_llamacpp import build_tool
         tool = args.tool or build_tool(args.cache)
-        for kind in ("plain", "ngram-mod"):
+        for kind in ("plain", "ngram-mod", "ngram-mod-chain"):
             results[f"llama.cpp {kind}"] = host_figures(
                 [native_run(tool, kind, spec.target, t, args.n, args.threads, args.gpu_layers) for t in texts])
     load_after = os.getloadavg()

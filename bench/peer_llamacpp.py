@@ -71,6 +71,10 @@ NGRAM = ("ngram-mod", "ngram-map-k", "ngram-simple")
 NATIVE = {
     "plain": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "1024"],
     "ngram-mod": ["--spec-type", "ngram-mod"],
+    # ngram-mod as a lookup chain of 4: drafts from a 4-token match, 1 to 4 of them (its defaults,
+    # a 24-token match and 48 drafts at least, draft nothing on chat-length answers)
+    "ngram-mod-chain": ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "1",
+                        "--spec-ngram-mod-n-max", "4"],
     "ngram-map-k": ["--spec-type", "ngram-map-k"],
     "ngram-simple": ["--spec-type", "ngram-simple"],
     "draft-eagle3": ["--spec-type", "draft-eagle3"],   # plus -md DRAFTER

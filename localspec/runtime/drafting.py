@@ -63,10 +63,11 @@ class DraftStep:
                        if lookup is not None and not policy.fixed else None)
         # commit() has something to tell (spec off: nothing, and a plain step skips the call)
         self.listens = self.model is not None or bool(self.texts) or lookup is not None
-        # fixed, with the model source alone: every cycle it drafts as deep as the room allows, as
-        # policy.choose would say, without a proposal built and weighed (draft's first lines)
+        # fixed with one kind of source: its draft is as deep as the room allows (a text proposal:
+        # as long as it is), as policy.choose would say, without proposals built and weighed
         self._model_only = (policy.fixed and not self.texts and self.model is not None
                             and self.model.name == policy.model)
+        self._texts_only = policy.fixed and self.model is None and bool(self.texts) and policy.lookup
 
     def draft(self, room: int, n_past: int, *, batched: bool = False) -> Draft | DraftChain:
         """This cycle's draft: at most ``room`` tokens after the token at ``n_past``. ``batched``:
@@ -76,6 +77,10 @@ class DraftStep:
         if self._model_only:
             k = policy.depth_limit(room)
             return model.propose(k, room, n_past, batched) if k > 0 else Draft()
+        if self._texts_only:
+            proposal, _, origin = self._proposal(room)
+            k = min(policy.depth_limit(room), len(proposal))
+            return Draft(proposal[:k], origin, confidence=[1.0] * k) if k > 0 else Draft()
         proposal, cls, origin = self._proposal(room) if self.texts else _NONE
         if not proposal and self.texts and policy.rest(room):   # no text match, no probe due: nothing weighed
             return Draft()
