@@ -120,13 +120,8 @@ class BlockKind(DrafterKind):
         llama_cpp.llama_set_causal_attn(d.ctx.ptr, causal)
 
     # -- target side -------------------------------------------------------------------------
-    def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
-        """The target layers' inputs of the first ``n_rows`` rows of its last batch (or of its
-        rows ``rows``), side by side in ``target_layers`` order: one injection row each."""
-        return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
-                                      d.views)
-
     def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None]:
+        """The target layers' inputs in ``target_layers`` order (:meth:`features`): one injection row each."""
         return self.layers, self.n_embd_tgt, None
 
     def begin_sequence(self, who: DrafterSequence) -> None:

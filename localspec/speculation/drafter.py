@@ -63,8 +63,14 @@ class DrafterKind:
 
     def features(self, d: "ModelDrafter", n_rows: int, rows: list[int] | None) -> np.ndarray:
         """What the drafter reads of the first ``n_rows`` rows of the target's last batch (or of
-        its rows ``rows``), one row each."""
-        raise NotImplementedError
+        its rows ``rows``, in that order: a draft tree's accepted path), one row each: the target's
+        layer inputs where :meth:`layer_inputs` names them, side by side, each block RMS-scaled
+        where it gives an eps. A kind that reads something else overrides this."""
+        spec = self.layer_inputs()
+        if spec is None:
+            raise NotImplementedError
+        layers, width, eps = spec
+        return llama_ext.layer_inputs(d.target, layers, width, *d.target.token_rows(n_rows, rows), d.views, eps)
 
     def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None] | None:
         """Where :meth:`features` are the target's layer inputs: (layers, each one's width, the
@@ -254,7 +260,7 @@ class ModelDrafter:
         except RuntimeError as e:
             raise llama_failure(str(e)) from None
         who.seconds += seconds
-        if args[-1] is not None:
+        if args[-1] is not None:   # chain_args' last: the trim, which the C call did
             who.trimmed()
         return drafts, seconds, decoded
 

@@ -59,14 +59,8 @@ class EagleKind(DrafterKind):
             llama_ext.set_embeddings_layer_inp(self.target.ptr, lid, True)
         llama_ext.set_embeddings_nextn(d.ctx.ptr, True, True)
 
-    def features(self, d: ModelDrafter, n_rows: int, rows: list[int] | None) -> np.ndarray:
-        """The three target layer inputs of the first ``n_rows`` rows of the target's last batch
-        (or of its batch rows ``rows``, in that order: the accepted path of a draft tree)."""
-        # fc_norm: each of the three blocks of every row divided by its RMS
-        return llama_ext.layer_inputs(self.target, self.layers, self.n_embd_tgt, *self.target.token_rows(n_rows, rows),
-                                      d.views, self.fc_norm_eps if self.info.fc_norm else None)
-
     def layer_inputs(self) -> tuple[tuple[int, ...], int, float | None]:
+        """The three target layer inputs (:meth:`features`); fc_norm: each block divided by its RMS."""
         return self.layers, self.n_embd_tgt, self.fc_norm_eps if self.info.fc_norm else None
 
     def encode(self, d: ModelDrafter, features: np.ndarray, who: DrafterSequence) -> np.ndarray:
